@@ -1,0 +1,30 @@
+# The README's two commands: `make demo` (whole pipeline on the embedded demo) and `make test`.
+# Both create the virtual environment .venv from envs/requirements-cpu.txt when it is missing.
+VENV ?= .venv
+PYTHON ?= python3
+BIN := $(VENV)/bin
+SNAKEMAKE_ARGS ?=
+
+.PHONY: demo test lint venv clean-demo
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: envs/requirements-cpu.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -r envs/requirements-cpu.txt
+	$(BIN)/python -m pip install -q --no-deps -e .
+	touch $@
+
+demo: venv
+	PATH=$(abspath $(BIN)):$$PATH snakemake --profile profiles/local \
+	    --configfile examples/demo/config.yaml --replace-workflow-config $(SNAKEMAKE_ARGS)
+
+test: venv
+	PATH=$(abspath $(BIN)):$$PATH python -m pytest -q $(PYTEST_ARGS)
+
+lint: venv
+	PATH=$(abspath $(BIN)):$$PATH snakemake --lint --configfile examples/demo/config.yaml --replace-workflow-config
+
+clean-demo:
+	rm -rf results/demo

@@ -1,0 +1,5 @@
+import sys
+
+from tacl.cli import main
+
+sys.exit(main())

@@ -1,0 +1,46 @@
+"""`tacl <stage> <command> ...`: the command line every Snakemake rule calls.
+
+Each stage registers its commands in its own `cli.py`; the commands only parse arguments and call a
+function that tests call directly. Bad input ends with one line `tacl: error: ...` and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+
+from tacl.io import InputError
+
+STAGES = ("data",)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tacl", description=__doc__.splitlines()[0])
+    stages = parser.add_subparsers(dest="stage", required=True, metavar="STAGE")
+    for name in STAGES:
+        importlib.import_module(f"tacl.{name}.cli").register(stages)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "online", False):
+        # Only the download commands (run on the login node) may reach the Hugging Face Hub; every other
+        # command reads the local cache, as compute nodes without internet must.
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    try:
+        result = args.func(args)
+    except InputError as e:
+        print(f"tacl: error: {e}", file=sys.stderr)
+        return 2
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Data stage: raw Wikipedia -> clean sentences -> NSP instances -> verified binary shards."""

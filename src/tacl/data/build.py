@@ -1,0 +1,162 @@
+"""One shard job: read a contiguous range of documents, tokenize them in batches, build NSP instances,
+write the shard and its manifest entry. A shard's bytes depend only on (corpus, tokenizer, config, seed)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tacl.data.clean import read_documents
+from tacl.data.nsp import create_instances
+from tacl.data.shards import FORMAT_VERSION, token_dtype, write_shard
+from tacl.data.download import TOKENIZER_BACKEND, TOKENIZER_META
+from tacl.io import InputError, read_json, require_file, sha256_file, stable_hash, write_json_atomic
+
+GROUP = 64  # sentences per tokenizer call
+BATCH = 256  # calls per batch (the tokenizer spreads a batch over RAYON_NUM_THREADS threads)
+
+
+def shard_config(max_len: int, short_seq_prob: float, seed: int, dupe_factor: int, num_shards: int) -> dict:
+    return {"max_len": max_len, "short_seq_prob": short_seq_prob, "seed": seed,
+            "dupe_factor": dupe_factor, "num_shards": num_shards, "format": FORMAT_VERSION}
+
+
+def shard_range(n_docs: int, shard: int, num_shards: int) -> tuple[int, int]:
+    return shard * n_docs // num_shards, (shard + 1) * n_docs // num_shards
+
+
+def load_backend(tokenizer_dir: str) -> tuple[Any, dict[str, Any]]:
+    """The Rust tokenizer and its metadata as saved by `fetch_tokenizer` (no `transformers` import)."""
+    from tokenizers import Tokenizer
+
+    meta_path = Path(tokenizer_dir) / TOKENIZER_META
+    backend_path = Path(tokenizer_dir) / TOKENIZER_BACKEND
+    if not meta_path.is_file() or not backend_path.is_file():
+        raise InputError(f"{tokenizer_dir}: not a tokenizer saved by `tacl data tokenizer` "
+                         f"({TOKENIZER_META} or {TOKENIZER_BACKEND} missing)")
+    return Tokenizer.from_file(str(backend_path)), read_json(meta_path)
+
+
+def encode(backend: Any, sep_id: int, sentences: list[str], progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids of all sentences: (flat ids, per-sentence lengths).
+
+    Sentences go to the Rust tokenizer in groups joined by " [SEP] ": the separator is an added token,
+    split off before normalisation, so each sentence is tokenized exactly as on its own, and the [SEP]
+    ids in the output mark the sentence boundaries. Far fewer, longer calls roughly halve the per-call
+    cost. A group whose text itself contains the separator string is encoded sentence by sentence.
+    """
+    from tqdm import tqdm
+
+    encode_batch = getattr(backend, "encode_batch_fast", backend.encode_batch)
+    separator = " " + backend.id_to_token(sep_id) + " "
+    groups = [sentences[i : i + GROUP] for i in range(0, len(sentences), GROUP)]
+    flat_parts: list[np.ndarray] = []
+    length_parts: list[np.ndarray] = []
+    for i in tqdm(range(0, len(groups), BATCH), desc="tokenize", unit=" batches", disable=not progress,
+                  mininterval=2.0):
+        batch = groups[i : i + BATCH]
+        for group, enc in zip(batch, encode_batch([separator.join(g) for g in batch], add_special_tokens=False)):
+            ids = np.asarray(enc.ids, dtype=np.int64)
+            is_sep = ids == sep_id
+            if int(is_sep.sum()) != len(group) - 1:  # the text itself holds the separator: no shortcut
+                per_sentence = [np.asarray(e.ids, dtype=np.int64)
+                                for e in encode_batch(group, add_special_tokens=False)]
+                flat_parts.extend(per_sentence)
+                length_parts.append(np.array([len(x) for x in per_sentence], dtype=np.int64))
+                continue
+            bounds = np.concatenate([[-1], np.flatnonzero(is_sep), [len(ids)]])
+            length_parts.append(np.diff(bounds) - 1)
+            flat_parts.append(ids[~is_sep])
+    if not flat_parts:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return np.concatenate(flat_parts), np.concatenate(length_parts)
+
+
+def build_shard(
+    corpus: str,
+    index: str,
+    tokenizer_dir: str,
+    shard: int,
+    num_shards: int,
+    max_len: int,
+    short_seq_prob: float,
+    seed: int,
+    out_bin: str,
+    out_json: str,
+    dupe_factor: int = 1,
+    progress: bool = False,
+) -> dict[str, Any]:
+    require_file(corpus, "cleaned corpus")
+    require_file(index, "corpus index")
+    if not 0 <= shard < num_shards:
+        raise InputError(f"shard {shard} is outside data.num_shards={num_shards}")
+    n_docs = len(np.load(index)) - 1
+    start, stop = shard_range(n_docs, shard, num_shards)
+    if stop - start < 2:
+        raise InputError(
+            f"data.num_shards: shard {shard} of {num_shards} gets {stop - start} of the corpus's {n_docs} "
+            f"documents ({corpus}); NSP needs 2 per shard, so use fewer shards"
+        )
+    docs = read_documents(corpus, index, start, stop)
+    backend, tok_meta = load_backend(tokenizer_dir)
+    flat, lengths = encode(backend, tok_meta["sep_id"], [s for d in docs for s in d], progress)
+    # Sentences that tokenize to nothing are dropped, and documents left without sentences.
+    doc_of_sentence = np.repeat(np.arange(len(docs)), [len(d) for d in docs])
+    keep = lengths > 0
+    sentence_offsets = np.concatenate([[0], np.cumsum(lengths[keep])])
+    per_doc = np.bincount(doc_of_sentence[keep], minlength=len(docs))
+    per_doc = per_doc[per_doc > 0]
+    doc_sentences = np.concatenate([[0], np.cumsum(per_doc)])
+
+    rng = random.Random(seed * 1_000_003 + shard)
+    instances = create_instances(sentence_offsets, doc_sentences, max_len, short_seq_prob, rng, dupe_factor)
+    spans = np.array([(x.a_start, x.a_end, x.b_start, x.b_end) for x in instances], dtype=np.int64)
+    nsp = np.array([x.is_random_next for x in instances], dtype=np.uint8)
+    counts = write_shard(out_bin, flat, spans, nsp, tok_meta["cls_id"], tok_meta["sep_id"],
+                         token_dtype(tok_meta["vocab_size"]))
+    entry = {
+        "file": Path(out_bin).name,
+        "shard": shard,
+        "documents": int(len(per_doc)),
+        "sentences": int(keep.sum()),
+        "examples": counts["examples"],
+        "tokens": counts["tokens"],
+        "random_next": int(nsp.sum()),
+        "bytes": Path(out_bin).stat().st_size,
+        "sha256": sha256_file(out_bin),
+        "tokenizer": {k: tok_meta[k] for k in ("name", "hash", "vocab_size")},
+        "config": shard_config(max_len, short_seq_prob, seed, dupe_factor, num_shards),
+        "config_hash": stable_hash(shard_config(max_len, short_seq_prob, seed, dupe_factor, num_shards)),
+        "corpus_documents": [start, stop],
+    }
+    write_json_atomic(out_json, entry)
+    return entry
+
+
+def gather_shards(shard_jsons: list[str], out_manifest: str) -> dict[str, Any]:
+    """The manifest: all shard entries, their totals, and the one tokenizer and config they share."""
+    entries = [read_json(p) for p in shard_jsons]
+    if not entries:
+        raise InputError("no shards to gather")
+    out_dir = Path(out_manifest).parent.resolve()
+    for path, e in zip(shard_jsons, entries):
+        if Path(path).parent.resolve() != out_dir:
+            raise InputError(f"{path}: shard entries must sit next to {out_manifest}")
+        for key in ("tokenizer", "config_hash"):
+            if e[key] != entries[0][key]:
+                raise InputError(f"{path}: {key} differs from {shard_jsons[0]} (shards from different runs)")
+    totals = {k: sum(e[k] for e in entries) for k in ("documents", "sentences", "examples", "tokens",
+                                                      "random_next")}
+    manifest = {
+        "format": FORMAT_VERSION,
+        "tokenizer": entries[0]["tokenizer"],
+        "config": entries[0]["config"],
+        "config_hash": entries[0]["config_hash"],
+        "totals": {**totals, "shards": len(entries)},
+        "shards": sorted(entries, key=lambda e: e["shard"]),
+    }
+    write_json_atomic(out_manifest, manifest)
+    return manifest

@@ -1,0 +1,115 @@
+"""`tacl data ...`: download, clean, shard, gather."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def register(stages: argparse._SubParsersAction) -> None:
+    p = stages.add_parser("data", help="download, clean, tokenize + NSP, shards")
+    cmds = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    c = cmds.add_parser("download", help="fetch the corpus into the local cache (login node)")
+    c.add_argument("--source", required=True, help="data.source as JSON")
+    c.add_argument("--cache-dir", required=True)
+    c.add_argument("--out", required=True, help="corpus description (JSON) for the clean step")
+    c.set_defaults(func=_download, online=True)
+
+    c = cmds.add_parser("tokenizer", help="save the tokenizer into the results tree (login node)")
+    c.add_argument("--name", required=True, help="HF name, local directory, or package:NAME")
+    c.add_argument("--out", required=True)
+    c.set_defaults(func=_tokenizer, online=True)
+
+    c = cmds.add_parser("clean", help="TaCL cleaning + sentence split")
+    c.add_argument("--raw", required=True)
+    c.add_argument("--corpus", required=True)
+    c.add_argument("--index", required=True)
+    c.add_argument("--heldout", required=True)
+    c.add_argument("--stats", required=True)
+    c.add_argument("--max-lines", type=int, default=0)
+    c.add_argument("--heldout-fraction", type=float, default=0.0)
+    c.add_argument("--workers", type=int, default=1)
+    c.set_defaults(func=_clean)
+
+    c = cmds.add_parser("shard", help="tokenize + NSP instances for one shard")
+    c.add_argument("--corpus", required=True)
+    c.add_argument("--index", required=True)
+    c.add_argument("--tokenizer", required=True)
+    c.add_argument("--shard", type=int, required=True)
+    c.add_argument("--num-shards", type=int, required=True)
+    c.add_argument("--max-len", type=int, required=True)
+    c.add_argument("--short-seq-prob", type=float, required=True)
+    c.add_argument("--seed", type=int, required=True)
+    c.add_argument("--dupe-factor", type=int, default=1)
+    c.add_argument("--out", required=True, help="shard file (.bin); its entry goes next to it as .json")
+    c.add_argument("--entry", required=True)
+    c.set_defaults(func=_shard)
+
+    c = cmds.add_parser("gather", help="write the shard manifest and print a summary")
+    c.add_argument("--entries", nargs="+", required=True)
+    c.add_argument("--clean-stats", required=True)
+    c.add_argument("--out", required=True)
+    c.add_argument("--summary", required=True)
+    c.set_defaults(func=_gather)
+
+    c = cmds.add_parser("verify", help="check every shard of a manifest against its sha256")
+    c.add_argument("manifest")
+    c.add_argument("--tokenizer", help="fail unless the shards were written with this tokenizer")
+    c.set_defaults(func=_verify)
+
+
+def _tokenizer(a: argparse.Namespace) -> None:
+    from tacl.data.download import fetch_tokenizer
+
+    fetch_tokenizer(a.name, a.out)
+
+
+def _download(a: argparse.Namespace) -> None:
+    from tacl.data.download import download_corpus
+
+    download_corpus(json.loads(a.source), a.cache_dir, a.out)
+
+
+def _clean(a: argparse.Namespace) -> None:
+    from tacl.data.clean import clean_corpus
+
+    stats = clean_corpus(a.raw, a.corpus, a.index, a.heldout, a.stats, a.max_lines or None,
+                         a.heldout_fraction, a.workers, progress=True)
+    print(json.dumps(stats))
+
+
+def _shard(a: argparse.Namespace) -> None:
+    from tacl.data.build import build_shard
+
+    entry = build_shard(a.corpus, a.index, a.tokenizer, a.shard, a.num_shards, a.max_len, a.short_seq_prob,
+                        a.seed, a.out, a.entry, a.dupe_factor, progress=sys.stderr.isatty())
+    print(json.dumps({k: entry[k] for k in ("shard", "documents", "examples", "tokens")}))
+
+
+def _gather(a: argparse.Namespace) -> None:
+    from tacl.data.build import gather_shards
+    from tacl.io import read_json, write_json_atomic
+
+    manifest = gather_shards(a.entries, a.out)
+    clean = read_json(a.clean_stats)
+    t = manifest["totals"]
+    summary = {"documents": clean["documents"], "sentences": clean["sentences"],
+               "heldout_documents": clean["heldout_documents"], "examples": t["examples"],
+               "tokens": t["tokens"], "shards": t["shards"], "random_next": t["random_next"]}
+    write_json_atomic(a.summary, summary)
+    print("data: {documents} documents, {sentences} sentences -> {examples} NSP examples, "
+          "{tokens} tokens in {shards} shards".format(**summary))
+
+
+def _verify(a: argparse.Namespace) -> None:
+    from tacl.data.shards import ShardSet
+
+    expected = None
+    if a.tokenizer:
+        from tacl.hub import load_tokenizer, tokenizer_hash
+
+        expected = tokenizer_hash(load_tokenizer(a.tokenizer))
+    shards = ShardSet(a.manifest, tokenizer_hash=expected, verify=True)
+    print(f"{a.manifest}: {len(shards.shards)} shards, {len(shards)} examples, all sha256 match")

@@ -1,0 +1,110 @@
+# Data stage: download (login node) -> clean + sentence split -> tokenize + NSP, one job per shard -> manifest.
+
+
+localrules:
+    download_corpus,
+    fetch_tokenizer,
+    gather_shards,
+
+
+rule download_corpus:
+    output:
+        f"{DATA}/raw.json",
+    params:
+        source=json.dumps(config["data"]["source"]),
+        cache=f"{config['resources_dir']}/datasets",
+    conda:
+        CONDA_ENV
+    log:
+        f"{LOGS}/data/download_corpus.log",
+    shell:
+        "python -m tacl data download --source {params.source:q} --cache-dir {params.cache} --out {output} > {log} 2>&1"
+
+
+rule fetch_tokenizer:
+    output:
+        directory(f"{DATA}/tokenizer"),
+    params:
+        name=tokenizer_name(),
+    conda:
+        CONDA_ENV
+    log:
+        f"{LOGS}/data/fetch_tokenizer.log",
+    shell:
+        "python -m tacl data tokenizer --name {params.name:q} --out {output} > {log} 2>&1"
+
+
+rule clean:
+    input:
+        f"{DATA}/raw.json",
+    output:
+        corpus=f"{DATA}/corpus.txt",
+        index=f"{DATA}/corpus.idx.npy",
+        heldout=f"{DATA}/heldout.txt",
+        stats=f"{DATA}/clean.json",
+    params:
+        max_lines=config["data"]["max_lines"],
+        heldout=config["data"]["heldout_fraction"],
+    threads: config["data"]["clean_workers"]
+    resources:
+        mem_mb=8000,
+        runtime=720,
+    conda:
+        CONDA_ENV
+    log:
+        f"{LOGS}/data/clean.log",
+    benchmark:
+        f"{BENCH}/data/clean.tsv"
+    shell:
+        "python -m tacl data clean --raw {input} --corpus {output.corpus} --index {output.index}"
+        " --heldout {output.heldout} --stats {output.stats} --max-lines {params.max_lines}"
+        " --heldout-fraction {params.heldout} --workers {threads} > {log} 2>&1"
+
+
+rule shard:
+    input:
+        corpus=f"{DATA}/corpus.txt",
+        index=f"{DATA}/corpus.idx.npy",
+        tokenizer=f"{DATA}/tokenizer",
+    output:
+        shard=f"{DATA}/shards/shard-{{shard}}.bin",
+        entry=f"{DATA}/shards/shard-{{shard}}.json",
+    wildcard_constraints:
+        shard=r"\d{5}",
+    params:
+        n=config["data"]["num_shards"],
+        max_len=config["data"]["max_len"],
+        short=config["data"]["short_seq_prob"],
+        seed=config["data"]["seed"],
+        dupe=config["data"]["dupe_factor"],
+    threads: 1
+    resources:
+        mem_mb=6000,
+        runtime=120,
+    conda:
+        CONDA_ENV
+    log:
+        f"{LOGS}/data/shard-{{shard}}.log",
+    benchmark:
+        f"{BENCH}/data/shard-{{shard}}.tsv"
+    shell:
+        "RAYON_NUM_THREADS={threads} python -m tacl data shard --corpus {input.corpus} --index {input.index}"
+        " --tokenizer {input.tokenizer} --shard {wildcards.shard} --num-shards {params.n}"
+        " --max-len {params.max_len} --short-seq-prob {params.short} --seed {params.seed}"
+        " --dupe-factor {params.dupe} --out {output.shard} --entry {output.entry} > {log} 2>&1"
+
+
+rule gather_shards:
+    input:
+        entries=expand(f"{DATA}/shards/shard-{{shard}}.json", shard=SHARDS),
+        stats=f"{DATA}/clean.json",
+    output:
+        manifest=f"{DATA}/shards/manifest.json",
+        summary=f"{DATA}/summary.json",
+    conda:
+        CONDA_ENV
+    log:
+        f"{LOGS}/data/gather_shards.log",
+    shell:
+        "python -m tacl data gather --entries {input.entries} --clean-stats {input.stats}"
+        " --out {output.manifest} --summary {output.summary} > {log} 2>&1"
