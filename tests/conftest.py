@@ -65,3 +65,41 @@ def run_snakemake(workdir: Path, config: dict | None, *args: str, timeout: int =
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}")
     return proc
+
+
+TINY_BERT = {"kind": "random", "layers": 2, "hidden": 32, "heads": 2, "intermediate": 64, "max_position": 128,
+             "seed": 0}
+
+
+@pytest.fixture(scope="session")
+def demo_data(tmp_path_factory, tokenizer_dir):
+    """Shards of the demo corpus (max_len 64) and a tiny random BERT start model, built once."""
+    from tacl.data.build import build_shard, gather_shards
+    from tacl.data.clean import clean_corpus
+    from tacl.data.download import download_corpus
+    from tacl.pretrain.model import init_start_model
+
+    d = tmp_path_factory.mktemp("demo_data")
+    download_corpus({"kind": "wikiextractor", "paths": [str(REPO / "examples/demo/wikipedia/wiki_00")]},
+                    str(d / "cache"), str(d / "raw.json"))
+    clean_corpus(str(d / "raw.json"), str(d / "corpus.txt"), str(d / "corpus.idx.npy"), str(d / "heldout.txt"),
+                 str(d / "clean.json"), heldout_fraction=0.05, progress=False)
+    entries = []
+    for k in range(2):
+        build_shard(str(d / "corpus.txt"), str(d / "corpus.idx.npy"), str(tokenizer_dir), k, 2, 64, 0.1, 7,
+                    str(d / "shards" / f"shard-{k:05d}.bin"), str(d / "shards" / f"shard-{k:05d}.json"))
+        entries.append(str(d / "shards" / f"shard-{k:05d}.json"))
+    gather_shards(entries, str(d / "shards" / "manifest.json"))
+    init_start_model(MINILM, TINY_BERT, str(tokenizer_dir), str(d / "start"))
+    return {"dir": d, "manifest": d / "shards" / "manifest.json", "start": d / "start"}
+
+
+def run_tacl(*args: str, timeout: int = 600, check: bool = True, env: dict | None = None,
+             **popen) -> subprocess.CompletedProcess:
+    """`python -m tacl ...` in a fresh process (DeepSpeed and torch.distributed want one per run)."""
+    full_env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", **(env or {}))
+    proc = subprocess.run([sys.executable, "-m", "tacl", *args], capture_output=True, text=True, timeout=timeout,
+                          env=full_env, **popen)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"tacl {' '.join(args[:3])} failed ({proc.returncode}):\n{proc.stderr[-5000:]}")
+    return proc

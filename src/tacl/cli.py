@@ -14,7 +14,7 @@ import sys
 
 from tacl.io import InputError
 
-STAGES = ("data",)
+STAGES = ("data", "pretrain")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
         # command reads the local cache, as compute nodes without internet must.
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # no load reports and advisory warnings in logs
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # (also silences transformers' loading bars)
     try:
         result = args.func(args)
     except InputError as e:

@@ -1,0 +1,66 @@
+"""TaCL: token-aware contrastive learning against a frozen teacher (Su et al. 2021).
+
+L_TaCL = -(1/|M|) sum_{i in M} log( exp(cos(h~_i, h_i)/tau) / sum_{j} exp(cos(h~_i, h_j)/tau) )
+
+h~ the student's last layer on the masked sequence, h the teacher's on the clean one, M the positions
+selected for MLM, j over the same sequence's positions: real tokens by default (not padding, [CLS] or
+[SEP]); `negatives="all"` also counts padding and special tokens, as the reference implementation does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from tacl.objectives.mlm_nsp import mlm_nsp_terms
+
+
+def tacl_loss(student: torch.Tensor, teacher: torch.Tensor, anchors: torch.Tensor, candidates: torch.Tensor,
+              tau: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """student, teacher [B, L, H]; anchors [B, L] bool (the set M); candidates [B, L] bool (allowed j,
+    must include every anchor). Returns (loss, accuracy: share of anchors whose own teacher vector is
+    the most similar). No anchor at all: loss 0 (attached to the graph), accuracy nan."""
+    s = F.normalize(student.float(), dim=-1)
+    t = F.normalize(teacher.float(), dim=-1)
+    logits = torch.bmm(s, t.transpose(1, 2)) / tau  # [B, i, j]
+    logits = logits.masked_fill(~candidates[:, None, :], float("-inf"))
+    b, i = anchors.nonzero(as_tuple=True)
+    if len(b) == 0:
+        return student.sum() * 0.0, torch.tensor(float("nan"))
+    rows = logits[b, i]  # [N, L]
+    loss = F.cross_entropy(rows, i)
+    acc = (rows.argmax(-1) == i).float().mean()
+    return loss, acc
+
+
+@dataclass
+class TaCL:
+    tau: float = 0.01
+    negatives: str = "real"  # "real" | "all" (reference: padding, [CLS], [SEP] count as negatives)
+    teacher_train_mode: bool = False  # reference: teacher left in train mode (dropout on)
+    name: str = "tacl"
+    needs_teacher: bool = True
+
+    def __post_init__(self) -> None:
+        if self.negatives not in ("real", "all"):
+            raise ValueError(f"pretrain.tacl.negatives: {self.negatives!r} is not 'real' or 'all'")
+
+    def __call__(self, model: Any, teacher: Any, batch: dict[str, torch.Tensor],
+                 generator: torch.Generator) -> tuple[dict, dict]:
+        out = model.bert(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                         token_type_ids=batch["token_type_ids"])
+        losses, metrics = mlm_nsp_terms(model, batch, out.last_hidden_state, out.pooler_output)
+        teacher.train(self.teacher_train_mode)
+        with torch.no_grad():
+            h = teacher(input_ids=batch["clean_ids"], attention_mask=batch["attention_mask"],
+                        token_type_ids=batch["token_type_ids"]).last_hidden_state
+        anchors = batch["mlm_labels"] != -100
+        if self.negatives == "real":
+            candidates = batch["attention_mask"].bool() & ~batch["special_tokens_mask"]
+        else:
+            candidates = torch.ones_like(anchors)
+        losses["tacl"], metrics["tacl_acc"] = tacl_loss(out.last_hidden_state, h, anchors, candidates, self.tau)
+        return losses, metrics

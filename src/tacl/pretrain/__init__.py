@@ -1,0 +1,1 @@
+"""Continual pretraining on a DeepSpeed engine: deadline-aware chunks that resume exactly."""

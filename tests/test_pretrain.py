@@ -1,0 +1,269 @@
+"""Pretraining: exact resume, deadline-aware chunks, signals, kills, locks, 2 ranks, export."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import run_tacl
+from tacl.io import InputError
+from tacl.pretrain import checkpoint
+from tacl.pretrain.lock import RunLock
+from tacl.pretrain.metrics import read_metrics
+from tacl.pretrain.model import checkpoint_state_dict
+from tacl.pretrain.settings import TrainSettings
+
+pytestmark = pytest.mark.slow
+
+LOSS_KEYS = ("loss", "mlm", "nsp", "tacl", "taco")
+
+
+def settings(objective="tacl", steps=12, micro=4, **kw) -> str:
+    s = {"objective": objective, "steps": steps, "global_batch": 8, "micro_batch": micro, "lr": 2e-3,
+         "log_every": 1, "checkpoint_minutes": 1000, "seed": 3, "max_len": 64}
+    s.update(kw)
+    return json.dumps(s)
+
+
+def train(demo_data, run_dir, s, *extra, check=True, nproc=1, **kw):
+    args = ["pretrain", "train", "--run-dir", str(run_dir), "--start-model", str(demo_data["start"]),
+            "--manifest", str(demo_data["manifest"]), "--settings", s, "--no-tensorboard", *extra]
+    if nproc > 1:
+        args += ["--nproc", str(nproc)]
+    return run_tacl(*args, check=check, **kw)
+
+
+def final_weights(run_dir) -> dict[str, torch.Tensor]:
+    return checkpoint_state_dict(Path(run_dir) / "checkpoints", checkpoint.latest_tag(run_dir))
+
+
+def losses(run_dir) -> list[tuple]:
+    return [(m["step"], *(m.get(k) for k in LOSS_KEYS)) for m in read_metrics(run_dir)]
+
+
+def assert_same_weights(a, b, exact=True):
+    assert a.keys() == b.keys()
+    for k in a:
+        if exact:
+            assert torch.equal(a[k], b[k]), k
+        else:
+            torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+@pytest.fixture(scope="module")
+def reference(demo_data, tmp_path_factory):
+    """Uninterrupted 1-rank runs, accumulation 2, one per objective."""
+    out = {}
+    for objective in ("tacl", "taco", "mlm_nsp"):
+        run = tmp_path_factory.mktemp(f"ref_{objective}")
+        train(demo_data, run, settings(objective))
+        out[objective] = run
+    return out
+
+
+@pytest.mark.parametrize("objective", ["tacl", "taco", "mlm_nsp"])
+def test_resume_is_bit_exact(demo_data, reference, tmp_path, objective):
+    run = tmp_path / "run"
+    markers = []
+    for chunk, max_steps in enumerate([5, 4, 100]):
+        marker = tmp_path / f"chunk-{chunk}.json"
+        train(demo_data, run, settings(objective), "--max-steps", str(max_steps), "--marker", str(marker),
+              "--chunk", str(chunk))
+        markers.append(json.loads(marker.read_text()))
+    assert [m["step"] for m in markers] == [5, 9, 12]
+    assert [m["done"] for m in markers] == [False, False, True]
+    ref = losses(reference[objective])
+    assert len(ref) == 12 and all(r[1] is not None for r in ref)
+    assert losses(run) == ref, "every logged loss equals the uninterrupted run's, bit for bit"
+    assert_same_weights(final_weights(run), final_weights(reference[objective]))
+
+
+def test_deadline_chunk_then_next_chunk_reaches_the_same_weights(demo_data, tmp_path):
+    s = settings("mlm_nsp", steps=600, log_every=50)
+    uninterrupted = tmp_path / "uninterrupted"
+    train(demo_data, uninterrupted, s)
+    run = tmp_path / "run"
+    deadline = time.time() + 14
+    train(demo_data, run, s, "--deadline", str(deadline), "--margin-minutes", "0.05", "--marker",
+          str(tmp_path / "c0.json"))
+    finished = time.time()
+    first = json.loads((tmp_path / "c0.json").read_text())
+    assert finished < deadline, "the chunk ended itself before its deadline"
+    assert not first["done"] and first["reason"] == "deadline" and 0 < first["step"] < 600
+    train(demo_data, run, s, "--marker", str(tmp_path / "c1.json"))
+    second = json.loads((tmp_path / "c1.json").read_text())
+    assert second["done"] and second["step"] == 600 and second["steps_this_chunk"] == 600 - first["step"]
+    assert_same_weights(final_weights(run), final_weights(uninterrupted))
+
+
+def test_sigusr1_mid_accumulation_saves_at_the_step_boundary(demo_data, reference, tmp_path):
+    """accumulation 4 (micro 2): the signal lands inside an accumulation cycle; the chunk finishes that
+    optimizer step, saves, exits 0, and the resumed run matches the uninterrupted one exactly."""
+    s = settings("tacl", steps=150, micro=2, log_every=1)
+    uninterrupted = tmp_path / "uninterrupted"
+    train(demo_data, uninterrupted, s)
+    run = tmp_path / "run"
+    args = [sys.executable, "-m", "tacl", "pretrain", "train", "--run-dir", str(run), "--start-model",
+            str(demo_data["start"]), "--manifest", str(demo_data["manifest"]), "--settings", s,
+            "--no-tensorboard", "--marker", str(tmp_path / "c0.json")]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = run / "metrics.jsonl"
+    while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 10):
+        assert proc.poll() is None, proc.stderr.read()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGUSR1)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    first = json.loads((tmp_path / "c0.json").read_text())
+    assert first["reason"] == "signal" and not first["done"] and first["step"] < 150
+    assert checkpoint.latest_tag(run) == checkpoint.tag_for(first["step"])
+    train(demo_data, run, s)
+    assert losses(run) == losses(uninterrupted)
+    assert_same_weights(final_weights(run), final_weights(uninterrupted))
+
+
+def test_sigkill_leaves_the_previous_checkpoint_loadable(demo_data, tmp_path):
+    """Saving after every step, killed with SIGKILL at several moments (often mid-save): `latest` always
+    names a complete checkpoint, and the run still finishes with the uninterrupted run's weights."""
+    s = settings("mlm_nsp", steps=60, log_every=10, checkpoint_minutes=0)
+    uninterrupted = tmp_path / "uninterrupted"
+    train(demo_data, uninterrupted, s)
+    run = tmp_path / "run"
+    for kill_after in (4, 6, 7.5):
+        proc = subprocess.Popen([sys.executable, "-m", "tacl", "pretrain", "train", "--run-dir", str(run),
+                                 "--start-model", str(demo_data["start"]), "--manifest", str(demo_data["manifest"]),
+                                 "--settings", s, "--no-tensorboard"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(kill_after)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        tag = checkpoint.latest_tag(run)  # raises if `latest` named an incomplete checkpoint
+        if tag is not None:
+            final_state = checkpoint_state_dict(run / "checkpoints", tag)
+            assert final_state
+    train(demo_data, run, s)
+    assert_same_weights(final_weights(run), final_weights(uninterrupted))
+
+
+def test_failed_save_keeps_latest(tmp_path):
+    class Engine:
+        def save_checkpoint(self, root, tag, client_state, save_latest):
+            (Path(root) / tag).mkdir(parents=True)
+            (Path(root) / tag / "half_written.pt").write_bytes(b"x")
+            raise OSError("disk full")
+
+    from tacl.pretrain.distributed import DistEnv
+
+    root = tmp_path / "checkpoints"
+    (root / "step00000010").mkdir(parents=True)
+    (root / "latest").write_text("step00000010\n")
+    env = DistEnv(0, 1, 0, torch.device("cpu"))
+    with pytest.raises(OSError):
+        checkpoint.save(Engine(), tmp_path, 20, {}, env, keep=2)
+    assert checkpoint.latest_tag(tmp_path) == "step00000010"
+    assert not (root / "step00000020").exists()
+
+
+def test_locked_run_directory_refuses_a_second_trainer(demo_data, tmp_path):
+    run = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        run.mkdir()
+        (run / "LOCK").write_text(json.dumps({"host": os.uname().nodename, "pid": holder.pid}))
+        proc = train(demo_data, run, settings("mlm_nsp", steps=2), check=False)
+        assert proc.returncode == 2
+        assert f"{run / 'LOCK'}: run directory is locked by another trainer" in proc.stderr
+        assert not (run / "checkpoints").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    # the holder is gone: its lock is stale and the next trainer takes it over
+    train(demo_data, run, settings("mlm_nsp", steps=2))
+    assert not (run / "LOCK").exists()
+
+
+def test_run_lock_unit(tmp_path):
+    with RunLock(tmp_path):
+        with pytest.raises(InputError, match="locked by another trainer"):
+            RunLock(tmp_path).acquire()
+    with RunLock(tmp_path):
+        pass
+
+
+def test_checkpoint_from_another_run_is_refused(demo_data, tmp_path):
+    run = tmp_path / "run"
+    train(demo_data, run, settings("mlm_nsp", steps=2))
+    proc = train(demo_data, run, settings("mlm_nsp", steps=2, lr=1e-4), check=False)
+    assert proc.returncode == 2
+    assert f"{run / 'run.json'}: the checkpoints here belong to another run (differs in: trajectory)" in proc.stderr
+
+
+def test_bad_batch_split_fails_before_training(demo_data, tmp_path):
+    proc = train(demo_data, tmp_path / "run", settings("mlm_nsp", micro=3), check=False)
+    assert proc.returncode == 2
+    assert "pretrain.global_batch=8 is not a multiple of pretrain.micro_batch=3 x 1 rank(s)" in proc.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_two_ranks_match_one_rank_and_resume_exactly(demo_data, reference, tmp_path):
+    s = settings("tacl")  # global 8 = micro 4 x 2 ranks x accumulation 1
+    two = tmp_path / "two"
+    train(demo_data, two, s, nproc=2)
+    one = losses(reference["tacl"])
+    assert len(losses(two)) == len(one) == 12
+    for a, b in zip(losses(two), one):
+        assert a[0] == b[0]
+        assert [x for x in a[1:] if x is not None] == pytest.approx([x for x in b[1:] if x is not None], rel=1e-5)
+    assert_same_weights(final_weights(two), final_weights(reference["tacl"]), exact=False)
+    chunked = tmp_path / "chunked"
+    train(demo_data, chunked, s, "--max-steps", "7", nproc=2)
+    train(demo_data, chunked, s, nproc=2)
+    assert losses(chunked) == losses(two)
+    assert_same_weights(final_weights(chunked), final_weights(two))
+
+
+def test_export_loads_for_fine_tuning(demo_data, reference, tmp_path):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    marker = tmp_path / "chunk-0.json"
+    marker.write_text(json.dumps({"objective": "tacl", "done": True, "step": 12, "steps": 12, "samples": 96,
+                                  "tokens": 5000, "wall_s": 3.0}))
+    out = tmp_path / "model"
+    run_tacl("pretrain", "export", "--start-model", str(demo_data["start"]), "--run-dir", str(reference["tacl"]),
+             "--marker", str(marker), "--out", str(out), "--summary", str(tmp_path / "summary.json"))
+    clf = AutoModelForSequenceClassification.from_pretrained(out, num_labels=2)
+    trained = final_weights(reference["tacl"])
+    assert torch.equal(clf.bert.encoder.layer[0].attention.self.query.weight,
+                       trained["bert.encoder.layer.0.attention.self.query.weight"])
+    assert AutoTokenizer.from_pretrained(out)("hello world")["input_ids"][0] == 101
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["steps"] == 12 and summary["final"]["tacl"] > 0 and summary["wall_s"] == 3.0
+
+
+def test_zero_stage_2_bf16_trains_and_exports_fp32(demo_data, tmp_path):
+    run = tmp_path / "run"
+    train(demo_data, run, settings("mlm_nsp", steps=3, zero_stage=2, precision="bf16"))
+    weights = final_weights(run)
+    assert all(v.dtype == torch.float32 for v in weights.values())
+    from transformers import BertForPreTraining
+
+    initial = BertForPreTraining.from_pretrained(demo_data["start"]).state_dict()
+    key = "bert.encoder.layer.0.attention.self.query.weight"
+    assert not torch.equal(weights[key], initial[key])
+
+
+def test_settings_from_config():
+    pretrain = {"steps": 10, "global_batch": 8, "micro_batch": 4, "tacl": {"tau": 0.05}, "taco": {"tau": 0.1},
+                "objectives": ["tacl"]}
+    s = TrainSettings.from_config({k: v for k, v in pretrain.items() if k != "objectives"}, "tacl", 128)
+    assert s.objective_params == {"tau": 0.05} and s.max_len == 128
+    assert s.accumulation(2) == 1
+    assert TrainSettings.from_dict(s.to_dict()) == s
