@@ -49,9 +49,7 @@ def demo_config(tmp_path: Path, **overrides) -> dict:
     return cfg
 
 
-def run_snakemake(workdir: Path, config: dict | None, *args: str, timeout: int = 900,
-                  check: bool = True) -> subprocess.CompletedProcess:
-    """snakemake on this repo's workflow, in its own working directory (its own .snakemake/)."""
+def snakemake_command(workdir: Path, config: dict | None, *args: str) -> tuple[list[str], dict]:
     workdir.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "workflow" / "Snakefile"),
            "--directory", str(workdir)]
@@ -60,7 +58,20 @@ def run_snakemake(workdir: Path, config: dict | None, *args: str, timeout: int =
         cfg_path.write_text(yaml.safe_dump(config))
         cmd += ["--configfile", str(cfg_path), "--replace-workflow-config"]
     cmd += list(args)
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    return cmd, dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+
+
+def start_snakemake(workdir: Path, config: dict | None, *args: str) -> subprocess.Popen:
+    """snakemake in the background, in a new session (so a test can kill it and all its jobs)."""
+    cmd, env = snakemake_command(workdir, config, *args)
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def run_snakemake(workdir: Path, config: dict | None, *args: str, timeout: int = 900,
+                  check: bool = True) -> subprocess.CompletedProcess:
+    """snakemake on this repo's workflow, in its own working directory (its own .snakemake/)."""
+    cmd, env = snakemake_command(workdir, config, *args)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}")

@@ -3,11 +3,13 @@
 import json
 import os
 import re
+import signal
+import time
 
 import pytest
 import yaml
 
-from conftest import REPO, demo_config, run_snakemake
+from conftest import REPO, demo_config, run_snakemake, start_snakemake
 from tacl.config import config_errors, load_schema
 
 SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
@@ -29,6 +31,8 @@ def test_paper_config_dry_run_lists_the_jobs(tmp_path, monkeypatch):
     assert counts["download_corpus"] == 1 and counts["fetch_tokenizer"] == 1 and counts["clean"] == 1
     assert counts["shard"] == cfg["data"]["num_shards"] == 64
     assert counts["gather_shards"] == 1
+    assert counts["init_model"] == 1 and counts["export_start"] == 1
+    assert counts["pretrain_chunk"] == 3 and counts["export_model"] == 3  # chunk 0 of each; more follow
     assert not (tmp_path / "results").exists(), "a dry run writes nothing"
 
 
@@ -71,17 +75,59 @@ def test_bad_config_stops_snakemake_with_the_key(tmp_path):
 
 
 @pytest.mark.slow
-def test_demo_data_stage_runs_and_reruns_as_nothing_to_do(tmp_path):
+def test_demo_end_to_end_survives_a_kill(tmp_path):
+    """The demo DAG through pretraining, killed (SIGKILL, everything) while a chunk trains, then
+    `snakemake --unlock` and the same command again: it resumes from the last checkpoint and finishes."""
     cfg = demo_config(tmp_path)
-    run_snakemake(tmp_path, cfg, "--cores", "2", "--until", "gather_shards")
-    data = tmp_path / "results" / "data"
+    results = tmp_path / "results"
+    first = start_snakemake(tmp_path, cfg, "--cores", "2", "--rerun-incomplete")
+    try:
+        deadline = time.time() + 300
+        while not list(results.glob("pretrain/*/run/checkpoints/latest")):
+            assert first.poll() is None, first.communicate()[1][-3000:]
+            assert time.time() < deadline, "no checkpoint within 5 minutes"
+            time.sleep(0.2)
+        time.sleep(1.0)
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    killed_runs = {p.parents[2].name for p in results.glob("pretrain/*/run/checkpoints/latest")}
+    run_snakemake(tmp_path, cfg, "--unlock")
+    run_snakemake(tmp_path, cfg, "--cores", "2", "--rerun-incomplete")
+
+    data = results / "data"
     summary = json.loads((data / "summary.json").read_text())
     assert summary["shards"] == 2 and summary["examples"] > 1000 and summary["documents"] > 200
     from tacl.data.shards import ShardSet
 
     assert len(ShardSet(data / "shards" / "manifest.json")) == summary["examples"]
-    assert sorted(os.listdir(tmp_path / "results" / "logs" / "data")) == [
-        "clean.log", "download_corpus.log", "fetch_tokenizer.log", "gather_shards.log",
-        "shard-00000.log", "shard-00001.log"]
-    again = run_snakemake(tmp_path, cfg, "--cores", "2", "--until", "gather_shards", "-n")
+    for objective in ("mlm_nsp", "tacl", "taco"):
+        markers = sorted((results / "pretrain" / objective).glob("chunk-*.json"),
+                         key=lambda p: int(p.stem.split("-")[1]))
+        chain = [json.loads(p.read_text()) for p in markers]
+        if objective not in killed_runs:  # (a killed chunk 0 reruns from its checkpoint and may finish)
+            assert len(chain) >= 2, f"{objective}: the short deadline forces two chunks or more"
+        assert [c["done"] for c in chain] == [False] * (len(chain) - 1) + [True]
+        assert all(c["reason"] == "deadline" for c in chain[:-1])
+        assert all(a["step"] < b["step"] for a, b in zip(chain, chain[1:])) and chain[-1]["step"] == 250
+        exported = json.loads((results / "models" / f"{objective}.json").read_text())
+        assert exported["steps"] == 250 and exported["chunks"] == len(chain)
+    resumed = [objective for objective in killed_runs
+               if "resumed from" in "".join(p.read_text() for p in (results / "logs" / "pretrain" / objective).glob("*.log"))]
+    assert resumed, "a run killed after its first checkpoint resumed from it"
+    from transformers import AutoModelForSequenceClassification
+
+    for objective in ("none", "mlm_nsp", "tacl", "taco"):
+        AutoModelForSequenceClassification.from_pretrained(results / "models" / objective, num_labels=2)
+    again = run_snakemake(tmp_path, cfg, "--cores", "2", "-n")
     assert "Nothing to be done" in again.stdout + again.stderr
+
+
+@pytest.mark.slow
+def test_chunk_cap_fails_loudly(tmp_path):
+    cfg = demo_config(tmp_path)
+    cfg["pretrain"].update(objectives=["mlm_nsp"], steps=100000)
+    cfg["pretrain"]["chunk"].update(runtime_minutes=0.25, max_chunks=1)
+    proc = run_snakemake(tmp_path, cfg, "--cores", "2", check=False)
+    assert proc.returncode != 0
+    assert "pretraining mlm_nsp: not done after pretrain.chunk.max_chunks=1 chunks" in proc.stdout + proc.stderr

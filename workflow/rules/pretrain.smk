@@ -1,0 +1,95 @@
+# Pretraining: start model (login node) -> chunk 0 -> chunk 1 -> ... (as many as needed) -> export.
+# The run directory (checkpoints, metrics, lock) is passed as a param, never declared as an output:
+# Snakemake deletes outputs before a job runs and after it fails.
+
+
+localrules:
+    init_model,
+    export_start,
+
+
+rule init_model:
+    input:
+        tokenizer=f"{DATA}/tokenizer",
+    output:
+        directory(START),
+    params:
+        model=config["model"],
+        init=json.dumps(config["model_init"]),
+    conda:
+        CONDA_ENV
+    log:
+        f"{LOGS}/pretrain/init_model.log",
+    shell:
+        "python -m tacl pretrain init-model --model {params.model:q} --init {params.init:q}"
+        " --tokenizer {input.tokenizer} --out {output} > {log} 2>&1"
+
+
+checkpoint pretrain_chunk:
+    input:
+        manifest=f"{DATA}/shards/manifest.json",
+        start=START,
+        previous=previous_chunk,
+    output:
+        f"{PRETRAIN}/{{objective}}/chunk-{{chunk}}.json",
+    wildcard_constraints:
+        objective="mlm_nsp|tacl|taco",
+        chunk=r"\d+",
+    params:
+        run_dir=lambda w: f"{PRETRAIN}/{w.objective}/run",
+        settings=lambda w: train_settings(w.objective),
+        runtime=config["pretrain"]["chunk"]["runtime_minutes"],
+        margin=config["pretrain"]["chunk"]["margin_minutes"],
+        nproc=config["pretrain"]["ranks_per_node"],
+    resources:
+        runtime=math.ceil(config["pretrain"]["chunk"]["runtime_minutes"]),
+        mem_mb=32000,
+    conda:
+        CONDA_ENV
+    log:
+        f"{LOGS}/pretrain/{{objective}}/chunk-{{chunk}}.log",
+    benchmark:
+        f"{BENCH}/pretrain/{{objective}}/chunk-{{chunk}}.tsv"
+    shell:
+        "python -m tacl pretrain train --run-dir {params.run_dir} --start-model {input.start}"
+        " --manifest {input.manifest} --settings {params.settings:q} --chunk {wildcards.chunk}"
+        " --marker {output} --runtime-minutes {params.runtime} --margin-minutes {params.margin}"
+        " --nproc {params.nproc} > {log} 2>&1"
+
+
+rule export_model:
+    input:
+        final=final_chunk,
+        start=START,
+    output:
+        model=directory(f"{MODELS}/{{objective}}"),
+        summary=f"{MODELS}/{{objective}}.json",
+    wildcard_constraints:
+        objective="mlm_nsp|tacl|taco",
+    params:
+        run_dir=lambda w: f"{PRETRAIN}/{w.objective}/run",
+    resources:
+        mem_mb=16000,
+        runtime=60,
+    conda:
+        CONDA_ENV
+    log:
+        f"{LOGS}/pretrain/{{objective}}/export.log",
+    shell:
+        "python -m tacl pretrain export --start-model {input.start} --run-dir {params.run_dir}"
+        " --marker {input.final} --out {output.model} --summary {output.summary} > {log} 2>&1"
+
+
+rule export_start:
+    input:
+        start=START,
+    output:
+        model=directory(f"{MODELS}/none"),
+        summary=f"{MODELS}/none.json",
+    conda:
+        CONDA_ENV
+    log:
+        f"{LOGS}/pretrain/none/export.log",
+    shell:
+        "python -m tacl pretrain export --start-model {input.start} --out {output.model}"
+        " --summary {output.summary} > {log} 2>&1"
