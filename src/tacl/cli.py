@@ -14,7 +14,7 @@ import sys
 
 from tacl.io import InputError
 
-STAGES = ("data", "pretrain")
+STAGES = ("data", "pretrain", "finetune", "analysis", "report")
 
 
 def build_parser() -> argparse.ArgumentParser:

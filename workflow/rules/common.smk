@@ -2,6 +2,9 @@
 import json
 import math
 import os
+import shlex
+import subprocess
+import sys
 
 # Every job runs `python -m tacl` from this checkout's src/ (installed or not, venv or --sdm conda).
 REPO = os.path.abspath(os.path.join(workflow.basedir, ".."))
@@ -19,6 +22,9 @@ SHARDS = [f"{k:05d}" for k in range(config["data"]["num_shards"])]
 MODELS = f"{R}/models"
 START = f"{MODELS}/start"
 PRETRAIN = f"{R}/pretrain"
+FINETUNE = f"{R}/finetune"
+REPORT = f"{R}/report"
+GLUE_TASKS = ["cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli"]
 
 
 def tokenizer_name():
@@ -66,6 +72,86 @@ def final_chunk(wildcards):
         f"pretraining {wildcards.objective}: not done after pretrain.chunk.max_chunks={cap} chunks "
         f"(see {chunk_marker(wildcards.objective, cap - 1)}); raise the cap or the chunk runtime"
     )
+
+
+def finetune_models():
+    return config["finetune"]["models"] or config["pretrain"]["objectives"]
+
+
+def task_family(task):
+    if task in GLUE_TASKS:
+        return "glue"
+    return "squad" if task.startswith("squad") else "ner"
+
+
+def task_source(task):
+    family = task_family(task)
+    ft = config["finetune"]
+    if family == "glue":
+        source = dict(ft["glue_source"])
+    elif family == "squad":
+        source = dict(ft["squad_source"])
+    else:
+        source = dict(ft["conll_source"])
+    source.setdefault("cache_dir", f"{config['resources_dir']}/datasets")
+    return source
+
+
+def task_hparams(task):
+    hp = config["finetune"]["hparams"]
+    return {**hp[task_family(task)], **hp["tasks"].get(task, {})}
+
+
+def task_runtime(task):
+    runtimes = config["finetune"]["runtime_minutes"]
+    return runtimes.get(task, runtimes.get("default", 240))
+
+
+def task_seeds(task):
+    ft = config["finetune"]
+    return range(ft["seeds_large"] if task in ft["large_tasks"] else ft["seeds_small"])
+
+
+def expected_runs():
+    return [
+        {"model": m, "task": t, "seed": s}
+        for m in finetune_models()
+        for t in config["finetune"]["tasks"]
+        for s in task_seeds(t)
+    ]
+
+
+def finetune_outputs():
+    return [f"{FINETUNE}/{r['model']}/{r['task']}/seed{r['seed']}/metrics.json" for r in expected_runs()]
+
+
+def report_outputs():
+    return [f"{REPORT}/report.md", f"{REPORT}/self_similarity.png"]
+
+
+def report_args(wildcards=None, input=None):
+    """Arguments of `tacl report`, shared by the rule and the onerror handler."""
+    similarity = [f"{R}/analysis/similarity/{m}.json" for m in finetune_models()]
+    args = [
+        "--results", R, "--models", *finetune_models(),
+        "--tasks", *config["finetune"]["tasks"],
+        "--expected", json.dumps(expected_runs()),
+        "--similarity", *[p for p in similarity if os.path.exists(p)],
+        "--out", REPORT,
+    ]
+    if os.path.exists(f"{REPORT}/self_similarity.png"):
+        args += ["--similarity-png", f"{REPORT}/self_similarity.png"]
+    return " ".join(shlex.quote(str(a)) for a in args)
+
+
+def partial_report():
+    """After a failed job: tables from whatever has finished, so one failure never hides the rest."""
+    if not any(os.path.exists(p) for p in finetune_outputs()):
+        return
+    cmd = f"{sys.executable} -m tacl report {report_args()}"
+    env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    if subprocess.run(cmd, shell=True, env=env).returncode == 0:
+        print(f"\nsome jobs failed; tables from the finished runs: {REPORT}/report.md")
 
 
 def print_summary():

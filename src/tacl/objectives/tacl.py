@@ -21,12 +21,14 @@ from tacl.objectives.mlm_nsp import mlm_nsp_terms
 def tacl_loss(student: torch.Tensor, teacher: torch.Tensor, anchors: torch.Tensor, candidates: torch.Tensor,
               tau: float) -> tuple[torch.Tensor, torch.Tensor]:
     """student, teacher [B, L, H]; anchors [B, L] bool (the set M); candidates [B, L] bool (allowed j,
-    must include every anchor). Returns (loss, accuracy: share of anchors whose own teacher vector is
+    the same for every anchor of a sequence) or [B, L, L] (row i: the j allowed for anchor i); every
+    anchor must be among its own candidates. Returns (loss, accuracy: share of anchors whose own teacher vector is
     the most similar). No anchor at all: loss 0 (attached to the graph), accuracy nan."""
     s = F.normalize(student.float(), dim=-1)
     t = F.normalize(teacher.float(), dim=-1)
     logits = torch.bmm(s, t.transpose(1, 2)) / tau  # [B, i, j]
-    logits = logits.masked_fill(~candidates[:, None, :], float("-inf"))
+    allowed = candidates[:, None, :] if candidates.dim() == 2 else candidates
+    logits = logits.masked_fill(~allowed, float("-inf"))
     b, i = anchors.nonzero(as_tuple=True)
     if len(b) == 0:
         return student.sum() * 0.0, torch.tensor(float("nan"))
@@ -34,6 +36,18 @@ def tacl_loss(student: torch.Tensor, teacher: torch.Tensor, anchors: torch.Tenso
     loss = F.cross_entropy(rows, i)
     acc = (rows.argmax(-1) == i).float().mean()
     return loss, acc
+
+
+def supervised_tacl_loss(student: torch.Tensor, teacher: torch.Tensor, labels: torch.Tensor,
+                         tau: float, ignore_index: int = -100) -> tuple[torch.Tensor, torch.Tensor]:
+    """The token-level supervised variant: every labelled token is an anchor, its positive is the
+    teacher's vector at the same position, and tokens of the same class are not negatives (only tokens
+    with another label are). labels [B, L], ignore_index where a token has no label."""
+    labelled = labels != ignore_index
+    other_class = labels[:, :, None] != labels[:, None, :]
+    eye = torch.eye(labels.shape[1], dtype=torch.bool, device=labels.device)[None]
+    candidates = labelled[:, None, :] & (other_class | eye)
+    return tacl_loss(student, teacher, labelled, candidates, tau)
 
 
 @dataclass

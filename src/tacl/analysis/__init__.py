@@ -1,0 +1,1 @@
+"""Analysis of the trained encoders: TaCL's layer-wise self-similarity."""

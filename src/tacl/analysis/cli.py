@@ -1,0 +1,38 @@
+"""`tacl analysis ...`: self-similarity of one model, and the plot over all models."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(stages: argparse._SubParsersAction) -> None:
+    p = stages.add_parser("analysis", help="layer-wise self-similarity")
+    cmds = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    c = cmds.add_parser("similarity", help="self-similarity of one model on held-out sentences")
+    c.add_argument("--model", required=True)
+    c.add_argument("--name", help="the model's name in tables (default: the folder name)")
+    c.add_argument("--heldout", required=True, help="held-out corpus, one sentence per line")
+    c.add_argument("--sentences", type=int, default=50000)
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--max-len", type=int, default=128)
+    c.add_argument("--out", required=True)
+    c.set_defaults(func=_similarity)
+    c = cmds.add_parser("plot", help="one line per model, layer on x")
+    c.add_argument("--inputs", nargs="+", required=True)
+    c.add_argument("--out", required=True)
+    c.set_defaults(func=_plot)
+
+
+def _similarity(a: argparse.Namespace) -> None:
+    from tacl.analysis.similarity import run_similarity
+
+    print(json.dumps(run_similarity(a.model, a.heldout, a.sentences, a.seed, a.out, a.max_len, a.name)))
+
+
+def _plot(a: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from tacl.analysis.similarity import plot
+
+    plot([json.loads(Path(p).read_text()) for p in a.inputs], a.out)

@@ -1,0 +1,94 @@
+"""`tacl similarity`: layer-wise self-similarity (TaCL section 5).
+
+For each sentence, encoded as `[CLS] s [SEP]`, and each layer 1..L: the cosine similarity of every pair
+of distinct token vectors. The layer's score is micro-averaged over sentences: the sum of all pairs'
+cosines over the number of pairs. Lower means more distinguishable (less anisotropic) token vectors.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from tacl.io import InputError, write_json_atomic
+
+
+def sample_sentences(path: str, n: int, seed: int, min_tokens: int = 2) -> list[str]:
+    """n sentences drawn uniformly (seeded) from a corpus file (one sentence per line)."""
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"{p}: held-out corpus not found")
+    lines = [line.strip() for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+    lines = [s for s in lines if len(s.split()) >= min_tokens]
+    if not lines:
+        raise InputError(f"{p}: no sentences to sample")
+    rng = random.Random(seed)
+    return lines if len(lines) <= n else rng.sample(lines, n)
+
+
+def pair_cosine_sums(hidden: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """hidden [B, T, H], mask [B, T] -> (sum over distinct pairs of cosines, number of pairs), per sequence."""
+    x = torch.nn.functional.normalize(hidden.float(), dim=-1) * mask[..., None]
+    total = x.sum(1)  # [B, H]: sum_i x_i ; sum_{i != j} x_i.x_j = |sum x|^2 - sum |x_i|^2
+    pairs_sum = ((total * total).sum(-1) - (x * x).sum((1, 2))) / 2
+    n = mask.sum(1).double()
+    return pairs_sum.double(), n * (n - 1) / 2
+
+
+@torch.no_grad()
+def self_similarity(model_dir: str, sentences: list[str], max_len: int = 128, batch: int = 64,
+                    device: str | None = None) -> list[float]:
+    """Micro-averaged self-similarity for layers 1..L."""
+    from transformers import AutoModel, AutoTokenizer
+
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModel.from_pretrained(model_dir).to(dev).eval()
+    sums, pairs = None, 0.0
+    for i in range(0, len(sentences), batch):
+        enc = tok(sentences[i : i + batch], truncation=True, max_length=max_len, padding=True, return_tensors="pt")
+        enc = {k: v.to(dev) for k, v in enc.items()}
+        hidden = model(**enc, output_hidden_states=True).hidden_states[1:]  # layers 1..L
+        mask = enc["attention_mask"]
+        layer_sums = torch.stack([pair_cosine_sums(h, mask)[0].sum() for h in hidden])
+        sums = layer_sums if sums is None else sums + layer_sums
+        pairs += float(pair_cosine_sums(hidden[0], mask)[1].sum())
+    return (sums / pairs).tolist()
+
+
+def run_similarity(model_dir: str, heldout: str, n: int, seed: int, out_json: str, max_len: int = 128,
+                   name: str | None = None) -> dict[str, Any]:
+    sentences = sample_sentences(heldout, n, seed)
+    values = self_similarity(model_dir, sentences, max_len)
+    result = {"model": name or Path(model_dir).name, "sentences": len(sentences), "seed": seed,
+              "max_len": max_len, "layers": list(range(1, len(values) + 1)), "self_similarity": values}
+    write_json_atomic(out_json, result)
+    return result
+
+
+def plot(results: list[dict[str, Any]], out_png: str) -> None:
+    import matplotlib
+    import matplotlib.ticker
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from tacl.io import atomic_path
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in results:
+        ax.plot(r["layers"], r["self_similarity"], marker="o", label=r["model"])
+    ax.set_xlabel("layer")
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    ax.set_ylabel("self-similarity (mean cosine of token pairs)")
+    ax.set_title(f"Self-similarity on {results[0]['sentences']} held-out sentences" if results else "")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    with atomic_path(out_png) as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
+    plt.close(fig)

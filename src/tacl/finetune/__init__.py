@@ -1,0 +1,1 @@
+"""Fine-tuning and evaluation: GLUE, SQuAD, CoNLL-2003 NER."""

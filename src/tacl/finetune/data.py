@@ -1,0 +1,58 @@
+"""Where fine-tuning data comes from, and `tacl finetune prepare`: on the login node, fetch a task's
+Hugging Face dataset into the cache (compute jobs then read it offline) or check the local files, and
+record the split sizes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tacl.io import InputError, write_json_atomic
+
+SQUAD_TASKS = {"squad_v1": "1.1", "squad_v2": "2.0"}
+NER_TASKS = ("conll2003",)
+
+
+def family(task: str) -> str:
+    from tacl.finetune import glue
+
+    if task in glue.TASKS:
+        return "glue"
+    if task in SQUAD_TASKS:
+        return "squad"
+    if task in NER_TASKS:
+        return "ner"
+    raise InputError(f"finetune.tasks: unknown task {task!r}")
+
+
+def prepare(task: str, source: dict[str, Any], out_json: str) -> dict[str, Any]:
+    """Load every split once (filling the cache for HF sources); a missing file fails here, naming it."""
+    fam = family(task)
+    sizes: dict[str, int] = {}
+    if fam == "glue":
+        from tacl.finetune import glue
+        from tacl.finetune.sequence import has_split, load_examples
+
+        spec = glue.TASKS[task]
+        for split in ("train", *spec.dev_splits, *spec.test_splits):
+            if split in spec.test_splits and not has_split(task, split, source):
+                continue  # test files are optional: without them no submission file is written
+            sizes[split] = len(load_examples(task, split, source))
+    elif fam == "squad":
+        from tacl.finetune.qa import load_examples
+
+        for split in ("train", "dev"):
+            sizes[split] = len(load_examples(SQUAD_TASKS[task], split, source))
+    else:
+        from tacl.finetune.ner import SPLITS, read_conll
+
+        if not source.get("data_dir"):
+            raise InputError("finetune.conll_source.data_dir: no CoNLL-2003 folder given")
+        for split, name in SPLITS.items():
+            sizes[split] = len(read_conll(Path(source["data_dir"]) / name))
+    empty = [s for s, n in sizes.items() if n == 0]
+    if empty:
+        raise InputError(f"finetune task {task}: empty split(s) {empty}")
+    record = {"task": task, "family": fam, "source": source, "splits": sizes}
+    write_json_atomic(out_json, record)
+    return record

@@ -1,0 +1,137 @@
+"""`tacl finetune ner`: CoNLL-2003 named entities (token classification, seqeval entity F1), with an
+option to add the supervised TaCL loss against a frozen copy of the starting encoder."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from tacl.finetune.common import DEFAULT_HPARAMS, Run, predict, train
+from tacl.finetune.sequence import subset
+from tacl.io import InputError, write_json_atomic
+
+SPLITS = {"train": "train.txt", "dev": "valid.txt", "test": "test.txt"}
+
+
+def read_conll(path: str | Path) -> list[tuple[list[str], list[str]]]:
+    """Sentences as (tokens, IOB2 tags) from the 4-column CoNLL-2003 format; -DOCSTART- lines skipped."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: CoNLL file not found")
+    sentences, tokens, tags = [], [], []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            line = line.strip()
+            if not line or line.startswith("-DOCSTART-"):
+                if tokens:
+                    sentences.append((tokens, tags))
+                    tokens, tags = [], []
+                continue
+            cols = line.split()
+            if len(cols) < 2:
+                raise InputError(f"{path}:{n}: expected 'token ... tag', got {line!r}")
+            tokens.append(cols[0])
+            tags.append(cols[-1])
+    if tokens:
+        sentences.append((tokens, tags))
+    return sentences
+
+
+def label_list(sentences: list[tuple[list[str], list[str]]]) -> list[str]:
+    """'O' first, then the entity types with B- before I-, sorted by type."""
+    tags = {t for _, ts in sentences for t in ts}
+    types = sorted({t[2:] for t in tags if t != "O"})
+    return ["O"] + [f"{p}-{t}" for t in types for p in ("B", "I")]
+
+
+def encode(tokenizer: Any, sentences: list[tuple[list[str], list[str]]], labels: list[str],
+           max_len: int) -> list[dict[str, Any]]:
+    """Word pieces with the word's label on its first piece and -100 on the rest (and on specials)."""
+    index = {t: i for i, t in enumerate(labels)}
+    enc = tokenizer([s[0] for s in sentences], is_split_into_words=True, truncation=True, max_length=max_len,
+                    padding=False)
+    rows = []
+    for i, (_, tags) in enumerate(sentences):
+        word_ids = enc.word_ids(i)
+        row_labels, previous = [], None
+        for w in word_ids:
+            if w is None or w == previous:
+                row_labels.append(-100)
+            else:
+                if tags[w] not in index:
+                    raise InputError(f"CoNLL tag {tags[w]!r} is not among the training tags {labels}")
+                row_labels.append(index[tags[w]])
+            previous = w
+        rows.append({"input_ids": enc["input_ids"][i], "token_type_ids": enc["token_type_ids"][i],
+                     "attention_mask": enc["attention_mask"][i], "labels": row_labels})
+    return rows
+
+
+def word_predictions(rows: list[dict[str, Any]], logits: list[np.ndarray], labels: list[str]) -> list[list[str]]:
+    """One predicted tag per (kept) word: the prediction on the word's first piece."""
+    out = []
+    for row, lg in zip(rows, logits):
+        first = np.array(row["labels"]) != -100
+        out.append([labels[i] for i in lg[first].argmax(-1)])
+    return out
+
+
+def entity_metrics(gold: list[list[str]], pred: list[list[str]]) -> dict[str, float]:
+    from seqeval.metrics import accuracy_score, f1_score, precision_score, recall_score
+
+    return {"f1": float(f1_score(gold, pred)), "precision": float(precision_score(gold, pred)),
+            "recall": float(recall_score(gold, pred)), "accuracy": float(accuracy_score(gold, pred)),
+            "main": float(f1_score(gold, pred))}
+
+
+def finetune_ner(model_dir: str, data_dir: str, hparams: dict[str, Any], seed: int, out_dir: str,
+                 precision: str = "auto") -> dict[str, Any]:
+    from transformers import AutoModelForTokenClassification, AutoTokenizer, BertModel
+
+    from tacl.objectives.tacl import supervised_tacl_loss
+
+    hp = {**DEFAULT_HPARAMS, "max_len": 256, "lr": 5e-5, "supervised_tacl": False, "tacl_tau": 0.1, "tacl_weight": 1.0,
+          **hparams}
+    started = time.time()
+    data = {s: read_conll(Path(data_dir) / f) for s, f in SPLITS.items()}
+    labels = label_list(data["train"])
+    train_s = subset(data["train"], hp.get("max_train_examples", 0))
+    eval_s = {s: subset(data[s], hp.get("max_eval_examples", 0)) for s in ("dev", "test")}
+
+    run = Run.detect(precision)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForTokenClassification.from_pretrained(
+        model_dir, num_labels=len(labels), id2label=dict(enumerate(labels)),
+        label2id={t: i for i, t in enumerate(labels)})
+    extra = None
+    if hp["supervised_tacl"]:
+        teacher = BertModel.from_pretrained(model_dir, add_pooling_layer=False).to(run.device).eval()
+        teacher.requires_grad_(False)
+
+        def extra(model, batch, outputs):
+            with torch.no_grad():
+                h = teacher(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                            token_type_ids=batch["token_type_ids"]).last_hidden_state
+            loss, _ = supervised_tacl_loss(outputs.hidden_states[-1], h, batch["labels"], hp["tacl_tau"])
+            return hp["tacl_weight"] * loss
+
+    record = train(model, encode(tokenizer, train_s, labels, hp["max_len"]), hp, seed, run,
+                   tokenizer.pad_token_id, extra_loss=extra)
+    results = {}
+    for split, sentences in eval_s.items():
+        rows = encode(tokenizer, sentences, labels, hp["max_len"])
+        (logits,) = predict(model, rows, run, tokenizer.pad_token_id, hp["eval_batch"], lambda o: (o.logits,),
+                            per_token=True)
+        pred = word_predictions(rows, logits, labels)
+        gold = [[labels[i] for i in np.array(r["labels"])[np.array(r["labels"]) != -100]] for r in rows]
+        results[split] = {**entity_metrics(gold, pred), "examples": len(rows)}
+    summary = {"task": "conll2003", "family": "ner", "model": model_dir, "seed": seed, "hparams": hp,
+               "dev": {"dev": results["dev"]}, "test": {"test": results["test"]}, "labels": labels,
+               "train": record, "device": str(run.device), "bf16": run.bf16,
+               "wall_s": round(time.time() - started, 1)}
+    write_json_atomic(Path(out_dir) / "metrics.json", summary)
+    return summary

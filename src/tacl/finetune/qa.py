@@ -1,0 +1,82 @@
+"""`tacl finetune squad`: SQuAD v1.1 / v2.0 span extraction with sliding windows, n-best decoding and,
+for v2.0, the null-answer threshold tuned on dev as the official evaluation script does."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from tacl.finetune import squad
+from tacl.finetune.common import Run, predict, train
+from tacl.finetune.sequence import subset
+from tacl.io import InputError, write_json_atomic, write_text_atomic
+
+SQUAD_HPARAMS = {"max_len": 384, "doc_stride": 128, "max_query_len": 64, "batch": 12, "lr": 3e-5, "epochs": 2,
+                 "warmup_ratio": 0.1, "weight_decay": 0.01, "grad_clip": 1.0, "eval_batch": 64, "n_best": 20,
+                 "max_answer_len": 30}
+
+
+def load_examples(version: str, split: str, source: dict[str, Any]) -> list[squad.SquadExample]:
+    if source.get("kind", "hf") == "hf":
+        return squad.load_hf(version, "validation" if split == "dev" else split, source.get("cache_dir"))
+    key = f"v{version.replace('.', '_')}_{split}"  # e.g. v1_1_train, v2_0_dev
+    if not source.get(key):
+        raise InputError(f"finetune.squad_source.{key}: no SQuAD {version} {split} file given")
+    return squad.read_squad_json(source[key])
+
+
+def feature_rows(features: squad.Features, train: bool) -> list[dict[str, Any]]:
+    rows = []
+    for i in range(len(features.input_ids)):
+        row = {"input_ids": features.input_ids[i], "token_type_ids": features.token_type_ids[i],
+               "attention_mask": features.attention_mask[i]}
+        if train:
+            row["start_positions"] = features.start_positions[i]
+            row["end_positions"] = features.end_positions[i]
+        rows.append(row)
+    return rows
+
+
+def finetune_squad(model_dir: str, version: str, source: dict[str, Any], hparams: dict[str, Any], seed: int,
+                   out_dir: str, precision: str = "auto") -> dict[str, Any]:
+    from transformers import AutoModelForQuestionAnswering, AutoTokenizer
+
+    if version not in ("1.1", "2.0"):
+        raise InputError(f"SQuAD version {version!r}: use 1.1 or 2.0")
+    hp = {**SQUAD_HPARAMS, **hparams}
+    started = time.time()
+    train_ex = subset(load_examples(version, "train", source), hp.get("max_train_examples", 0))
+    dev_ex = subset(load_examples(version, "dev", source), hp.get("max_eval_examples", 0))
+
+    run = Run.detect(precision)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForQuestionAnswering.from_pretrained(model_dir)
+    features = squad.prepare_features(train_ex, tokenizer, hp["max_len"], hp["doc_stride"], hp["max_query_len"],
+                                      train=True)
+    record = train(model, feature_rows(features, True), hp, seed, run, tokenizer.pad_token_id)
+
+    dev_features = squad.prepare_features(dev_ex, tokenizer, hp["max_len"], hp["doc_stride"], hp["max_query_len"],
+                                          train=False)
+    start, end = predict(model, feature_rows(dev_features, False), run, tokenizer.pad_token_id, hp["eval_batch"],
+                         lambda o: (o.start_logits, o.end_logits), per_token=True)
+    v2 = version == "2.0"
+    preds, null_odds = squad.postprocess(dev_ex, dev_features, start, end, hp["n_best"], hp["max_answer_len"],
+                                         version_2=v2)
+    metrics = squad.evaluate(dev_ex, preds, null_odds if v2 else None)
+    # the table's numbers: v1.1 EM/F1; v2.0 EM/F1 at the null threshold tuned on dev (official v2 script)
+    metrics["main_exact"] = metrics["best_exact"] if v2 else metrics["exact"]
+    metrics["main"] = metrics["best_f1"] if v2 else metrics["f1"]
+    out = Path(out_dir)
+    write_text_atomic(out / "predictions.json", json.dumps(preds, indent=1))
+    if v2:
+        finite = {k: (v if math.isfinite(v) else None) for k, v in null_odds.items()}  # None: no span at all
+        write_text_atomic(out / "null_odds.json", json.dumps(finite, indent=1))
+    summary = {"task": f"squad_v{version[0]}", "family": "squad", "model": model_dir, "seed": seed, "hparams": hp,
+               "dev": {"dev": {**metrics, "examples": len(dev_ex), "features": len(dev_features.input_ids)}},
+               "train": {**record, "features": len(features.input_ids)}, "device": str(run.device),
+               "bf16": run.bf16, "wall_s": round(time.time() - started, 1)}
+    write_json_atomic(out / "metrics.json", summary)
+    return summary

@@ -1,0 +1,94 @@
+"""`tacl finetune glue`: one (model, GLUE task, seed) fine-tune; dev metrics as GLUE defines them and
+test predictions in the GLUE server's submission format."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tacl.finetune import glue
+from tacl.finetune.common import DEFAULT_HPARAMS, Run, predict, train
+from tacl.io import InputError, write_json_atomic
+
+
+def load_examples(task: str, split: str, source: dict[str, Any]) -> list[glue.Example]:
+    if source.get("kind", "tsv") == "hf":
+        return glue.load_hf(task, split, source.get("cache_dir"))
+    return glue.read_split(task, source["data_dir"], split)
+
+
+def has_split(task: str, split: str, source: dict[str, Any]) -> bool:
+    if source.get("kind", "tsv") == "hf":
+        return True
+    return (Path(source["data_dir"]) / glue.TASKS[task].dir_name / f"{split}.tsv").is_file()
+
+
+def subset(examples: list, limit: int, seed: int = 0) -> list:
+    """At most `limit` examples (0 = all), the same subset for every fine-tuning seed."""
+    if not limit or len(examples) <= limit:
+        return examples
+    keep = np.sort(np.random.default_rng(seed).permutation(len(examples))[:limit])
+    return [examples[i] for i in keep]
+
+
+def encode(tokenizer: Any, task: str, examples: list[glue.Example], max_len: int) -> list[dict[str, Any]]:
+    spec = glue.TASKS[task]
+    pairs = examples[0].text_b is not None if examples else False
+    enc = tokenizer([e.text_a for e in examples], [e.text_b for e in examples] if pairs else None,
+                    truncation=True, max_length=max_len, padding=False, return_attention_mask=True)
+    rows = []
+    for i, e in enumerate(examples):
+        row = {k: enc[k][i] for k in ("input_ids", "token_type_ids", "attention_mask")}
+        if e.label is not None:
+            row["labels"] = float(e.label) if spec.is_regression else glue.label_id(task, e.label)
+        rows.append(row)
+    return rows
+
+
+def finetune_glue(model_dir: str, task: str, source: dict[str, Any], hparams: dict[str, Any], seed: int,
+                  out_dir: str, precision: str = "auto") -> dict[str, Any]:
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    if task not in glue.TASKS:
+        raise InputError(f"finetune task {task!r} is not a GLUE task ({', '.join(glue.TASKS)})")
+    spec = glue.TASKS[task]
+    hp = {**DEFAULT_HPARAMS, **hparams}
+    started = time.time()
+    # all data first: a missing file fails before the model is built
+    train_ex = subset(load_examples(task, "train", source), hp.get("max_train_examples", 0))
+    dev = {s: subset(load_examples(task, s, source), hp.get("max_eval_examples", 0)) for s in spec.dev_splits}
+    test = {s: load_examples(task, s, source) for s in spec.test_splits if has_split(task, s, source)}
+    if not train_ex:
+        raise InputError(f"GLUE {task}: the training split is empty")
+
+    run = Run.detect(precision)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        model_dir, num_labels=spec.num_labels,
+        problem_type="regression" if spec.is_regression else "single_label_classification")
+    record = train(model, encode(tokenizer, task, train_ex, hp["max_len"]), hp, seed, run, tokenizer.pad_token_id)
+
+    def predictions(examples: list[glue.Example]) -> np.ndarray:
+        (logits,) = predict(model, encode(tokenizer, task, examples, hp["max_len"]), run, tokenizer.pad_token_id,
+                            hp["eval_batch"], lambda o: (o.logits,))
+        logits = np.stack(logits)
+        return logits[:, 0] if spec.is_regression else logits.argmax(-1)
+
+    out = Path(out_dir)
+    results = {}
+    for split, examples in dev.items():
+        refs = [float(e.label) if spec.is_regression else glue.label_id(task, e.label) for e in examples]
+        results[split] = {**glue.metrics(task, predictions(examples), refs), "examples": len(examples)}
+    submissions = {}
+    for split, examples in test.items():
+        path = out / "submission" / spec.submission_files[split]
+        glue.write_submission(task, split, [e.guid for e in examples], predictions(examples), str(path))
+        submissions[split] = str(path)
+    summary = {"task": task, "family": "glue", "model": model_dir, "seed": seed, "hparams": hp, "dev": results,
+               "submission": submissions, "train": record, "device": str(run.device), "bf16": run.bf16,
+               "wall_s": round(time.time() - started, 1)}
+    write_json_atomic(out / "metrics.json", summary)
+    return summary

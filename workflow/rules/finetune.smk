@@ -1,0 +1,48 @@
+# Fine-tunes: data fetched or checked once per task (login node), then one job per (model, task, seed).
+
+
+localrules:
+    prepare_task,
+
+
+rule prepare_task:
+    output:
+        f"{R}/finetune_data/{{task}}.json",
+    params:
+        source=lambda w: json.dumps(task_source(w.task)),
+    conda:
+        CONDA_ENV
+    log:
+        f"{LOGS}/finetune/prepare-{{task}}.log",
+    shell:
+        "python -m tacl finetune prepare --task {wildcards.task} --source {params.source:q} --out {output}"
+        " > {log} 2>&1"
+
+
+rule finetune:
+    input:
+        model=f"{MODELS}/{{model}}",
+        data=f"{R}/finetune_data/{{task}}.json",
+    output:
+        f"{FINETUNE}/{{model}}/{{task}}/seed{{seed}}/metrics.json",
+    wildcard_constraints:
+        seed=r"\d+",
+    params:
+        family=lambda w: task_family(w.task),
+        source=lambda w: json.dumps(task_source(w.task)),
+        hparams=lambda w: json.dumps(task_hparams(w.task)),
+        precision=config["finetune"]["precision"],
+        out=lambda w: f"{FINETUNE}/{w.model}/{w.task}/seed{w.seed}",
+    resources:
+        runtime=lambda w: task_runtime(w.task),
+        mem_mb=32000,
+    conda:
+        CONDA_ENV
+    log:
+        f"{LOGS}/finetune/{{model}}/{{task}}/seed{{seed}}.log",
+    benchmark:
+        f"{BENCH}/finetune/{{model}}/{{task}}/seed{{seed}}.tsv"
+    shell:
+        "python -m tacl finetune {params.family} --model {input.model} --task {wildcards.task}"
+        " --seed {wildcards.seed} --source {params.source:q} --hparams {params.hparams:q}"
+        " --precision {params.precision} --out {params.out} > {log} 2>&1"

@@ -1,0 +1,34 @@
+# Report: tables (Markdown, CSV, LaTeX) and plots from every finished run, beside the published numbers.
+# Also built from whatever has finished when some job failed (onerror in the Snakefile).
+
+
+localrules:
+    report,
+
+
+rule report:
+    input:
+        runs=finetune_outputs(),
+        similarity=expand(f"{R}/analysis/similarity/{{model}}.json", model=finetune_models()),
+        similarity_png=f"{REPORT}/self_similarity.png",
+    output:
+        report(
+            multiext(f"{REPORT}/glue_dev", ".md", ".csv", ".tex"),
+            category="Tables",
+            subcategory="GLUE dev",
+        ),
+        report(
+            multiext(f"{REPORT}/squad_dev", ".md", ".csv", ".tex"),
+            category="Tables",
+            subcategory="SQuAD dev",
+        ),
+        report(f"{REPORT}/glue_dev.png", category="GLUE dev"),
+        md=report(f"{REPORT}/report.md", category="Tables"),
+    params:
+        args=report_args,
+    conda:
+        CONDA_ENV
+    log:
+        f"{LOGS}/report.log",
+    shell:
+        "python -m tacl report {params.args} > {log} 2>&1"
