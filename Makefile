@@ -16,15 +16,18 @@ $(VENV)/.installed: envs/requirements-cpu.txt pyproject.toml
 	$(BIN)/python -m pip install -q --no-deps -e .
 	touch $@
 
+DEMO := --configfile examples/demo/config.yaml --replace-workflow-config
+
 demo: venv
-	PATH=$(abspath $(BIN)):$$PATH snakemake --profile profiles/local \
-	    --configfile examples/demo/config.yaml --replace-workflow-config $(SNAKEMAKE_ARGS)
+	PATH=$(abspath $(BIN)):$$PATH snakemake --profile profiles/local $(DEMO) $(SNAKEMAKE_ARGS)
+	PATH=$(abspath $(BIN)):$$PATH snakemake $(DEMO) --report results/demo/report.html
+	@echo "demo: tables in results/demo/report/ (report.md), everything in one page: results/demo/report.html"
 
 test: venv
 	PATH=$(abspath $(BIN)):$$PATH python -m pytest -q $(PYTEST_ARGS)
 
 lint: venv
-	PATH=$(abspath $(BIN)):$$PATH snakemake --lint --configfile examples/demo/config.yaml --replace-workflow-config
+	PATH=$(abspath $(BIN)):$$PATH snakemake --lint $(DEMO)
 
 clean-demo:
 	rm -rf results/demo

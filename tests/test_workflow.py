@@ -121,6 +121,11 @@ def test_demo_end_to_end_survives_a_kill(tmp_path):
         AutoModelForSequenceClassification.from_pretrained(results / "models" / objective, num_labels=2)
     again = run_snakemake(tmp_path, cfg, "--cores", "2", "-n")
     assert "Nothing to be done" in again.stdout + again.stderr
+    report = (results / "report" / "report.md").read_text()
+    assert "## GLUE dev" in report and "## SQuAD dev" in report and "Missing or failed" not in report
+    run_snakemake(tmp_path, cfg, "--report", str(tmp_path / "report.html"))
+    html = (tmp_path / "report.html").read_text()
+    assert "glue_dev.png" in html and "self_similarity.png" in html
 
 
 @pytest.mark.slow
@@ -131,3 +136,36 @@ def test_chunk_cap_fails_loudly(tmp_path):
     proc = run_snakemake(tmp_path, cfg, "--cores", "2", check=False)
     assert proc.returncode != 0
     assert "pretraining mlm_nsp: not done after pretrain.chunk.max_chunks=1 chunks" in proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_a_failed_task_never_blocks_the_other_tables(tmp_path):
+    """squad_v2 points at a missing file: its jobs fail, QNLI's run, and the tables are still written from
+    what finished, listing the missing runs; rerunning after the fix does only the missing work."""
+    cfg = demo_config(tmp_path)
+    cfg["pretrain"]["objectives"] = ["none"]
+    cfg["finetune"].update(tasks=["qnli", "squad_v2"], seeds_small=1, seeds_large=1)
+    cfg["finetune"]["hparams"]["glue"].update(max_train_examples=64, max_eval_examples=64, epochs=1)
+    cfg["finetune"]["hparams"]["squad"].update(epochs=1)
+    cfg["finetune"]["glue_source"]["data_dir"] = str(REPO / "examples/demo/glue")
+    good_dev = REPO / "examples/demo/squad/dev-v2.0.json"
+    cfg["finetune"]["squad_source"].update(v2_0_train=str(REPO / "examples/demo/squad/train-v2.0.json"),
+                                           v2_0_dev=str(tmp_path / "missing-dev-v2.0.json"))
+    cfg["analysis"]["similarity_sentences"] = 20
+    proc = run_snakemake(tmp_path, cfg, "--cores", "2", "--keep-going", check=False)
+    assert proc.returncode != 0
+    log = proc.stdout + proc.stderr
+    failed = (tmp_path / "results/logs/finetune/prepare-squad_v2.log").read_text()
+    assert "missing-dev-v2.0.json: SQuAD file not found" in failed
+    assert "tables from the finished runs" in log
+    report = tmp_path / "results" / "report" / "report.md"
+    assert report.is_file(), log[-3000:]
+    text = report.read_text()
+    assert "Missing or failed (1): none/squad_v2/seed0" in text
+    assert "| none    | " in text and (tmp_path / "results/finetune/none/qnli/seed0/metrics.json").is_file()
+    cfg["finetune"]["squad_source"]["v2_0_dev"] = str(good_dev)
+    again = run_snakemake(tmp_path, cfg, "--cores", "2")
+    out = again.stdout + again.stderr
+    assert "rule finetune" in out and "wildcards: model=none, task=squad_v2" in out
+    assert "task=qnli, seed=0" not in out, "finished runs are not repeated"
+    assert "Missing or failed" not in report.read_text()

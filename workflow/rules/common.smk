@@ -150,8 +150,11 @@ def partial_report():
         return
     cmd = f"{sys.executable} -m tacl report {report_args()}"
     env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    if subprocess.run(cmd, shell=True, env=env).returncode == 0:
+    proc = subprocess.run(cmd, shell=True, env=env, capture_output=True, text=True)
+    if proc.returncode == 0:
         print(f"\nsome jobs failed; tables from the finished runs: {REPORT}/report.md")
+    else:
+        print(f"\nsome jobs failed, and the partial report failed too:\n{proc.stderr[-2000:]}")
 
 
 def print_summary():

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tacl.hub import resolve_pretrained
 from tacl.io import InputError, write_json_atomic
 
 
@@ -32,7 +33,7 @@ def sample_sentences(path: str, n: int, seed: int, min_tokens: int = 2) -> list[
 
 def pair_cosine_sums(hidden: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """hidden [B, T, H], mask [B, T] -> (sum over distinct pairs of cosines, number of pairs), per sequence."""
-    x = torch.nn.functional.normalize(hidden.float(), dim=-1) * mask[..., None]
+    x = torch.nn.functional.normalize(hidden.double(), dim=-1) * mask[..., None]
     total = x.sum(1)  # [B, H]: sum_i x_i ; sum_{i != j} x_i.x_j = |sum x|^2 - sum |x_i|^2
     pairs_sum = ((total * total).sum(-1) - (x * x).sum((1, 2))) / 2
     n = mask.sum(1).double()
@@ -46,6 +47,7 @@ def self_similarity(model_dir: str, sentences: list[str], max_len: int = 128, ba
     from transformers import AutoModel, AutoTokenizer
 
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model_dir = resolve_pretrained(model_dir)
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModel.from_pretrained(model_dir).to(dev).eval()
     sums, pairs = None, 0.0

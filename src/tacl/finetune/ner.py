@@ -12,6 +12,7 @@ import torch
 
 from tacl.finetune.common import DEFAULT_HPARAMS, Run, predict, train
 from tacl.finetune.sequence import subset
+from tacl.hub import resolve_pretrained
 from tacl.io import InputError, write_json_atomic
 
 SPLITS = {"train": "train.txt", "dev": "valid.txt", "test": "test.txt"}
@@ -94,6 +95,7 @@ def finetune_ner(model_dir: str, data_dir: str, hparams: dict[str, Any], seed: i
 
     from tacl.objectives.tacl import supervised_tacl_loss
 
+    model_dir = resolve_pretrained(model_dir)
     hp = {**DEFAULT_HPARAMS, "max_len": 256, "lr": 5e-5, "supervised_tacl": False, "tacl_tau": 0.1, "tacl_weight": 1.0,
           **hparams}
     started = time.time()

@@ -12,6 +12,7 @@ from typing import Any
 from tacl.finetune import squad
 from tacl.finetune.common import Run, predict, train
 from tacl.finetune.sequence import subset
+from tacl.hub import resolve_pretrained
 from tacl.io import InputError, write_json_atomic, write_text_atomic
 
 SQUAD_HPARAMS = {"max_len": 384, "doc_stride": 128, "max_query_len": 64, "batch": 12, "lr": 3e-5, "epochs": 2,
@@ -46,6 +47,7 @@ def finetune_squad(model_dir: str, version: str, source: dict[str, Any], hparams
 
     if version not in ("1.1", "2.0"):
         raise InputError(f"SQuAD version {version!r}: use 1.1 or 2.0")
+    model_dir = resolve_pretrained(model_dir)
     hp = {**SQUAD_HPARAMS, **hparams}
     started = time.time()
     train_ex = subset(load_examples(version, "train", source), hp.get("max_train_examples", 0))

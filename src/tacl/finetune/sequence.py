@@ -11,6 +11,7 @@ import numpy as np
 
 from tacl.finetune import glue
 from tacl.finetune.common import DEFAULT_HPARAMS, Run, predict, train
+from tacl.hub import resolve_pretrained
 from tacl.io import InputError, write_json_atomic
 
 
@@ -55,6 +56,7 @@ def finetune_glue(model_dir: str, task: str, source: dict[str, Any], hparams: di
     if task not in glue.TASKS:
         raise InputError(f"finetune task {task!r} is not a GLUE task ({', '.join(glue.TASKS)})")
     spec = glue.TASKS[task]
+    model_dir = resolve_pretrained(model_dir)
     hp = {**DEFAULT_HPARAMS, **hparams}
     started = time.time()
     # all data first: a missing file fails before the model is built
