@@ -40,6 +40,11 @@ def demo_config(tmp_path: Path, **overrides) -> dict:
     cfg["results_dir"] = str(tmp_path / "results")
     cfg["resources_dir"] = str(tmp_path / "resources")
     cfg["data"]["source"]["paths"] = [str(REPO / p) for p in cfg["data"]["source"]["paths"]]
+    ft = cfg.get("finetune", {})
+    for source in (ft.get("glue_source", {}), ft.get("squad_source", {}), ft.get("conll_source", {})):
+        for key, value in source.items():
+            if key != "kind" and isinstance(value, str):
+                source[key] = str(REPO / value)
     for key, value in overrides.items():
         section = cfg
         *parents, last = key.split(".")
