@@ -54,9 +54,12 @@ def demo_config(tmp_path: Path, **overrides) -> dict:
     return cfg
 
 
-def snakemake_command(workdir: Path, config: dict | None, *args: str) -> tuple[list[str], dict]:
+def snakemake_command(workdir: Path, config: dict | None, *args: str, bound: int | None = None
+                      ) -> tuple[list[str], dict]:
+    """The command line; `bound` wraps it in `timeout -k 10 BOUND`, so a hung run fails instead of hanging."""
     workdir.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "workflow" / "Snakefile"),
+    cmd = ["timeout", "-k", "10", str(bound)] if bound else []
+    cmd += [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "workflow" / "Snakefile"),
            "--directory", str(workdir)]
     if config is not None:
         cfg_path = workdir / "test-config.yaml"
@@ -66,9 +69,9 @@ def snakemake_command(workdir: Path, config: dict | None, *args: str) -> tuple[l
     return cmd, dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
 
 
-def start_snakemake(workdir: Path, config: dict | None, *args: str) -> subprocess.Popen:
+def start_snakemake(workdir: Path, config: dict | None, *args: str, bound: int | None = None) -> subprocess.Popen:
     """snakemake in the background, in a new session (so a test can kill it and all its jobs)."""
-    cmd, env = snakemake_command(workdir, config, *args)
+    cmd, env = snakemake_command(workdir, config, *args, bound=bound)
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
 
@@ -76,8 +79,8 @@ def start_snakemake(workdir: Path, config: dict | None, *args: str) -> subproces
 def run_snakemake(workdir: Path, config: dict | None, *args: str, timeout: int = 900,
                   check: bool = True) -> subprocess.CompletedProcess:
     """snakemake on this repo's workflow, in its own working directory (its own .snakemake/)."""
-    cmd, env = snakemake_command(workdir, config, *args)
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    cmd, env = snakemake_command(workdir, config, *args, bound=timeout)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 30, env=env)
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}")
     return proc

@@ -14,7 +14,7 @@ import sys
 
 from tacl.io import InputError
 
-STAGES = ("data", "pretrain", "finetune", "analysis", "report")
+STAGES = ("data", "pretrain", "finetune", "analysis", "report", "cluster")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -3,6 +3,7 @@ import json
 import math
 import os
 import shlex
+import signal
 import subprocess
 import sys
 
@@ -13,6 +14,12 @@ SRC = os.path.join(REPO, "src")
 shell.prefix(f"set -euo pipefail; export PYTHONPATH={SRC}${{{{PYTHONPATH:+:$PYTHONPATH}}}}; ")
 # The software environment of every job with --sdm conda (a path relative to the repository root).
 CONDA_ENV = os.path.join(REPO, config["conda_env"])
+
+# SLURM's --signal=USR1@T reaches every process of a job step: the Snakemake process that runs the job
+# inside the step, the shell, the launcher and the trainer. All but the trainer (which installs its own
+# handler: save at the next step boundary) must survive it, so the signal is ignored here and that
+# disposition is inherited by the job's processes.
+signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 R = config["results_dir"]
 DATA = f"{R}/data"
@@ -49,6 +56,35 @@ def train_settings(objective):
     settings.update(objective=objective, max_len=config["data"]["max_len"],
                     objective_params=p.get(objective, {}))
     return json.dumps(settings, sort_keys=True)
+
+
+def launcher():
+    p = config["pretrain"]
+    if p["launcher"] == "auto":
+        return "srun" if p["nodes"] > 1 else "torchrun"
+    if p["launcher"] == "torchrun" and p["nodes"] > 1:
+        raise WorkflowError("pretrain.launcher: torchrun starts ranks on one node; use srun for pretrain.nodes > 1")
+    return p["launcher"]
+
+
+def chunk_launch():
+    """The command prefix and rank argument of a chunk: srun starts one task per rank, torchrun (via
+    `--nproc`) forks the ranks of one node."""
+    p = config["pretrain"]
+    if launcher() == "srun":
+        ranks = p["nodes"] * p["ranks_per_node"]
+        return f"srun --ntasks={ranks} --ntasks-per-node={p['ranks_per_node']} --kill-on-bad-exit=1", ""
+    return "", f"--nproc {p['ranks_per_node']}"
+
+
+def chunk_resources():
+    """SLURM resources of a chunk job; with srun the job holds one task per rank, and the job's command
+    runs in the batch step (`mpi`), so that its own srun can start them."""
+    p = config["pretrain"]
+    resources = {"runtime": math.ceil(p["chunk"]["runtime_minutes"]), "mem_mb": 32000}
+    if launcher() == "srun":
+        resources.update(mpi="srun", tasks=p["nodes"] * p["ranks_per_node"], nodes=p["nodes"])
+    return resources
 
 
 def chunk_marker(objective, k):
@@ -155,6 +191,57 @@ def partial_report():
         print(f"\nsome jobs failed; tables from the finished runs: {REPORT}/report.md")
     else:
         print(f"\nsome jobs failed, and the partial report failed too:\n{proc.stderr[-2000:]}")
+
+
+def _resource_text(resource):
+    """A resource as text (a fixed value, or a profile expression with $VARIABLES expanded)."""
+    if resource is None:
+        return None
+    if not resource.is_evaluable():
+        return None if resource.value is None else str(resource.value)
+    if isinstance(resource.raw, str):
+        return os.path.expandvars(resource.raw).strip("'\"")
+    return None
+
+
+def _slurm_runtime(spec):
+    if spec.name == "pretrain_chunk":
+        return math.ceil(config["pretrain"]["chunk"]["runtime_minutes"]), "pretrain.chunk.runtime_minutes"
+    if spec.name == "finetune":
+        return max(task_runtime(t) for t in config["finetune"]["tasks"]), "finetune.runtime_minutes"
+    runtime = _resource_text(spec.resources.get("runtime"))
+    key = f"the runtime of rule {spec.name} (set-resources in the profile)"
+    return (int(runtime) if runtime and runtime.isdigit() else None), key
+
+
+def slurm_preflight():
+    """Before the first sbatch: partitions exist, runtimes fit their limits, placeholders are filled."""
+    plugin = getattr(workflow, "executor_plugin", None)
+    if plugin is None or plugin.name != "slurm":
+        return
+    from tacl.cluster.preflight import JobRequest, cluster_partitions, problems
+
+    partitions = cluster_partitions()
+    if partitions is None:
+        print("SLURM preflight skipped: `scontrol show partition` did not answer", file=sys.stderr)
+        return
+    requests = []
+    for spec in list(workflow.rules):
+        if spec.norun or spec.name in workflow._localrules:
+            continue
+        runtime, key = _slurm_runtime(spec)
+        requests.append(
+            JobRequest(
+                spec.name,
+                _resource_text(spec.resources.get("slurm_partition")),
+                runtime,
+                _resource_text(spec.resources.get("slurm_account")),
+                key,
+            )
+        )
+    found = problems(requests, partitions)
+    if found:
+        raise WorkflowError("SLURM preflight: nothing was submitted.\n  " + "\n  ".join(found))
 
 
 def print_summary():

@@ -40,10 +40,10 @@ checkpoint pretrain_chunk:
         settings=lambda w: train_settings(w.objective),
         runtime=config["pretrain"]["chunk"]["runtime_minutes"],
         margin=config["pretrain"]["chunk"]["margin_minutes"],
-        nproc=config["pretrain"]["ranks_per_node"],
+        launch=chunk_launch()[0],
+        nproc=chunk_launch()[1],
     resources:
-        runtime=math.ceil(config["pretrain"]["chunk"]["runtime_minutes"]),
-        mem_mb=32000,
+        **chunk_resources(),
     conda:
         CONDA_ENV
     log:
@@ -51,10 +51,10 @@ checkpoint pretrain_chunk:
     benchmark:
         f"{BENCH}/pretrain/{{objective}}/chunk-{{chunk}}.tsv"
     shell:
-        "python -m tacl pretrain train --run-dir {params.run_dir} --start-model {input.start}"
+        "{params.launch} python -m tacl pretrain train --run-dir {params.run_dir} --start-model {input.start}"
         " --manifest {input.manifest} --settings {params.settings:q} --chunk {wildcards.chunk}"
         " --marker {output} --runtime-minutes {params.runtime} --margin-minutes {params.margin}"
-        " --nproc {params.nproc} > {log} 2>&1"
+        " {params.nproc} > {log} 2>&1"
 
 
 rule export_model:

@@ -1,5 +1,6 @@
 """When must a chunk stop? The earliest of: an explicit deadline, SLURM's own end time for this job, the
-runtime the rule gave; and at once when SIGUSR1 or SIGTERM arrives (saved at the next step boundary)."""
+runtime the rule gave; and at once when SIGUSR1, SIGUSR2 or SIGTERM arrives (saved at the next step
+boundary)."""
 
 from __future__ import annotations
 
@@ -49,12 +50,13 @@ def end_time(start: float, deadline: float | None = None, runtime_minutes: float
 
 @dataclass
 class StopSignals:
-    """SIGUSR1 / SIGTERM set a flag; the trainer saves at the next optimizer step and exits 0."""
+    """SIGUSR1, SIGUSR2 (submitit's timeout signal) and SIGTERM set a flag; the trainer saves at the next
+    optimizer step and exits 0."""
 
     received: list[int] = field(default_factory=list)
 
     def install(self) -> "StopSignals":
-        for sig in (signal.SIGUSR1, signal.SIGTERM):
+        for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM):
             signal.signal(sig, self._handler)
         return self
 

@@ -35,6 +35,7 @@ def _slurm_env() -> None:
         return
     from submitit.helpers import TorchDistributedEnvironment
 
+    os.environ.setdefault("SUBMITIT_EXECUTOR", "slurm")  # how submitit knows it runs inside SLURM
     env = TorchDistributedEnvironment()
     env.export(set_cuda_visible_devices=False)
 

@@ -1,7 +1,7 @@
 """`tacl pretrain train`: one chunk of continual pretraining on a DeepSpeed engine.
 
 A chunk resumes from the run directory's latest checkpoint (if any), trains until the target step, the
-deadline (minus a margin) or a SIGUSR1/SIGTERM, saves, writes a JSON marker and exits 0.
+deadline (minus a margin) or a SIGUSR1/SIGUSR2/SIGTERM, saves, writes a JSON marker and exits 0.
 
 Determinism: the samples of step s are data positions [s*G, (s+1)*G); micro batch j of the step (rank r
 takes j = a*world + r at accumulation step a) is fixed by those positions, and its dropout and TACO draws
@@ -15,6 +15,7 @@ import json
 import logging
 import math
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -136,6 +137,10 @@ def train_chunk(args: ChunkArgs) -> dict[str, Any]:
     finally:
         lock.release()
         shutdown()
+        # The chunk is saved and over: a late SIGUSR1 (SLURM's --signal) must not kill the process while the
+        # interpreter shuts down (Python restores the default action, termination, during finalisation).
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
 
 
 def _train(args: ChunkArgs, env: DistEnv, lock: RunLock, signals: StopSignals, started: float) -> dict[str, Any]:
@@ -284,7 +289,8 @@ def _train(args: ChunkArgs, env: DistEnv, lock: RunLock, signals: StopSignals, s
     marker = {"objective": s.objective, "chunk": args.chunk, "step": step, "steps": s.steps,
               "done": step >= s.steps, "reason": reason, "samples": step * global_batch, "tokens": tokens_seen,
               "steps_this_chunk": step - start_step, "checkpoint": checkpoint.latest_tag(run_dir),
-              "wall_s": round(time.time() - started, 1), "world_size": env.world_size}
+              "wall_s": round(time.time() - started, 1), "world_size": env.world_size,
+              "threads": torch.get_num_threads()}
     barrier()
     if env.is_main and args.marker:
         write_json_atomic(args.marker, marker)

@@ -1,0 +1,32 @@
+"""`tacl submit ...`: run one stage on SLURM from the command line or a notebook, without Snakemake."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(stages: argparse._SubParsersAction) -> None:
+    p = stages.add_parser("submit", help="submit one stage to SLURM with submitit (no Snakemake)")
+    cmds = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    c = cmds.add_parser("pretrain", help="one pretraining run: timeout -> checkpoint -> requeue until done")
+    c.add_argument("--config", default="config.yaml", help="the workflow config (paths, pretrain settings)")
+    c.add_argument("--objective", required=True, choices=["mlm_nsp", "tacl", "taco"])
+    c.add_argument("--folder", default="results/submitit", help="submitit's logs and pickles")
+    c.add_argument("--timeout-min", type=int, default=1440)
+    c.add_argument("--signal-delay-s", type=int, default=120)
+    c.add_argument("--slurm", default="{}",
+                   help='submitit SLURM parameters as JSON, e.g. {"slurm_partition": "gpu", "gpus_per_node": 4, '
+                        '"cpus_per_task": 32, "slurm_account": "p123"}')
+    c.add_argument("--wait", action="store_true", help="wait for the final marker and print it")
+    c.set_defaults(func=_pretrain)
+
+
+def _pretrain(a: argparse.Namespace) -> None:
+    from tacl.cluster.submit import run_from_config, submit_pretraining
+
+    job = submit_pretraining(a.folder, run_from_config(a.config, a.objective), a.timeout_min, json.loads(a.slurm),
+                             a.signal_delay_s)
+    print(json.dumps({"job_id": job.job_id, "folder": a.folder}))
+    if a.wait:
+        print(json.dumps(job.result()))
