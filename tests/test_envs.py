@@ -36,7 +36,7 @@ def test_cpu_pins_torch_2_13():
 def test_all_environment_files_agree():
     cpu = pins((ENVS / "requirements-cpu.txt").read_text().splitlines())
     cuda = pins((ENVS / "requirements-cuda.txt").read_text().splitlines())
-    test_only = {"pytest"}
+    test_only = {"pytest", "pytest-xdist"}
     assert {k: v for k, v in cpu.items() if k not in test_only} == cuda
     # the conda environments run jobs; Snakemake itself runs outside them
     runtime = {k: v for k, v in cuda.items() if not k.startswith("snakemake") and k != "jsonschema"}

@@ -1,6 +1,10 @@
 # Analysis: layer-wise self-similarity of every model on held-out sentences, and one plot.
 
 
+localrules:
+    similarity_plot,  # a few seconds of plotting: not worth a queue wait
+
+
 rule similarity:
     input:
         model=f"{MODELS}/{{model}}",
