@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from conftest import SHARED_DATA
 from tacl.finetune import glue
 from tacl.finetune.glue import TASKS, Example
 from tacl.io import InputError
 
-GLUE_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "glue"
+GLUE_DATA = SHARED_DATA / "glue"
 
 
 def write_tsv(path: Path, rows: list[list[str]], bom: bool = False) -> Path:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import sys
 
 
 def register(stages: argparse._SubParsersAction) -> None:
@@ -23,7 +25,14 @@ def register(stages: argparse._SubParsersAction) -> None:
 
 
 def _pretrain(a: argparse.Namespace) -> None:
+    import submitit  # noqa: F401  (configures its logger, which the line below then quiets on stdout)
+
     from tacl.cluster.submit import run_from_config, submit_pretraining
+
+    # stdout carries only this command's JSON lines; submitit's messages stay on stderr
+    log = logging.getLogger("submitit")
+    for handler in [h for h in log.handlers if getattr(h, "stream", None) is sys.stdout]:
+        log.removeHandler(handler)
 
     job = submit_pretraining(a.folder, run_from_config(a.config, a.objective), a.timeout_min, json.loads(a.slurm),
                              a.signal_delay_s)

@@ -95,24 +95,24 @@ def run_from_config(config_path: str, objective: str) -> PretrainRun:
     """The same run the workflow would make for `objective` (its start model and shards must exist)."""
     import yaml
 
-    from tacl.config import load_schema
+    from tacl.config import config_errors, load_schema
     from tacl.pretrain.settings import TrainSettings
 
-    config = yaml.safe_load(Path(config_path).read_text())
+    config = yaml.safe_load(require_file(config_path, "workflow config").read_text()) or {}
     schema = load_schema(Path(__file__).resolve().parents[3] / "workflow" / "schemas" / "config.schema.yaml")
-    from tacl.config import config_errors
-
     problems = config_errors(config, schema)
     if problems:
         raise InputError(f"{config_path}: " + "; ".join(problems))
     pretrain = {**_defaults(schema["properties"]["pretrain"]), **config.get("pretrain", {})}
-    results = config.get("results_dir", "results/paper")
+    results = Path(config.get("results_dir", "results/paper"))
     max_len = config.get("data", {}).get("max_len", 256)
-    start = require_file(Path(results) / "models" / "start" / "config.json", "start model (run the workflow "
-                         "up to init_model first)").parent
-    manifest = require_file(Path(results) / "data" / "shards" / "manifest.json", "shard manifest")
+    start, manifest = results / "models" / "start", results / "data" / "shards" / "manifest.json"
+    for path in (start / "config.json", manifest):
+        if not path.is_file():
+            raise InputError(f"{path}: not found; run the workflow up to it first "
+                             f"(snakemake --profile profiles/slurm {start} {manifest})")
     settings = TrainSettings.from_config(pretrain, objective, max_len).to_dict()
-    return PretrainRun(str(Path(results) / "pretrain" / objective / "run"), str(start), str(manifest), settings,
+    return PretrainRun(str(results / "pretrain" / objective / "run"), str(start), str(manifest), settings,
                        nproc=pretrain.get("ranks_per_node", 1))
 
 
