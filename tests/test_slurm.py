@@ -202,25 +202,41 @@ def test_copied_data_is_not_rebuilt(tmp_path, prepared):
     assert "pretrain_chunk" in dry.stdout
 
 
-def test_submitit_timeout_checkpoint_requeue(tmp_path, prepared):
-    """`tacl submit pretrain --wait` (no Snakemake): with a 1-minute limit the trainer saves on submitit's
-    timeout signal, submitit requeues the same job, the next start resumes, and the run ends with the
-    weights of an uninterrupted one."""
-    cfg = small_config(tmp_path, steps=400)
+def test_submitit_signal_checkpoint_requeue(tmp_path, prepared):
+    """`tacl submit pretrain` (no Snakemake): the job gets the signal SLURM sends before its time limit
+    (sent here by the test once a checkpoint exists, so that the cycle does not depend on this machine's
+    speed); the trainer saves, submitit requeues the same job, the new start resumes from that checkpoint
+    and the run ends with the weights of an uninterrupted one."""
+    cfg = small_config(tmp_path, steps=300, checkpoint_minutes=0.1)
     start_from(prepared, tmp_path)
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(cfg))
     slurm_args = {"slurm_partition": "ci", "cpus_per_task": 1, "mem_gb": 3}
     proc = run_tacl("submit", "pretrain", "--config", str(config), "--objective", "mlm_nsp", "--folder",
-                    str(tmp_path / "submitit"), "--timeout-min", "1", "--signal-delay-s", "20", "--slurm",
-                    json.dumps(slurm_args), "--wait", timeout=600, cwd=tmp_path)
-    job_id, result = (json.loads(line) for line in proc.stdout.strip().splitlines()[-2:])
-    assert result["done"] and result["step"] == 400
+                    str(tmp_path / "submitit"), "--timeout-min", "10", "--slurm", json.dumps(slurm_args),
+                    timeout=120, cwd=tmp_path)
+    job_id = json.loads(proc.stdout.strip().splitlines()[-1])["job_id"]
     run_dir = tmp_path / "results" / "pretrain" / "mlm_nsp" / "run"
+    marker = run_dir / "submitit-marker.json"
+
+    def wait_for(condition, what, limit=400):
+        deadline = time.time() + limit
+        while not condition():
+            assert time.time() < deadline, f"{what}: not within {limit} s"
+            time.sleep(0.5)
+
+    wait_for(lambda: run_dir.exists() and checkpoint.latest_tag(run_dir) is not None, "first checkpoint")
+    subprocess.run(["scancel", "--signal=USR2", job_id], check=True, timeout=30)
+    wait_for(lambda: marker.is_file() and not json.loads(marker.read_text())["done"], "the save on the signal")
+    saved = json.loads(marker.read_text())["step"]
+    wait_for(lambda: [j["JobState"] for j in jobs_in(tmp_path) if j["JobId"] == job_id] == ["COMPLETED"],
+             "the requeued job to complete")
+    [job] = [j for j in jobs_in(tmp_path) if j["JobId"] == job_id]
+    assert job["Restarts"] == "1", job
+    result = json.loads(marker.read_text())
+    assert result["done"] and result["step"] == 300
     log = "".join(p.read_text() for p in (tmp_path / "submitit").glob("*_log.err"))
-    assert log.count("resumed from step") >= 1, "at least one requeue resumed from a checkpoint"
-    [job] = [j for j in jobs_in(tmp_path) if j["JobId"] == job_id["job_id"]]
-    assert job["JobState"] == "COMPLETED" and int(job["Restarts"]) >= 1, job
+    assert f"resumed from step{saved:08d}" in log
     reference = uninterrupted(run_dir, tmp_path / "reference", result["threads"])
     got = weights(run_dir)
     assert all(torch.equal(got[k], reference[k]) for k in reference)
