@@ -87,7 +87,7 @@ def test_resume_is_bit_exact(demo_data, reference, tmp_path, objective):
 
 
 def test_deadline_chunk_then_next_chunk_reaches_the_same_weights(demo_data, tmp_path):
-    s = settings("mlm_nsp", steps=600, log_every=50)
+    s = settings("mlm_nsp", steps=400, log_every=50)
     uninterrupted = tmp_path / "uninterrupted"
     train(demo_data, uninterrupted, s)
     run = tmp_path / "run"
@@ -97,10 +97,10 @@ def test_deadline_chunk_then_next_chunk_reaches_the_same_weights(demo_data, tmp_
     finished = time.time()
     first = json.loads((tmp_path / "c0.json").read_text())
     assert finished < deadline, "the chunk ended itself before its deadline"
-    assert not first["done"] and first["reason"] == "deadline" and 0 < first["step"] < 600
+    assert not first["done"] and first["reason"] == "deadline" and 0 < first["step"] < 400
     train(demo_data, run, s, "--marker", str(tmp_path / "c1.json"))
     second = json.loads((tmp_path / "c1.json").read_text())
-    assert second["done"] and second["step"] == 600 and second["steps_this_chunk"] == 600 - first["step"]
+    assert second["done"] and second["step"] == 400 and second["steps_this_chunk"] == 400 - first["step"]
     assert_same_weights(final_weights(run), final_weights(uninterrupted))
 
 

@@ -79,7 +79,11 @@ def test_demo_end_to_end_survives_a_kill(tmp_path):
     """The demo DAG through pretraining, killed (SIGKILL, everything) while a chunk trains, then
     `snakemake --unlock` and the same command again: it resumes from the last checkpoint and finishes."""
     cfg = demo_config(tmp_path)
-    cfg["finetune"].update(seeds_small=1, seeds_large=1)  # (the demo's two seeds add only more of the same)
+    # fine-tunes and similarity smaller than the demo's: this test is about the DAG, the chain and the kill
+    cfg["finetune"].update(seeds_small=1, seeds_large=1)
+    cfg["finetune"]["hparams"]["glue"].update(max_train_examples=200, max_eval_examples=200, epochs=1)
+    cfg["finetune"]["hparams"]["squad"].update(epochs=1)
+    cfg["analysis"]["similarity_sentences"] = 100
     results = tmp_path / "results"
     first = start_snakemake(tmp_path, cfg, "--cores", "2", "--rerun-incomplete")
     try:
