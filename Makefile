@@ -23,8 +23,9 @@ demo: venv
 	PATH=$(abspath $(BIN)):$$PATH snakemake $(DEMO) --report results/demo/report.html
 	@echo "demo: tables in results/demo/report/ (report.md), everything in one page: results/demo/report.html"
 
-# two workers, a test file at a time (module fixtures built once), the SLURM tests first (tests/conftest.py)
-PYTEST_ARGS ?= -n 2 --dist loadfile --no-loadscope-reorder
+# two workers, a test file at a time (module fixtures built once), the tests with wall-clock chunk chains
+# one after another on one worker, first (tests/conftest.py)
+PYTEST_ARGS ?= -n 2 --dist loadgroup --no-loadscope-reorder
 
 test: venv
 	PATH=$(abspath $(BIN)):$$PATH python -m pytest -q $(PYTEST_ARGS)

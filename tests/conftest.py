@@ -140,8 +140,21 @@ def run_tacl(*args: str, timeout: int = 600, check: bool = True, env: dict | Non
     return proc
 
 
+# The tests whose pretraining chunks end on the wall clock: run one after another on one pytest-xdist worker.
+# Side by side they slow each other down, every chunk then trains less and the chains need more chunks.
+WALL_CLOCK_CHAINS = {"test_slurm.py", "test_workflow.py::test_demo_end_to_end_survives_a_kill"}
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Longest files first, so that `make test` (pytest-xdist, one file per worker at a time) starts the
-    SLURM end-to-end tests, which mostly wait on the cluster, beside the rest instead of after it."""
-    first = {"test_slurm.py": 0, "test_workflow.py": 1}
-    items.sort(key=lambda item: first.get(item.path.name, 2))
+    """`make test` runs pytest-xdist with --dist loadgroup: a test file per group (module fixtures built once),
+    except that the wall-clock chains share one group. That group goes first, so the SLURM end-to-end tests,
+    which partly wait on the cluster, run beside the rest instead of after it."""
+    def group(item) -> str:
+        in_chains = {item.path.name, f"{item.path.name}::{item.name}"} & WALL_CLOCK_CHAINS
+        return "wall_clock_chains" if in_chains else item.path.stem
+
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(group(item)))
+    order = {"wall_clock_chains": 0, "test_pretrain": 1}
+    items.sort(key=lambda item: order.get(group(item), 2))
