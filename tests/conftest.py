@@ -145,11 +145,12 @@ def run_tacl(*args: str, timeout: int = 600, check: bool = True, env: dict | Non
 WALL_CLOCK_CHAINS = {"test_slurm.py", "test_workflow.py::test_demo_end_to_end_survives_a_kill"}
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     """`make test` runs pytest-xdist with --dist loadgroup: a test file per group (module fixtures built once),
     except that the wall-clock chains share one group. That group goes first, so the SLURM end-to-end tests,
-    which partly wait on the cluster, run beside the rest instead of after it."""
+    which partly wait on the cluster, run beside the rest instead of after it. (pytest 9.2 silently breaks
+    loadgroup, pytest-xdist#1386: envs/requirements-cpu.txt pins 9.1.)"""
     def group(item) -> str:
         in_chains = {item.path.name, f"{item.path.name}::{item.name}"} & WALL_CLOCK_CHAINS
         return "wall_clock_chains" if in_chains else item.path.stem
