@@ -142,20 +142,21 @@ def run_tacl(*args: str, timeout: int = 600, check: bool = True, env: dict | Non
 
 # The tests whose pretraining chunks end on the wall clock: run one after another on one pytest-xdist worker.
 # Side by side they slow each other down, every chunk then trains less and the chains need more chunks.
-WALL_CLOCK_CHAINS = {"test_slurm.py", "test_workflow.py::test_demo_end_to_end_survives_a_kill"}
+WALL_CLOCK_CHAINS = {"test_slurm.py::test_demo_through_sbatch_and_one_minute_chunks",
+                     "test_slurm.py::test_scancel_then_rerun_resumes_two_srun_ranks",
+                     "test_workflow.py::test_demo_end_to_end_survives_a_kill"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     """`make test` runs pytest-xdist with --dist loadgroup: a test file per group (module fixtures built once),
-    except that the wall-clock chains share one group. That group goes first, so the SLURM end-to-end tests,
-    which partly wait on the cluster, run beside the rest instead of after it. (pytest 9.2 silently breaks
+    except that the wall-clock chains share one group. That group goes first, so that the chains, which partly
+    wait on the cluster, run beside the rest instead of after it. (pytest 9.2 silently breaks
     loadgroup, pytest-xdist#1386: envs/requirements-cpu.txt pins 9.1.)"""
     def group(item) -> str:
-        in_chains = {item.path.name, f"{item.path.name}::{item.name}"} & WALL_CLOCK_CHAINS
-        return "wall_clock_chains" if in_chains else item.path.stem
+        return "wall_clock_chains" if f"{item.path.name}::{item.name}" in WALL_CLOCK_CHAINS else item.path.stem
 
     for item in items:
         item.add_marker(pytest.mark.xdist_group(group(item)))
-    order = {"wall_clock_chains": 0, "test_pretrain": 1}
-    items.sort(key=lambda item: order.get(group(item), 2))
+    order = {"wall_clock_chains": 0, "test_pretrain": 1, "test_slurm": 2}
+    items.sort(key=lambda item: order.get(group(item), 3))
