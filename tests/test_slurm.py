@@ -5,7 +5,9 @@ assertions read SLURM's own records (`scontrol show job`), not only Snakemake's 
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -72,7 +74,7 @@ def uninterrupted(run_dir: Path, out: Path, threads: int, nproc: int = 1) -> dic
 
 def small_config(tmp_path: Path, **pretrain) -> dict:
     cfg = demo_config(tmp_path)
-    cfg["pretrain"].update({"objectives": ["none", "mlm_nsp"], "steps": 600, "checkpoint_minutes": 0.5, **pretrain})
+    cfg["pretrain"].update({"objectives": ["none", "mlm_nsp"], "steps": 450, "checkpoint_minutes": 0.5, **pretrain})
     cfg["pretrain"]["chunk"].update(runtime_minutes=1, margin_minutes=0.25, max_chunks=20)  # (busy CI: more)
     cfg["finetune"].update(tasks=["qnli"], seeds_small=1, seeds_large=1)
     cfg["finetune"]["hparams"]["glue"].update(max_train_examples=100, max_eval_examples=100, epochs=1)
@@ -83,11 +85,21 @@ def small_config(tmp_path: Path, **pretrain) -> dict:
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
-    """The data stage and the start model, through SLURM once; the tests start from copies."""
-    workdir = tmp_path_factory.mktemp("slurm_data")
-    results = workdir / "results"
-    slurm(workdir, small_config(workdir), str(results / "data" / "shards" / "manifest.json"),
-          str(results / "models" / "start"), timeout=600)
+    """The data stage and the start model, through SLURM once per pytest run; the tests start from copies.
+    (pytest-xdist workers share one build: the first to take the lock builds it, the others wait.)"""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # this run's directory, above each worker's own
+    workdir = root / "slurm_data"
+    with open(root / "slurm_data.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (workdir / "built").is_file():
+            shutil.rmtree(workdir, ignore_errors=True)
+            workdir.mkdir()
+            results = workdir / "results"
+            slurm(workdir, small_config(workdir), str(results / "data" / "shards" / "manifest.json"),
+                  str(results / "models" / "start"), timeout=600)
+            (workdir / "built").touch()
     return workdir
 
 
@@ -114,7 +126,7 @@ def test_demo_through_sbatch_and_one_minute_chunks(tmp_path, prepared):
     results = tmp_path / "results"
     paths = sorted((results / "pretrain" / "mlm_nsp").glob("chunk-*.json"), key=lambda p: int(p.stem.split("-")[1]))
     markers = [json.loads(p.read_text()) for p in paths]
-    assert len(markers) == len(chunks) and markers[-1]["done"] and markers[-1]["step"] == 600
+    assert len(markers) == len(chunks) and markers[-1]["done"] and markers[-1]["step"] == 450
     assert all(m["reason"] == "deadline" for m in markers[:-1]), markers  # the profile sends no --signal
     assert (results / "report" / "report.md").is_file()
     reference = uninterrupted(results / "pretrain" / "mlm_nsp" / "run", tmp_path / "reference",
@@ -128,7 +140,7 @@ def test_scancel_then_rerun_resumes_two_srun_ranks(tmp_path, prepared):
     """Two ranks started by srun (gloo, CPU). The running chunk is cancelled with scancel; Snakemake
     reports the failed job; the same command again resumes from the last checkpoint (nothing lost
     beyond the checkpoint interval) and ends with the weights of an uninterrupted 2-rank run."""
-    cfg = small_config(tmp_path, launcher="srun", ranks_per_node=2, steps=300, checkpoint_minutes=0.1)
+    cfg = small_config(tmp_path, launcher="srun", ranks_per_node=2, steps=200, checkpoint_minutes=0.1)
     cfg["pretrain"]["objectives"] = ["mlm_nsp"]
     cfg["pretrain"]["chunk"].update(runtime_minutes=5)
     start_from(prepared, tmp_path)
@@ -157,7 +169,7 @@ def test_scancel_then_rerun_resumes_two_srun_ranks(tmp_path, prepared):
     log = (tmp_path / "results" / "logs" / "pretrain" / "mlm_nsp" / "chunk-0.log").read_text()
     resumed = int(re.search(r"resumed from step(\d+) at step", log).group(1))
     assert resumed >= saved_before, "the rerun starts from the newest checkpoint"
-    assert json.loads((tmp_path / "results" / "models" / "mlm_nsp.json").read_text())["steps"] == 300
+    assert json.loads((tmp_path / "results" / "models" / "mlm_nsp.json").read_text())["steps"] == 200
     final = json.loads((tmp_path / "results" / "pretrain" / "mlm_nsp" / "chunk-0.json").read_text())
     reference = uninterrupted(run_dir, tmp_path / "reference", final["threads"], nproc=2)
     got = weights(run_dir)
@@ -208,7 +220,7 @@ def test_submitit_signal_checkpoint_requeue(tmp_path, prepared):
     (sent here by the test once a checkpoint exists, so that the cycle does not depend on this machine's
     speed); the trainer saves, submitit requeues the same job, the new start resumes from that checkpoint
     and the run ends with the weights of an uninterrupted one."""
-    cfg = small_config(tmp_path, steps=300, checkpoint_minutes=0.1)
+    cfg = small_config(tmp_path, steps=200, checkpoint_minutes=0.1)
     start_from(prepared, tmp_path)
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(cfg))
@@ -235,7 +247,7 @@ def test_submitit_signal_checkpoint_requeue(tmp_path, prepared):
     [job] = [j for j in jobs_in(tmp_path) if j["JobId"] == job_id]
     assert job["Restarts"] == "1", job
     result = json.loads(marker.read_text())
-    assert result["done"] and result["step"] == 300
+    assert result["done"] and result["step"] == 200
     log = "".join(p.read_text() for p in (tmp_path / "submitit").glob("*_log.err"))
     assert f"resumed from step{saved:08d}" in log
     reference = uninterrupted(run_dir, tmp_path / "reference", result["threads"])
