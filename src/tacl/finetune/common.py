@@ -39,6 +39,14 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def load_task_model(auto_class: Any, model_dir: str, seed: int, **kwargs: Any) -> torch.nn.Module:
+    """`auto_class.from_pretrained(model_dir, **kwargs)` with every RNG seeded first: the new task head's
+    random initialisation belongs to the fine-tuning seed (unseeded, it differs in every process, and a
+    (model, task, seed) run could not be repeated)."""
+    seed_everything(seed)
+    return auto_class.from_pretrained(model_dir, **kwargs)
+
+
 def pad_batch(rows: Sequence[dict[str, list[int]]], pad_id: int, label_pad: int = -100) -> dict[str, torch.Tensor]:
     """Pad a list of tokenized rows to the longest (rounded up to 8); labels are padded with -100 when
     they are sequences, stacked as they are when scalars."""

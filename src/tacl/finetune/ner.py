@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tacl.finetune.common import DEFAULT_HPARAMS, Run, predict, train
+from tacl.finetune.common import DEFAULT_HPARAMS, Run, load_task_model, predict, train
 from tacl.finetune.sequence import subset
 from tacl.hub import resolve_pretrained
 from tacl.io import InputError, write_json_atomic
@@ -106,8 +106,8 @@ def finetune_ner(model_dir: str, data_dir: str, hparams: dict[str, Any], seed: i
 
     run = Run.detect(precision)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForTokenClassification.from_pretrained(
-        model_dir, num_labels=len(labels), id2label=dict(enumerate(labels)),
+    model = load_task_model(
+        AutoModelForTokenClassification, model_dir, seed, num_labels=len(labels), id2label=dict(enumerate(labels)),
         label2id={t: i for i, t in enumerate(labels)})
     extra = None
     if hp["supervised_tacl"]:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tacl.finetune import squad
-from tacl.finetune.common import Run, predict, train
+from tacl.finetune.common import Run, load_task_model, predict, train
 from tacl.finetune.sequence import subset
 from tacl.hub import resolve_pretrained
 from tacl.io import InputError, write_json_atomic, write_text_atomic
@@ -55,7 +55,7 @@ def finetune_squad(model_dir: str, version: str, source: dict[str, Any], hparams
 
     run = Run.detect(precision)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForQuestionAnswering.from_pretrained(model_dir)
+    model = load_task_model(AutoModelForQuestionAnswering, model_dir, seed)
     features = squad.prepare_features(train_ex, tokenizer, hp["max_len"], hp["doc_stride"], hp["max_query_len"],
                                       train=True)
     record = train(model, feature_rows(features, True), hp, seed, run, tokenizer.pad_token_id)

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from tacl.finetune import glue
-from tacl.finetune.common import DEFAULT_HPARAMS, Run, predict, train
+from tacl.finetune.common import DEFAULT_HPARAMS, Run, load_task_model, predict, train
 from tacl.hub import resolve_pretrained
 from tacl.io import InputError, write_json_atomic
 
@@ -68,8 +68,8 @@ def finetune_glue(model_dir: str, task: str, source: dict[str, Any], hparams: di
 
     run = Run.detect(precision)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForSequenceClassification.from_pretrained(
-        model_dir, num_labels=spec.num_labels,
+    model = load_task_model(
+        AutoModelForSequenceClassification, model_dir, seed, num_labels=spec.num_labels,
         problem_type="regression" if spec.is_regression else "single_label_classification")
     record = train(model, encode(tokenizer, task, train_ex, hp["max_len"]), hp, seed, run, tokenizer.pad_token_id)
 
