@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tacl.objectives import accuracy
 from tacl.objectives.mlm_nsp import mlm_loss, nsp_loss
 from tacl.objectives.taco import sample_taco_pairs, taco_loss
 from tacl.objectives.tacl import tacl_loss
@@ -55,7 +56,7 @@ def test_tacl_loss_matches_loops(seed, negatives):
     loss, acc = tacl_loss(student, teacher, anchors, candidates, tau)
     ref_loss, ref_acc = tacl_reference(student, teacher, anchors, candidates, tau)
     assert loss.item() == pytest.approx(ref_loss, rel=1e-5)
-    assert acc.item() == pytest.approx(ref_acc)
+    assert accuracy(acc) == pytest.approx(ref_acc)
 
 
 def test_tacl_loss_at_tau_001_and_no_anchor():
@@ -65,11 +66,11 @@ def test_tacl_loss_at_tau_001_and_no_anchor():
     assert torch.isfinite(loss)
     # identical student and teacher: every anchor finds itself, loss near 0 at small tau
     loss_same, acc_same = tacl_loss(teacher, teacher, anchors, candidates, 0.01)
-    assert acc_same.item() == 1.0 and loss_same.item() < loss.item()
+    assert accuracy(acc_same) == 1.0 and loss_same.item() < loss.item()
     student.requires_grad_(True)
     none, acc = tacl_loss(student, teacher, torch.zeros_like(anchors), candidates, 0.01)
     none.backward()
-    assert none.item() == 0.0 and math.isnan(acc.item()) and student.grad.abs().sum() == 0
+    assert none.item() == 0.0 and math.isnan(accuracy(acc)) and student.grad.abs().sum() == 0
 
 
 def test_tacl_gradient_flows_to_student_only():
@@ -103,16 +104,17 @@ def test_taco_loss_matches_loops(seed):
     _, _, valid, _, _ = random_batch(seed)
     g = F.normalize(torch.randn(*valid.shape, 8, generator=torch.Generator().manual_seed(seed),
                                 dtype=torch.float64), dim=-1)
-    positive, negatives = sample_taco_pairs(valid, window=2, k=7, generator=torch.Generator().manual_seed(seed))
+    positive, negatives, _ = sample_taco_pairs(valid, window=2, k=7, generator=torch.Generator().manual_seed(seed))
     loss, acc = taco_loss(g, valid, positive, negatives, tau=0.07)
     ref_loss, ref_acc = taco_reference(g, valid, positive, negatives, 0.07)
     assert loss.item() == pytest.approx(ref_loss, rel=1e-5)
-    assert acc.item() == pytest.approx(ref_acc)
+    assert accuracy(acc) == pytest.approx(ref_acc)
 
 
 def test_taco_pairs_obey_the_window_and_other_sequences():
     _, _, valid, _, _ = random_batch(5, bsz=4, length=30)
-    positive, negatives = sample_taco_pairs(valid, window=2, k=50, generator=torch.Generator().manual_seed(0))
+    positive, negatives, has = sample_taco_pairs(valid, window=2, k=50, generator=torch.Generator().manual_seed(0))
+    assert has.all()
     length = valid.shape[1]
     for b, t in valid.nonzero().tolist():
         p = positive[b, t].item()
@@ -121,19 +123,42 @@ def test_taco_pairs_obey_the_window_and_other_sequences():
             assert n // length != b and valid[n // length, n % length]
     again = sample_taco_pairs(valid, window=2, k=50, generator=torch.Generator().manual_seed(0))
     assert torch.equal(again[0], positive) and torch.equal(again[1], negatives)
-    lonely = torch.zeros(2, 6, dtype=torch.bool)
+    lonely = torch.zeros(3, 9, dtype=torch.bool)
     lonely[0, 0] = lonely[0, 5] = True  # no neighbour within 2: a random other position instead
     lonely[1, :2] = True
-    pos, _ = sample_taco_pairs(lonely, window=2, k=3, generator=torch.Generator().manual_seed(0))
+    lonely[2, [0, 3, 8]] = True  # three positions, none within 2 of another: one of the other two
+    pos, _, _ = sample_taco_pairs(lonely, window=2, k=3, generator=torch.Generator().manual_seed(0))
     assert pos[0, 0].item() == 5 and pos[0, 5].item() == 0
+    for _ in range(20):
+        pos, _, _ = sample_taco_pairs(lonely, 2, 3, torch.Generator().manual_seed(_))
+        assert pos[2, 0].item() in (3, 8) and pos[2, 3].item() in (0, 8) and pos[2, 8].item() in (0, 3)
+    alone = torch.zeros(2, 4, dtype=torch.bool)
+    alone[0, :3] = True  # the other sequence is empty (all padding): no negatives for sequence 0
+    _, _, has = sample_taco_pairs(alone, 2, 3, torch.Generator().manual_seed(0))
+    assert has.tolist() == [False, True]
     with pytest.raises(ValueError, match="needs >= 2 sequences"):
         sample_taco_pairs(valid[:1], 2, 5, torch.Generator())
+
+
+def test_taco_draws_are_uniform():
+    """Negatives uniform over the other sequences' valid positions; a positive uniform over the window."""
+    valid = torch.zeros(3, 10, dtype=torch.bool)
+    valid[0, :10], valid[1, :4], valid[2, :6] = True, True, True
+    _, negatives, _ = sample_taco_pairs(valid, 2, 4000, torch.Generator().manual_seed(0))
+    drawn = torch.bincount(negatives[0, 3], minlength=30).float() / 4000  # anchor (0, 3): pool = 4 + 6 tokens
+    expected = torch.zeros(30)
+    expected[10:14] = expected[20:26] = 0.1
+    assert (drawn - expected).abs().max() < 0.025
+    picks = torch.stack([sample_taco_pairs(valid, 2, 1, torch.Generator().manual_seed(i))[0][0, 5]
+                         for i in range(2000)])
+    share = torch.bincount(picks, minlength=10).float() / 2000
+    assert (share[[3, 4, 6, 7]] - 0.25).abs().max() < 0.04 and share[[0, 1, 2, 5, 8, 9]].sum() == 0
 
 
 def test_taco_positives_and_negatives_are_detached():
     _, _, valid, _, _ = random_batch(6)
     g = F.normalize(torch.randn(*valid.shape, 8, dtype=torch.float64), dim=-1).requires_grad_(True)
-    positive, negatives = sample_taco_pairs(valid, 2, 5, torch.Generator().manual_seed(1))
+    positive, negatives, _ = sample_taco_pairs(valid, 2, 5, torch.Generator().manual_seed(1))
     loss, _ = taco_loss(g, valid, positive, negatives, 0.07)
     loss.backward()
     # the gradient reaches each anchor only through itself: a position that is nobody's anchor gets none
@@ -153,9 +178,43 @@ def test_mlm_and_nsp_losses():
     loss, acc = mlm_loss(logits, labels)
     ref = sum(-torch.log_softmax(logits[i], -1)[labels[i]] for i in range(10)) / 10
     assert loss.item() == pytest.approx(ref.item(), rel=1e-6)
-    assert acc.item() == pytest.approx(sum(int(logits[i].argmax() == labels[i]) for i in range(10)) / 10)
-    empty, acc = mlm_loss(logits[:0], labels[:0])
-    assert empty.item() == 0.0 and math.isnan(acc.item())
+    assert accuracy(acc) == pytest.approx(sum(int(logits[i].argmax() == labels[i]) for i in range(10)) / 10)
+    # the fixed-length list of positions is padded with IGNORE_INDEX targets: they count for nothing
+    padded = torch.cat([labels, torch.full((6,), -100)])
+    loss_padded, acc_padded = mlm_loss(torch.cat([logits, torch.randn(6, 50, generator=g)]), padded)
+    assert loss_padded.item() == pytest.approx(loss.item(), rel=1e-6) and torch.equal(acc_padded, acc)
+    logits.requires_grad_(True)
+    empty, acc = mlm_loss(logits[:8], torch.full((8,), -100))
+    empty.backward()
+    assert empty.item() == 0.0 and math.isnan(accuracy(acc)) and logits.grad.abs().sum() == 0
     nsp_logits, nsp_labels = torch.randn(6, 2, generator=g), torch.tensor([0, 1, 1, 0, 1, 0])
     loss, _ = nsp_loss(nsp_logits, nsp_labels)
     assert loss.item() == pytest.approx(F.cross_entropy(nsp_logits, nsp_labels).item())
+
+
+def test_gathered_mlm_head_equals_boolean_selection():
+    """The MLM head on the batch's fixed-length `mlm_index` gives the loss, accuracy and gradient of the
+    previous way (boolean indexing of the selected positions, a host-device sync on a GPU)."""
+    from transformers import BertConfig, BertForPreTraining
+
+    from tacl.data.pretraining import masked_positions
+    from tacl.objectives.mlm_nsp import mlm_nsp_terms
+
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                          intermediate_size=32))
+    g = torch.Generator().manual_seed(1)
+    labels = torch.where(torch.rand(3, 11, generator=g) < 0.3, torch.randint(50, (3, 11), generator=g), -100)
+    batch = {**masked_positions(labels.numpy()), "nsp_labels": torch.tensor([0, 1, 1])}
+    assert len(batch["mlm_index"]) % 8 == 0 and len(batch["mlm_index"]) >= int((labels != -100).sum())
+    hidden = torch.randn(3, 11, 16, generator=g, requires_grad=True)
+    pooled = torch.randn(3, 16, generator=g)
+    losses, metrics = mlm_nsp_terms(model, batch, hidden, pooled)
+    (grad,) = torch.autograd.grad(losses["mlm"], hidden)
+    selected = labels != -100
+    logits = model.cls.predictions(hidden[selected])
+    previous = F.cross_entropy(logits, labels[selected])
+    (previous_grad,) = torch.autograd.grad(previous, hidden)
+    assert losses["mlm"].item() == pytest.approx(previous.item(), rel=1e-6)
+    assert accuracy(metrics["mlm_acc"]) == pytest.approx((logits.argmax(-1) == labels[selected]).float().mean().item())
+    torch.testing.assert_close(grad, previous_grad, rtol=1e-5, atol=1e-7)

@@ -1,10 +1,13 @@
-"""Dynamic BERT masking, one explicit generator per example.
+"""Dynamic BERT masking, vectorised over a batch, each example's mask a pure function of its identity.
 
 Per example: choose round(15%) of the non-special positions (at least 1, at most `max_predictions`,
 25% of max_len by default) uniformly without replacement; of those, 80% become [MASK], 10% a random
-token (never a special or [unusedN] token), 10% stay. The generator for an example is seeded from
-(seed, epoch, example index), so a mask depends only on which example is read when: the data position
-alone fixes every batch, whatever the batch size, the number of ranks or a resume in between.
+token (never a special or [unusedN] token), 10% stay.
+
+Every random number is a counter-based hash (splitmix64) of (seed, epoch, example index, position, stream):
+no generator state, so a whole padded batch is masked with a few numpy operations, and an example gets
+the same mask whatever batch, worker process, rank or resume it is read in. The data position alone fixes
+every batch. (`tests/test_masking.py` checks the vectorised code against a loop over the same hashes.)
 """
 
 from __future__ import annotations
@@ -17,6 +20,12 @@ import numpy as np
 
 IGNORE_INDEX = -100
 _UNUSED = re.compile(r"^(\[unused\d+\]|<unused\d+>)$")
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+# streams of random numbers per position
+SELECT, DECIDE, REPLACE = 0, 1, 2
 
 
 @dataclass(frozen=True)
@@ -45,23 +54,57 @@ class MaskingSpec:
             mlm_prob=mlm_prob,
         )
 
+    def predictions(self, candidates: np.ndarray) -> np.ndarray:
+        """How many positions to select, given each example's number of candidate positions."""
+        n = np.minimum(self.max_predictions, np.maximum(1, np.rint(candidates * self.mlm_prob).astype(np.int64)))
+        return np.where(candidates > 0, n, 0)
 
-def example_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
-    return np.random.default_rng([seed, epoch, index])
+
+def mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: a bijection of uint64 that scrambles every bit (arrays wrap modulo 2^64)."""
+    x = np.asarray(x, dtype=np.uint64)
+    x = (x ^ (x >> np.uint64(30))) * _M1
+    x = (x ^ (x >> np.uint64(27))) * _M2
+    return x ^ (x >> np.uint64(31))
 
 
-def mask_example(ids: np.ndarray, spec: MaskingSpec, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """(masked ids, labels): labels hold the original id at selected positions, IGNORE_INDEX elsewhere."""
-    candidates = np.flatnonzero(~np.isin(ids, spec.special_ids))
-    labels = np.full_like(ids, IGNORE_INDEX)
-    masked = ids.copy()
-    if len(candidates) == 0:
-        return masked, labels
-    n = min(spec.max_predictions, max(1, int(round(len(candidates) * spec.mlm_prob))))
-    chosen = rng.choice(candidates, size=n, replace=False)
-    labels[chosen] = ids[chosen]
-    r = rng.random(n)
-    masked[chosen[r < spec.mask_prob]] = spec.mask_id
-    to_random = chosen[(r >= spec.mask_prob) & (r < spec.mask_prob + spec.random_prob)]
-    masked[to_random] = spec.replacement_ids[rng.integers(0, len(spec.replacement_ids), len(to_random))]
+def example_keys(seed: int, epochs: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    """One 64-bit key per example, from (seed, epoch, example index)."""
+    base = mix64(np.full(len(indices), seed, dtype=np.uint64) + _GOLDEN)
+    base = mix64(base + np.asarray(epochs, dtype=np.uint64) + _GOLDEN)
+    return mix64(base + np.asarray(indices, dtype=np.uint64) + _GOLDEN)
+
+
+def position_bits(keys: np.ndarray, length: int, stream: int) -> np.ndarray:
+    """[B, length] uint64: the random bits of every position of every example, for one stream."""
+    counters = (np.arange(length, dtype=np.uint64) * np.uint64(3) + np.uint64(stream + 1)) * _GOLDEN
+    return mix64(keys[:, None] + counters[None, :])
+
+
+def uniform(bits: np.ndarray) -> np.ndarray:
+    """uint64 -> float64 uniform in [0, 1) (the top 53 bits)."""
+    return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
+def mask_batch(ids: np.ndarray, lengths: np.ndarray, keys: np.ndarray,
+               spec: MaskingSpec) -> tuple[np.ndarray, np.ndarray]:
+    """(masked ids, labels) for a padded batch ids [B, L] whose rows hold `lengths` real tokens; labels
+    hold the original id at the selected positions, IGNORE_INDEX elsewhere."""
+    b, length = ids.shape
+    real = np.arange(length)[None, :] < np.asarray(lengths)[:, None]
+    candidates = real & ~np.isin(ids, spec.special_ids)
+    n = spec.predictions(candidates.sum(1))
+    # uniform choice without replacement: the n candidates with the smallest random keys
+    u = np.where(candidates, uniform(position_bits(keys, length, SELECT)), 2.0)
+    order = np.argsort(u, axis=1, kind="stable")
+    rank = np.empty_like(order)
+    np.put_along_axis(rank, order, np.arange(length)[None, :].repeat(b, 0), axis=1)
+    chosen = rank < n[:, None]
+    labels = np.where(chosen, ids, IGNORE_INDEX)
+    decide = uniform(position_bits(keys, length, DECIDE))
+    to_mask = chosen & (decide < spec.mask_prob)
+    to_random = chosen & (decide >= spec.mask_prob) & (decide < spec.mask_prob + spec.random_prob)
+    replacement = spec.replacement_ids[
+        (position_bits(keys, length, REPLACE) % np.uint64(len(spec.replacement_ids))).astype(np.int64)]
+    masked = np.where(to_mask, spec.mask_id, np.where(to_random, replacement, ids))
     return masked, labels

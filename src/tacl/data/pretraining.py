@@ -1,18 +1,23 @@
-"""What the trainer reads: verified shards, a seeded epoch order, and masked batches.
+"""What the trainer reads: verified shards, a seeded epoch order, and masked micro-batches built in
+DataLoader worker processes, off the training loop's critical path.
 
 The data position is one integer, the number of samples consumed so far. Sample p of the run is example
-`permutation(epoch)[p % n]` with `epoch = p // n`, and its mask comes from its own generator
-(`masking.example_rng`), so any position can be reproduced without replaying the ones before it.
+`permutation(epoch)[p % n]` with `epoch = p // n`, and its mask is a function of (seed, epoch, example).
+Step s trains on the positions [s*G, (s+1)*G) of the global batch G; with `group_by_length` they are sorted
+by length (ties by position) before they are cut into micro-batches of `micro` samples, so that a
+micro-batch holds sequences of similar length and little padding. Micro-batch j of step s is therefore a
+pure function of (seed, s, j): whichever rank, worker process or resumed chunk builds it, it is the same.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
 
-from tacl.data.masking import IGNORE_INDEX, MaskingSpec, example_rng, mask_example
+from tacl.data.masking import IGNORE_INDEX, MaskingSpec, example_keys, mask_batch
 from tacl.data.shards import ShardSet
 
 
@@ -20,66 +25,140 @@ def epoch_permutation(n: int, seed: int, epoch: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch, 0x5EED]).permutation(n)
 
 
+@dataclass(frozen=True)
+class Batching:
+    """How the global batch of a step is cut into micro-batches."""
+
+    global_batch: int
+    micro_batch: int
+    group_by_length: bool = True
+    pad_multiple: int = 8  # max_len: every sequence padded to max_len (the reference's way)
+
+
 class PretrainingData:
-    def __init__(self, shards: ShardSet, spec: MaskingSpec, seed: int, pad_multiple: int = 8):
+    def __init__(self, shards: ShardSet, spec: MaskingSpec, seed: int, batching: Batching):
         self.shards = shards
         self.spec = spec
         self.seed = seed
-        self.pad_multiple = pad_multiple
-        self._perm: tuple[int, np.ndarray] | None = None
+        self.batching = batching
+        self._perms: dict[int, np.ndarray] = {}
 
     def __len__(self) -> int:
         return len(self.shards)
 
-    def locate(self, position: int) -> tuple[int, int]:
-        """(epoch, example index) of the sample at a global data position."""
+    def locate(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(epoch, example index) of the samples at these global data positions."""
+        positions = np.asarray(positions, dtype=np.int64)
         n = len(self.shards)
-        epoch = position // n
-        if self._perm is None or self._perm[0] != epoch:
-            self._perm = (epoch, epoch_permutation(n, self.seed, epoch))
-        return epoch, int(self._perm[1][position % n])
+        epochs = positions // n
+        index = np.empty_like(positions)
+        for epoch in np.unique(epochs):
+            if epoch not in self._perms:
+                if len(self._perms) > 2:
+                    self._perms.pop(min(self._perms))
+                self._perms[int(epoch)] = epoch_permutation(n, self.seed, int(epoch))
+            at = epochs == epoch
+            index[at] = self._perms[int(epoch)][positions[at] % n]
+        return epochs, index
 
-    def batch(self, positions: Sequence[int]) -> dict[str, torch.Tensor]:
-        """A padded, masked batch of the samples at these data positions."""
-        examples = []
-        for p in positions:
-            epoch, index = self.locate(p)
-            ids, len_a, nsp = self.shards.example(index)
-            masked, labels = mask_example(ids, self.spec, example_rng(self.seed, epoch, index))
-            examples.append((ids, masked, labels, len_a, nsp))
-        return collate(examples, self.spec, self.pad_multiple)
+    def micro_positions(self, step: int, j: int) -> np.ndarray:
+        """The data positions of micro-batch j of optimizer step `step`."""
+        g, m = self.batching.global_batch, self.batching.micro_batch
+        positions = np.arange(step * g, (step + 1) * g, dtype=np.int64)
+        if self.batching.group_by_length:
+            _, index = self.locate(positions)
+            positions = positions[np.argsort(self.shards.lengths(index), kind="stable")]
+        return positions[j * m : (j + 1) * m]
+
+    def micro_batch(self, step: int, j: int) -> dict[str, Any]:
+        return self.batch(self.micro_positions(step, j))
+
+    def batch(self, positions: Sequence[int]) -> dict[str, Any]:
+        """A padded, masked batch of the samples at these data positions (tensors, plus `num_tokens`)."""
+        epochs, index = self.locate(np.asarray(positions, dtype=np.int64))
+        examples = [self.shards.example(int(i)) for i in index]
+        lengths = np.array([len(e[0]) for e in examples], dtype=np.int64)
+        pad = self.batching.pad_multiple
+        width = -(-int(lengths.max()) // pad) * pad
+        b = len(examples)
+        clean = np.full((b, width), self.spec.pad_id, dtype=np.int64)
+        token_type = np.zeros((b, width), dtype=np.int64)
+        nsp = np.empty(b, dtype=np.int64)
+        for row, (ids, len_a, label) in enumerate(examples):
+            clean[row, : len(ids)] = ids
+            token_type[row, len_a : len(ids)] = 1
+            nsp[row] = label
+        masked, labels = mask_batch(clean, lengths, example_keys(self.seed, epochs, index), self.spec)
+        attention = np.arange(width)[None, :] < lengths[:, None]
+        return {
+            "input_ids": torch.from_numpy(masked),
+            "clean_ids": torch.from_numpy(clean),
+            "token_type_ids": torch.from_numpy(token_type),
+            "attention_mask": torch.from_numpy(attention.astype(np.int64)),
+            "special_tokens_mask": torch.from_numpy(np.isin(clean, self.spec.special_ids)),
+            "nsp_labels": torch.from_numpy(nsp),
+            "mlm_mask": torch.from_numpy(labels != IGNORE_INDEX),
+            **masked_positions(labels),
+            "num_tokens": int(lengths.sum()),
+        }
 
 
-def collate(examples: list[tuple[np.ndarray, np.ndarray, np.ndarray, int, int]], spec: MaskingSpec,
-            pad_multiple: int = 8) -> dict[str, torch.Tensor]:
-    longest = max(len(e[0]) for e in examples)
-    length = -(-longest // pad_multiple) * pad_multiple
-    b = len(examples)
-    clean = np.full((b, length), spec.pad_id, dtype=np.int64)
-    masked = np.full((b, length), spec.pad_id, dtype=np.int64)
-    labels = np.full((b, length), IGNORE_INDEX, dtype=np.int64)
-    token_type = np.zeros((b, length), dtype=np.int64)
-    attention = np.zeros((b, length), dtype=np.int64)
-    nsp = np.zeros(b, dtype=np.int64)
-    for row, (ids, m, lab, len_a, label) in enumerate(examples):
-        n = len(ids)
-        clean[row, :n], masked[row, :n], labels[row, :n] = ids, m, lab
-        token_type[row, len_a:n] = 1
-        attention[row, :n] = 1
-        nsp[row] = label
-    special = np.isin(clean, spec.special_ids)
-    return {
-        "input_ids": torch.from_numpy(masked),
-        "clean_ids": torch.from_numpy(clean),
-        "token_type_ids": torch.from_numpy(token_type),
-        "attention_mask": torch.from_numpy(attention),
-        "mlm_labels": torch.from_numpy(labels),
-        "nsp_labels": torch.from_numpy(nsp),
-        "special_tokens_mask": torch.from_numpy(special),
-    }
+def masked_positions(labels: np.ndarray, multiple: int = 8) -> dict[str, torch.Tensor]:
+    """The selected positions as a fixed-length gather: `mlm_index` (flat positions into B*L, in order)
+    and `mlm_targets` (their original ids), padded to a multiple of 8 with position 0 and IGNORE_INDEX, so
+    the model never needs a boolean mask or `nonzero` (a host-device sync) to find them."""
+    flat = labels.reshape(-1)
+    index = np.flatnonzero(flat != IGNORE_INDEX)
+    size = max(multiple, -(-len(index) // multiple) * multiple)
+    mlm_index = np.zeros(size, dtype=np.int64)
+    mlm_targets = np.full(size, IGNORE_INDEX, dtype=np.int64)
+    mlm_index[: len(index)] = index
+    mlm_targets[: len(index)] = flat[index]
+    return {"mlm_index": torch.from_numpy(mlm_index), "mlm_targets": torch.from_numpy(mlm_targets)}
 
 
-def describe(data: PretrainingData) -> dict[str, Any]:
-    m = data.shards.manifest
-    return {"examples": len(data), "tokens": m["totals"]["tokens"], "shards": m["totals"]["shards"],
-            "tokenizer": m["tokenizer"], "config_hash": m["config_hash"]}
+class MicroBatches(torch.utils.data.Dataset):
+    """The micro-batches one rank trains on from `first_step` to `steps`, in order: item k is accumulation
+    step a = k % accumulation of optimizer step first_step + k // accumulation, i.e. micro-batch
+    j = a * world + rank (as DeepSpeed's ranks and accumulation steps split the global batch)."""
+
+    def __init__(self, data: PretrainingData, first_step: int, steps: int, accumulation: int, rank: int,
+                 world: int):
+        self.data, self.first_step, self.steps = data, first_step, steps
+        self.accumulation, self.rank, self.world = accumulation, rank, world
+
+    def __len__(self) -> int:
+        return max(0, self.steps - self.first_step) * self.accumulation
+
+    def __getitem__(self, k: int) -> dict[str, Any]:
+        step, a = self.first_step + k // self.accumulation, k % self.accumulation
+        return self.data.micro_batch(step, a * self.world + self.rank)
+
+
+def _one_thread(_: int) -> None:
+    torch.set_num_threads(1)  # a worker builds batches with numpy; torch threads would only oversubscribe
+
+
+def micro_batch_loader(batches: MicroBatches, workers: int, pin_memory: bool,
+                       prefetch: int = 4) -> Iterator[dict[str, Any]]:
+    """Batches built in `workers` processes (0: in this one), delivered in order, `prefetch` per worker
+    ahead, in pinned memory when they go to a GPU (so the copy is asynchronous)."""
+    loader = torch.utils.data.DataLoader(
+        batches, batch_size=None, shuffle=False, num_workers=workers, pin_memory=pin_memory,
+        prefetch_factor=prefetch if workers else None, worker_init_fn=_one_thread if workers else None,
+        multiprocessing_context="fork" if workers else None)
+    return iter(loader)
+
+
+def padding_fraction(data: PretrainingData, steps: int) -> float:
+    """Share of padding positions in the micro-batches of the first `steps` optimizer steps."""
+    g, m = data.batching.global_batch, data.batching.micro_batch
+    pad, real = 0, 0
+    for step in range(steps):
+        for j in range(g // m):
+            _, index = data.locate(data.micro_positions(step, j))
+            lengths = data.shards.lengths(index)
+            width = -(-int(lengths.max()) // data.batching.pad_multiple) * data.batching.pad_multiple
+            pad += width * len(lengths) - int(lengths.sum())
+            real += int(lengths.sum())
+    return pad / max(1, pad + real)

@@ -4,13 +4,39 @@ batch and the model outputs into named loss terms (exact definitions in ../share
     mlm_nsp   BERT masked LM + next sentence prediction (the "more pretraining" control)
     tacl      MLM + NSP + TaCL token contrastive loss against a frozen teacher (Su et al. 2021)
     taco      MLM + TACO token-alignment contrastive loss (Fu et al. 2022), continual variant
+
+The hot path has no host-device synchronisation: every loss and metric stays a tensor on the device, and
+shapes never depend on tensor values (fixed-shape gathers and ignore_index instead of boolean indexing or
+`nonzero`). An objective returns (losses, metrics): losses are 0-d tensors, metrics are counts
+`[correct, total]` that the trainer sums over a logging interval and divides once when it logs.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 OBJECTIVES = ("mlm_nsp", "tacl", "taco")
+
+
+def counts(correct: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """[correct among valid, valid] as an int64 pair (an accuracy, summable over micro-batches)."""
+    return torch.stack([(correct & valid).sum(), valid.sum()])
+
+
+def accuracy(pair: torch.Tensor) -> float:
+    """correct / total of a `counts` pair (nan when there was nothing to count)."""
+    correct, total = pair.tolist()
+    return correct / total if total else float("nan")
+
+
+def encoder_inputs(batch: dict[str, torch.Tensor], ids: str = "input_ids") -> dict[str, torch.Tensor]:
+    """A BERT encoder's keyword arguments for this batch. The padding mask goes in as SDPA's 4-D boolean
+    mask (True = attend): given a 2-D mask, transformers asks `mask.all()` on every forward to decide
+    whether it may drop it, a host-device sync."""
+    return {"input_ids": batch[ids], "token_type_ids": batch["token_type_ids"],
+            "attention_mask": batch["attention_mask"][:, None, None, :].bool()}
 
 
 def build_objective(name: str, params: dict[str, Any] | None = None):

@@ -8,34 +8,36 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from tacl.objectives import counts, encoder_inputs
 
-def mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean cross-entropy over the selected positions; logits [N, V] for those positions, labels [N].
+IGNORE_INDEX = -100
 
-    Returns (loss, accuracy). No selected position: loss 0 (still attached to the graph), accuracy nan.
-    """
-    if labels.numel() == 0:
-        return logits.sum() * 0.0, torch.tensor(float("nan"))
-    loss = F.cross_entropy(logits.float(), labels)
-    acc = (logits.argmax(-1) == labels).float().mean()
-    return loss, acc
+
+def mlm_loss(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean cross-entropy over the selected positions; logits [N, V] for a fixed-length list of
+    positions, targets [N] (IGNORE_INDEX for the padding entries of the list).
+
+    Returns (loss, accuracy counts). No selected position: loss 0 (still attached to the graph)."""
+    valid = targets != IGNORE_INDEX
+    loss = F.cross_entropy(logits.float(), targets, ignore_index=IGNORE_INDEX, reduction="sum")
+    return loss / valid.sum().clamp(min=1), counts(logits.argmax(-1) == targets, valid)
 
 
 def nsp_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Cross-entropy of the [CLS] classifier; label 1 = B is a random segment (BERT's convention)."""
-    return F.cross_entropy(logits.float(), labels), (logits.argmax(-1) == labels).float().mean()
+    return F.cross_entropy(logits.float(), labels), counts(logits.argmax(-1) == labels,
+                                                           torch.ones_like(labels, dtype=torch.bool))
 
 
 def mlm_nsp_terms(model: Any, batch: dict[str, torch.Tensor], sequence_output: torch.Tensor,
                   pooled_output: torch.Tensor, with_nsp: bool = True) -> tuple[dict, dict]:
     """MLM (+ NSP) loss terms and metrics from a BertForPreTraining's heads.
 
-    The vocabulary projection runs only on the selected positions (about 15%), not on every token.
-    """
-    selected = batch["mlm_labels"] != -100
-    logits = model.cls.predictions(sequence_output[selected])
+    The vocabulary projection runs only on the selected positions (about 15%), gathered by the batch's
+    fixed-length `mlm_index`, not on every token."""
+    selected = sequence_output.flatten(0, 1).index_select(0, batch["mlm_index"])
     losses, metrics = {}, {}
-    losses["mlm"], metrics["mlm_acc"] = mlm_loss(logits, batch["mlm_labels"][selected])
+    losses["mlm"], metrics["mlm_acc"] = mlm_loss(model.cls.predictions(selected), batch["mlm_targets"])
     if with_nsp:
         losses["nsp"], metrics["nsp_acc"] = nsp_loss(model.cls.seq_relationship(pooled_output),
                                                      batch["nsp_labels"])
@@ -49,6 +51,5 @@ class MlmNsp:
 
     def __call__(self, model: Any, teacher: Any, batch: dict[str, torch.Tensor],
                  generator: torch.Generator) -> tuple[dict, dict]:
-        out = model.bert(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                         token_type_ids=batch["token_type_ids"])
+        out = model.bert(**encoder_inputs(batch))
         return mlm_nsp_terms(model, batch, out.last_hidden_state, out.pooler_output)

@@ -15,27 +15,29 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from tacl.objectives.mlm_nsp import mlm_nsp_terms
+from tacl.objectives import counts, encoder_inputs
+from tacl.objectives.mlm_nsp import IGNORE_INDEX, mlm_nsp_terms
+
+_EXCLUDED = -1e9  # a logit that softmax turns into exactly 0 (-inf would make NaN gradients on empty rows)
 
 
 def tacl_loss(student: torch.Tensor, teacher: torch.Tensor, anchors: torch.Tensor, candidates: torch.Tensor,
               tau: float) -> tuple[torch.Tensor, torch.Tensor]:
     """student, teacher [B, L, H]; anchors [B, L] bool (the set M); candidates [B, L] bool (allowed j,
     the same for every anchor of a sequence) or [B, L, L] (row i: the j allowed for anchor i); every
-    anchor must be among its own candidates. Returns (loss, accuracy: share of anchors whose own teacher vector is
-    the most similar). No anchor at all: loss 0 (attached to the graph), accuracy nan."""
+    anchor must be among its own candidates. Returns (loss, accuracy counts: anchors whose own teacher
+    vector is the most similar). No anchor at all: loss 0 (attached to the graph).
+
+    Every position is a row of one fixed-shape cross-entropy; rows that are not anchors are ignored."""
     s = F.normalize(student.float(), dim=-1)
     t = F.normalize(teacher.float(), dim=-1)
     logits = torch.bmm(s, t.transpose(1, 2)) / tau  # [B, i, j]
     allowed = candidates[:, None, :] if candidates.dim() == 2 else candidates
-    logits = logits.masked_fill(~allowed, float("-inf"))
-    b, i = anchors.nonzero(as_tuple=True)
-    if len(b) == 0:
-        return student.sum() * 0.0, torch.tensor(float("nan"))
-    rows = logits[b, i]  # [N, L]
-    loss = F.cross_entropy(rows, i)
-    acc = (rows.argmax(-1) == i).float().mean()
-    return loss, acc
+    logits = logits.masked_fill(~allowed, _EXCLUDED)
+    length = anchors.shape[1]
+    target = torch.where(anchors, torch.arange(length, device=anchors.device), IGNORE_INDEX)
+    loss = F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
+    return loss / anchors.sum().clamp(min=1), counts(logits.argmax(-1) == target, anchors)
 
 
 def supervised_tacl_loss(student: torch.Tensor, teacher: torch.Tensor, labels: torch.Tensor,
@@ -64,14 +66,13 @@ class TaCL:
 
     def __call__(self, model: Any, teacher: Any, batch: dict[str, torch.Tensor],
                  generator: torch.Generator) -> tuple[dict, dict]:
-        out = model.bert(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                         token_type_ids=batch["token_type_ids"])
+        out = model.bert(**encoder_inputs(batch))
         losses, metrics = mlm_nsp_terms(model, batch, out.last_hidden_state, out.pooler_output)
         teacher.train(self.teacher_train_mode)
-        with torch.no_grad():
-            h = teacher(input_ids=batch["clean_ids"], attention_mask=batch["attention_mask"],
-                        token_type_ids=batch["token_type_ids"]).last_hidden_state
-        anchors = batch["mlm_labels"] != -100
+        with torch.inference_mode():  # no autograd record at all (the teacher is frozen)
+            h = teacher(**encoder_inputs(batch, "clean_ids")).last_hidden_state
+        h = h.clone()  # an ordinary tensor again, so that the loss may save it for the student's backward
+        anchors = batch["mlm_mask"]
         if self.negatives == "real":
             candidates = batch["attention_mask"].bool() & ~batch["special_tokens_mask"]
         else:

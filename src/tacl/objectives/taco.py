@@ -5,6 +5,9 @@ position) has one positive t' of the same sequence with 0 < |t - t'| <= window (
 of the sequence if there is none) and K negatives drawn uniformly from the other sequences of the batch;
 positive and negatives are detached. Loss: InfoNCE with temperature tau, averaged over anchors, added to
 MLM (NSP only if `keep_nsp`).
+
+Pairs are drawn on the device with fixed shapes (no Python loop, no `nonzero`); the logits are gathered
+from one [B*L, B*L] similarity matrix, so no [N, K, hidden] copy of the negatives is kept for backward.
 """
 
 from __future__ import annotations
@@ -15,54 +18,70 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from tacl.objectives.mlm_nsp import mlm_nsp_terms
+from tacl.objectives import counts, encoder_inputs
+from tacl.objectives.mlm_nsp import IGNORE_INDEX, mlm_nsp_terms
+
+
+def _below(n: torch.Tensor, shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
+    """Uniform integers in [0, n) (n broadcast against `shape`; 0 where n is 0)."""
+    u = torch.rand(shape, generator=generator, device=n.device, dtype=torch.float64)
+    return torch.minimum((u * n).long(), (n - 1).clamp(min=0))
 
 
 def sample_taco_pairs(valid: torch.Tensor, window: int, k: int,
-                      generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Positive position [B, L] (same sequence) and K negatives as flat indices into B*L [B, L, K]
-    (other sequences), for every position; only rows where `valid` is set are meaningful."""
+                      generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For every position of valid [B, L]: a positive position [B, L] of the same sequence, K negatives
+    [B, L, K] as flat indices into B*L (valid positions of the other sequences), and which anchors have
+    negatives at all [B] (a batch whose other sequences are empty has none). Only rows where `valid` is
+    set are meaningful. `generator` lives on valid's device."""
     bsz, length = valid.shape
     if bsz < 2:
         raise ValueError("TACO draws negatives from other sequences: the micro batch needs >= 2 sequences")
-    pos = torch.arange(length).expand(bsz, length)
-    # positive: a random valid neighbour within the window, else a random other valid position
-    offsets = torch.tensor([o for o in range(-window, window + 1) if o != 0])
-    cand = pos[..., None] + offsets  # [B, L, 2w]
+    device = valid.device
+    pos = torch.arange(length, device=device)
+    # positive: a random valid neighbour within the window ...
+    offsets = torch.tensor([o for o in range(-window, window + 1) if o != 0], device=device)
+    cand = pos[:, None] + offsets  # [L, 2w]
     in_range = (cand >= 0) & (cand < length)
-    cand_valid = in_range & valid.gather(1, cand.clamp(0, length - 1).view(bsz, -1)).view_as(cand)
-    scores = torch.rand(cand.shape, generator=generator).masked_fill(~cand_valid, -1.0)
-    positive = cand.gather(-1, scores.argmax(-1, keepdim=True)).squeeze(-1)
-    for b, t in (valid & ~cand_valid.any(-1)).nonzero().tolist():  # rare: no valid neighbour in the window
-        others = valid[b].nonzero().squeeze(-1)
-        others = others[others != t]
-        positive[b, t] = others[torch.randint(len(others), (1,), generator=generator)] if len(others) else t
-    # negatives: uniform over the valid positions of the other sequences
-    flat_valid = valid.flatten().nonzero().squeeze(-1)
-    seq_of = flat_valid // length
-    negatives = torch.zeros(bsz, length, k, dtype=torch.long)
-    for b in range(bsz):
-        pool = flat_valid[seq_of != b]
-        if len(pool) == 0:
-            raise ValueError("TACO: no valid token in the other sequences of the batch")
-        negatives[b] = pool[torch.randint(len(pool), (length, k), generator=generator)]
-    return positive, negatives
+    cand = cand.clamp(0, length - 1)
+    cand_valid = in_range & valid[:, cand]  # [B, L, 2w]
+    scores = torch.rand(cand_valid.shape, generator=generator, device=device).masked_fill(~cand_valid, -1.0)
+    positive = cand.expand(bsz, length, -1).gather(-1, scores.argmax(-1, keepdim=True)).squeeze(-1)
+    # ... else a random other valid position of the sequence (the r-th valid one, skipping itself)
+    in_seq = valid.long().cumsum(1)  # [B, L]: valid positions up to and including t
+    count = in_seq[:, -1:]  # [B, 1]
+    r = _below(count - 1, (bsz, length), generator)
+    r = r + (r >= in_seq - 1).long()
+    other = torch.searchsorted(in_seq, r + 1).clamp(max=length - 1)
+    other = torch.where(count > 1, other, pos)  # alone in its sequence: itself
+    positive = torch.where(cand_valid.any(-1), positive, other)
+    # negatives: uniform over the valid positions of the other sequences (the r-th one of the batch,
+    # skipping the anchor's own sequence)
+    count = count.squeeze(1)
+    before = count.cumsum(0) - count  # valid positions in the earlier sequences
+    pool = count.sum() - count
+    r = _below(pool[:, None, None], (bsz, length, k), generator)
+    r = r + torch.where(r >= before[:, None, None], count[:, None, None], 0)
+    in_batch = valid.flatten().long().cumsum(0)
+    negatives = torch.searchsorted(in_batch, (r + 1).flatten()).clamp(max=bsz * length - 1).view(bsz, length, k)
+    return positive, negatives, pool > 0
 
 
 def taco_loss(g: torch.Tensor, valid: torch.Tensor, positive: torch.Tensor, negatives: torch.Tensor,
               tau: float) -> tuple[torch.Tensor, torch.Tensor]:
     """g [B, L, H] normalized token vectors (anchors keep their gradient; positives and negatives are
-    detached); valid [B, L]; positive [B, L]; negatives [B, L, K] flat indices into B*L.
-    Returns (loss averaged over valid anchors, accuracy: positive scored above every negative)."""
+    detached); valid [B, L] (the anchors); positive [B, L]; negatives [B, L, K] flat indices into B*L.
+    Returns (loss averaged over valid anchors, accuracy counts: positive scored above every negative)."""
     bsz, length, hidden = g.shape
-    keys = g.detach().reshape(bsz * length, hidden)
-    b, t = valid.nonzero(as_tuple=True)
-    anchor = g[b, t]  # [N, H]
-    pos_logit = (anchor * keys[b * length + positive[b, t]]).sum(-1, keepdim=True)  # [N, 1]
-    neg_logit = torch.bmm(keys[negatives[b, t]], anchor[:, :, None]).squeeze(-1)  # [N, K]
-    logits = torch.cat([pos_logit, neg_logit], -1).float() / tau
-    target = torch.zeros(len(b), dtype=torch.long, device=g.device)
-    return F.cross_entropy(logits, target), (logits.argmax(-1) == 0).float().mean()
+    flat = g.reshape(bsz * length, hidden)
+    sims = flat @ flat.detach().T  # [B*L, B*L]; backward needs only the detached keys
+    own = (torch.arange(bsz, device=g.device)[:, None] * length + positive).reshape(-1, 1)
+    columns = torch.cat([own, negatives.reshape(bsz * length, -1)], 1)
+    logits = sims.gather(1, columns).float() / tau  # [B*L, 1 + K]
+    anchors = valid.flatten()
+    target = torch.where(anchors, 0, IGNORE_INDEX)
+    loss = F.cross_entropy(logits, target, ignore_index=IGNORE_INDEX, reduction="sum")
+    return loss / anchors.sum().clamp(min=1), counts(logits.argmax(-1) == 0, anchors)
 
 
 @dataclass
@@ -77,13 +96,12 @@ class TACO:
 
     def __call__(self, model: Any, teacher: Any, batch: dict[str, torch.Tensor],
                  generator: torch.Generator) -> tuple[dict, dict]:
-        out = model.bert(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                         token_type_ids=batch["token_type_ids"], output_hidden_states=True)
+        out = model.bert(**encoder_inputs(batch), output_hidden_states=True)
         losses, metrics = mlm_nsp_terms(model, batch, out.last_hidden_state, out.pooler_output,
                                         with_nsp=self.keep_nsp)
         valid = batch["attention_mask"].bool()
-        positive, negatives = sample_taco_pairs(valid.cpu(), self.window, self.negatives, generator)
+        positive, negatives, has_negatives = sample_taco_pairs(valid, self.window, self.negatives, generator)
         g = F.normalize((out.hidden_states[-1] - out.hidden_states[0]).float(), dim=-1)
-        loss, metrics["taco_acc"] = taco_loss(g, valid, positive.to(g.device), negatives.to(g.device), self.tau)
+        loss, metrics["taco_acc"] = taco_loss(g, valid & has_negatives[:, None], positive, negatives, self.tau)
         losses["taco"] = self.weight * loss
         return losses, metrics

@@ -6,9 +6,12 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from tacl.device import resolve_device
 
 
 @dataclass(frozen=True)
@@ -17,6 +20,7 @@ class DistEnv:
     world_size: int
     local_rank: int
     device: torch.device
+    control: Any = None  # a gloo group for the trainer's small CPU collectives (None: the default group)
 
     @property
     def is_main(self) -> bool:
@@ -40,7 +44,9 @@ def _slurm_env() -> None:
     env.export(set_cuda_visible_devices=False)
 
 
-def init_distributed() -> DistEnv:
+def init_distributed(device: str = "auto") -> DistEnv:
+    """Join the process group on this rank's device: `device` is the config's (auto | cuda | cpu); a rank
+    that was asked for a GPU and has none stops here (tacl.device.DeviceError), before any other work."""
     _slurm_env()
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
@@ -49,16 +55,16 @@ def init_distributed() -> DistEnv:
     if "MASTER_PORT" not in os.environ:
         os.environ["MASTER_PORT"] = str(free_port())
     rank, world, local = (int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
-    if torch.cuda.is_available():
-        device = torch.device("cuda", local)
-        torch.cuda.set_device(device)
-        backend = "nccl"
-    else:
-        device = torch.device("cpu")
-        backend = "gloo"
+    where = resolve_device(device, local)
+    backend = "nccl" if where.type == "cuda" else "gloo"
+    if where.type == "cuda":
+        torch.cuda.set_device(where)
     if not dist.is_initialized():
         dist.init_process_group(backend, rank=rank, world_size=world)
-    return DistEnv(rank, world, local, device)
+    # Stop flags and logged numbers travel on the CPU: an NCCL collective read back on the host would
+    # be a host-device synchronisation every step.
+    control = dist.new_group(backend="gloo") if backend == "nccl" else None
+    return DistEnv(rank, world, local, where, control)
 
 
 def barrier() -> None:
@@ -73,19 +79,19 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
-def all_max(values: list[float], device: torch.device) -> list[float]:
-    t = torch.tensor(values, dtype=torch.float64, device=device)
+def _all_reduce(values: list[float], op: Any, group: Any) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64)
     if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        dist.all_reduce(t, op=op, group=group)
     return t.tolist()
 
 
-def all_mean(values: list[float], device: torch.device) -> list[float]:
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t)
-        t /= dist.get_world_size()
-    return t.tolist()
+def all_max(values: list[float], env: DistEnv) -> list[float]:
+    return _all_reduce(values, dist.ReduceOp.MAX, env.control)
+
+
+def all_sum(values: list[float], env: DistEnv) -> list[float]:
+    return _all_reduce(values, dist.ReduceOp.SUM, env.control)
 
 
 def broadcast_object(obj, src: int = 0):

@@ -1,5 +1,8 @@
 """Training metrics: JSONL (one line per logging interval) and TensorBoard, rank 0 only.
 
+Besides the metric lines, each chunk writes one event line at its start (`"event": "chunk_start"`, with the
+device it runs on: GPU model and count, torch, CUDA, NCCL); `read_metrics` leaves events out.
+
 On resume the JSONL keeps only lines up to the checkpoint's step, and TensorBoard purges later events, so a
 chunk that died after logging but before saving leaves no duplicate or orphan points."""
 
@@ -34,11 +37,24 @@ class MetricsLog:
                 if key != "step" and isinstance(value, (int, float)):
                     self.writer.add_scalar(key, value, record["step"])
 
+    def event(self, record: dict[str, Any]) -> None:
+        """A line that is not a metric (JSONL only): `record` has "step" and "event"."""
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
 
 
-def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
+def read_lines(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
     path = Path(run_dir) / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
+def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    return [m for m in read_lines(run_dir) if "event" not in m]
+
+
+def read_events(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    return [m for m in read_lines(run_dir) if "event" in m]

@@ -58,17 +58,22 @@ def start_identity(start_dir: str) -> dict[str, Any]:
     return read_json(path)
 
 
+# PyTorch's scaled_dot_product_attention (flash / memory-efficient kernels on GPUs); the objectives pass it
+# a boolean padding mask (tacl.objectives.encoder_inputs), which only this implementation takes.
+ATTENTION = "sdpa"
+
+
 def load_student(start_dir: str) -> Any:
     from transformers import BertForPreTraining
 
-    return BertForPreTraining.from_pretrained(start_dir)
+    return BertForPreTraining.from_pretrained(start_dir, attn_implementation=ATTENTION)
 
 
 def load_teacher(start_dir: str) -> Any:
     """A frozen copy of the starting encoder, outside the optimizer."""
     from transformers import BertModel
 
-    teacher = BertModel.from_pretrained(start_dir, add_pooling_layer=False)
+    teacher = BertModel.from_pretrained(start_dir, add_pooling_layer=False, attn_implementation=ATTENTION)
     teacher.requires_grad_(False)
     return teacher
 

@@ -8,7 +8,11 @@ from typing import Any
 from tacl.io import InputError, stable_hash
 
 TRAJECTORY_KEYS = ("objective", "steps", "global_batch", "lr", "warmup_ratio", "weight_decay", "adam_eps",
-                   "adam_betas", "grad_clip", "seed", "pad_to_max_len", "max_len", "objective_params")
+                   "adam_betas", "grad_clip", "seed", "pad_to_max_len", "group_by_length", "max_len",
+                   "objective_params", "data_version")
+# The version of what turns a data position into a batch (bumped when masking or batching changes), so that
+# a run is never resumed with batches its first chunks did not see. 2: hash-based vectorised masking.
+DATA_VERSION = 2
 
 
 @dataclass
@@ -30,8 +34,13 @@ class TrainSettings:
     checkpoint_minutes: float = 30.0
     keep_checkpoints: int = 2
     pad_to_max_len: bool = False
+    group_by_length: bool = True  # micro-batches of similar length (less padding); see data/pretraining.py
     max_len: int = 256
     objective_params: dict[str, Any] = field(default_factory=dict)
+    # where and how fast (not part of the trajectory)
+    device: str = "auto"  # auto | cuda | cpu; cuda: stop at once unless a GPU is usable (tacl.device)
+    loader_workers: int = 2  # DataLoader processes that build micro-batches ahead of the step
+    compile: bool = False  # torch.compile the student's encoder
 
     @classmethod
     def from_config(cls, pretrain: dict[str, Any], objective: str, max_len: int) -> "TrainSettings":
@@ -67,5 +76,5 @@ class TrainSettings:
 
     def trajectory_hash(self) -> str:
         """What decides the weights a run reaches (not micro batch, ranks, ZeRO stage or logging)."""
-        d = self.to_dict()
+        d = {**self.to_dict(), "data_version": DATA_VERSION}
         return stable_hash({k: d[k] for k in TRAJECTORY_KEYS})

@@ -4,30 +4,33 @@ A chunk resumes from the run directory's latest checkpoint (if any), trains unti
 deadline (minus a margin) or a SIGUSR1/SIGUSR2/SIGTERM, saves, writes a JSON marker and exits 0.
 
 Determinism: the samples of step s are data positions [s*G, (s+1)*G); micro batch j of the step (rank r
-takes j = a*world + r at accumulation step a) is fixed by those positions, and its dropout and TACO draws
-come from generators seeded by (seed, s, j). So a resumed run, or 2 ranks instead of 1, sees exactly the
-same batches, and on CPU a resume reproduces the uninterrupted run bit for bit.
+takes j = a*world + r at accumulation step a) is fixed by those positions (tacl.data.pretraining), and its
+dropout and TACO draws come from generators seeded by (seed, s, j). So a resumed run, or 2 ranks instead
+of 1, sees exactly the same batches, and on CPU a resume reproduces the uninterrupted run bit for bit.
+
+Speed: batches are built in DataLoader worker processes and copied from pinned memory without blocking;
+the step (`optimizer_step`) never waits for the device: losses and metrics stay device tensors in a
+`Meter`, read once per `log_every` steps, and the per-step stop decision travels on a CPU (gloo) group.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import signal
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
 from tacl.io import InputError, read_json, stable_hash, write_json_atomic
 from tacl.pretrain import checkpoint
 from tacl.pretrain.deadline import Deadline, StopSignals, end_time
-from tacl.pretrain.distributed import DistEnv, all_max, all_mean, barrier, broadcast_object, init_distributed, shutdown
+from tacl.pretrain.distributed import DistEnv, all_max, all_sum, barrier, broadcast_object, init_distributed, shutdown
 from tacl.pretrain.lock import RunLock
 from tacl.pretrain.settings import TrainSettings
 
@@ -130,10 +133,10 @@ def check_identity(run_dir: Path, identity: dict[str, Any]) -> None:
 def train_chunk(args: ChunkArgs) -> dict[str, Any]:
     started = time.time()
     signals = StopSignals().install()
-    env = init_distributed()
+    env = init_distributed(args.settings.device)  # a job that asked for a GPU and has none stops here
     lock = RunLock(args.run_dir)
     try:
-        return _train(args, env, lock, signals, started)
+        return _run_chunk(_setup(args, env, lock), signals, started)
     finally:
         lock.release()
         shutdown()
@@ -143,15 +146,35 @@ def train_chunk(args: ChunkArgs) -> dict[str, Any]:
         signal.signal(signal.SIGUSR2, signal.SIG_IGN)
 
 
-def _train(args: ChunkArgs, env: DistEnv, lock: RunLock, signals: StopSignals, started: float) -> dict[str, Any]:
+@dataclass
+class Chunk:
+    """Everything one chunk trains with, and where it stands."""
+
+    args: ChunkArgs
+    env: DistEnv
+    engine: Any
+    scheduler: Any
+    teacher: Any
+    data: Any  # tacl.data.pretraining.PretrainingData
+    accumulation: int
+    generator: torch.Generator  # the objective's random draws (TACO pairs), on the device
+    step: int = 0
+    tokens: int = 0  # tokens trained on by all ranks, up to the last time they were summed
+
+    @property
+    def settings(self) -> TrainSettings:
+        return self.args.settings
+
+
+def _setup(args: ChunkArgs, env: DistEnv, lock: RunLock) -> Chunk:
+    """Check the inputs (before the model is built), build data, model and engine, resume."""
     import deepspeed
 
     from tacl.data.masking import MaskingSpec
-    from tacl.data.pretraining import PretrainingData
+    from tacl.data.pretraining import Batching, PretrainingData
     from tacl.data.shards import ShardSet
     from tacl.hub import load_tokenizer, tokenizer_hash
     from tacl.objectives import build_objective
-    from tacl.pretrain.metrics import MetricsLog
     from tacl.pretrain.model import load_student, load_teacher
 
     s = args.settings
@@ -178,14 +201,16 @@ def _train(args: ChunkArgs, env: DistEnv, lock: RunLock, signals: StopSignals, s
         raise InputError(error)
     if not env.is_main:
         shards = ShardSet(args.manifest, tokenizer_hash=tokenizer_hash(tokenizer), verify=False)
-    data = PretrainingData(shards, MaskingSpec.from_tokenizer(tokenizer, s.max_len), s.seed,
-                           pad_multiple=s.max_len if s.pad_to_max_len else 8)
+    batching = Batching(s.global_batch, s.micro_batch, s.group_by_length, s.max_len if s.pad_to_max_len else 8)
+    data = PretrainingData(shards, MaskingSpec.from_tokenizer(tokenizer, s.max_len), s.seed, batching)
 
     # -- model, optimizer, engine --------------------------------------------------------------------
     cpu = env.device.type == "cpu"
     bf16 = s.precision == "bf16" or (s.precision == "auto" and not cpu)
     torch.manual_seed(s.seed)
     student = load_student(args.start_model)
+    if s.compile:
+        student.bert.compile(dynamic=True)  # in place: parameter names (and checkpoints) stay as they are
     teacher = load_teacher(args.start_model).to(env.device) if objective.needs_teacher else None
     if teacher is not None and bf16:
         teacher = teacher.to(torch.bfloat16)
@@ -193,109 +218,171 @@ def _train(args: ChunkArgs, env: DistEnv, lock: RunLock, signals: StopSignals, s
     no_decay = [p for n, p in student.named_parameters() if any(k in n for k in ("bias", "LayerNorm"))]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": s.weight_decay},
                                    {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=s.lr, betas=tuple(s.adam_betas), eps=s.adam_eps)
+                                  lr=s.lr, betas=tuple(s.adam_betas), eps=s.adam_eps,
+                                  fused=not cpu)  # one kernel for all parameters on a GPU
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_schedule(s.steps, s.warmup_ratio))
     _avoid_cpu_shm_op()
     deepspeed.init_distributed(dist_backend="gloo" if cpu else "nccl")
     engine, _, _, _ = deepspeed.initialize(model=Pretrainer(student, objective), optimizer=optimizer,
                                            lr_scheduler=scheduler, config=ds_config(s, accumulation, bf16, cpu))
+    chunk = Chunk(args, env, engine, scheduler, teacher, data, accumulation,
+                  torch.Generator(device=env.device))
 
-    step = tokens_seen = 0
     tag = checkpoint.latest_tag(run_dir)
     if tag is not None:
         state = checkpoint.load(engine, run_dir, tag, env)
         if state.get("world_size") != env.world_size and s.zero_stage > 0:
             raise InputError(f"{run_dir}: checkpoint {tag} was written by {state.get('world_size')} ranks with "
                              f"ZeRO stage {s.zero_stage}; resume it with the same number of ranks")
-        step, tokens_seen = int(state["step"]), int(state.get("tokens", 0))
-        log.info("resumed from %s at step %d", tag, step)
-    metrics_log = MetricsLog(run_dir, step, args.tensorboard) if env.is_main else None
+        chunk.step, chunk.tokens = int(state["step"]), int(state.get("tokens", 0))
+        log.info("resumed from %s at step %d", tag, chunk.step)
+    return chunk
 
+
+class Meter:
+    """Losses and metric counts of one logging interval, summed on the device (no host-device sync);
+    `read` fetches them once, sums them over ranks on the CPU and divides."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, torch.Tensor] = {}
+        self.steps = 0
+        self.tokens = 0  # this rank's tokens in the interval
+        self.started = time.time()
+
+    def add(self, losses: dict[str, torch.Tensor], metrics: dict[str, torch.Tensor], accumulation: int) -> None:
+        values = {k: v.detach().double() / accumulation for k, v in losses.items()}
+        values.update((k, v.detach().double()) for k, v in metrics.items())  # [correct, total] pairs
+        for k, v in values.items():
+            self.sums[k] = self.sums[k] + v if k in self.sums else v
+
+    def read(self, env: DistEnv) -> dict[str, float]:
+        keys = sorted(self.sums)
+        local = torch.cat([self.sums[k].reshape(-1) for k in keys]).cpu().tolist() if keys else []
+        *values, tokens = all_sum(local + [self.tokens], env)
+        out, i = {}, 0
+        for k in keys:
+            if self.sums[k].numel() == 2:  # accuracy counts
+                correct, total = values[i : i + 2]
+                out[k] = correct / total if total else float("nan")
+                i += 2
+            else:
+                out[k] = values[i] / (self.steps * env.world_size)
+                i += 1
+        out["tokens_per_s"] = tokens / max(time.time() - self.started, 1e-9)
+        return out
+
+
+def optimizer_step(chunk: Chunk, batches: Iterator[dict[str, Any]], meter: Meter) -> int:
+    """One optimizer step of `accumulation` micro-batches; returns this rank's number of tokens. The hot
+    path: nothing here waits for the device."""
+    s, env, engine = chunk.settings, chunk.env, chunk.engine
+    tokens = 0
+    for a in range(chunk.accumulation):
+        batch = next(batches)
+        tokens += batch.pop("num_tokens")
+        batch = {k: v.to(env.device, non_blocking=True) for k, v in batch.items()}
+        j = a * env.world_size + env.rank
+        torch.manual_seed(derive_seed(s.seed, chunk.step, j, 0))  # dropout
+        chunk.generator.manual_seed(derive_seed(s.seed, chunk.step, j, 1))
+        loss, losses, metrics = engine(batch, chunk.teacher, chunk.generator)
+        engine.backward(loss)
+        engine.step()
+        meter.add({"loss": loss, **losses}, metrics, chunk.accumulation)
+    meter.steps += 1
+    meter.tokens += tokens
+    return tokens
+
+
+def _count_tokens(chunk: Chunk, pending: int) -> None:
+    """Add the tokens every rank trained on since the last count to the run's total."""
+    chunk.tokens += round(all_sum([pending], chunk.env)[0])
+
+
+def _run_chunk(chunk: Chunk, signals: StopSignals, started: float) -> dict[str, Any]:
+    from tacl.data.pretraining import MicroBatches, micro_batch_loader
+    from tacl.device import device_info
+    from tacl.pretrain.metrics import MetricsLog
+
+    args, s, env = chunk.args, chunk.settings, chunk.env
+    run_dir = Path(args.run_dir)
+    device = device_info(env.device)
+    metrics_log = MetricsLog(run_dir, chunk.step, args.tensorboard) if env.is_main else None
+    if metrics_log is not None:
+        metrics_log.event({"step": chunk.step, "event": "chunk_start", "chunk": args.chunk,
+                           "world_size": env.world_size, "device": device})
+    batches = micro_batch_loader(
+        MicroBatches(chunk.data, chunk.step, s.steps, chunk.accumulation, env.rank, env.world_size),
+        s.loader_workers, pin_memory=env.device.type == "cuda")
     deadline = Deadline(end_time(started, args.deadline, args.runtime_minutes), 60.0 * args.margin_minutes)
-    last_save = time.time()
-    reason = "target" if step >= s.steps else None
-    interval: dict[str, float] = {}
-    interval_steps = interval_tokens = pending_tokens = 0
-    interval_start = time.time()
-    progress = _progress(env, step, s.steps)
-    start_step = step
-    global_batch, micro = s.global_batch, s.micro_batch
+    progress = _progress(env, chunk.step, s.steps)
+    start_step, last_save, pending = chunk.step, time.time(), 0
+    reason = "target" if chunk.step >= s.steps else None
+    meter = Meter()
 
-    while step < s.steps:
+    while chunk.step < s.steps:
         t0 = time.time()
-        for a in range(accumulation):
-            j = a * env.world_size + env.rank
-            first = step * global_batch + j * micro
-            batch = {k: v.to(env.device, non_blocking=True) for k, v in data.batch(range(first, first + micro)).items()}
-            torch.manual_seed(derive_seed(s.seed, step, j, 0))
-            generator = torch.Generator().manual_seed(derive_seed(s.seed, step, j, 1))
-            loss, losses, metrics = engine(batch, teacher, generator)
-            engine.backward(loss)
-            engine.step()
-            for k, v in {"loss": loss, **losses, **metrics}.items():
-                v = float(v.detach())
-                if not math.isnan(v):
-                    interval[k] = interval.get(k, 0.0) + v / accumulation
-            n_tokens = int(batch["attention_mask"].sum())
-            interval_tokens += n_tokens
-            pending_tokens += n_tokens
-        step += 1
-        interval_steps += 1
+        pending += optimizer_step(chunk, batches, meter)
+        chunk.step += 1
         deadline.observe_step(time.time() - t0)
         if progress is not None:
             progress.update(1)
-
-        if step % s.log_every == 0 or step == s.steps:
-            keys = sorted(interval)
-            values = all_mean([interval[k] / interval_steps for k in keys] + [interval_tokens, pending_tokens],
-                              env.device)
-            elapsed = time.time() - interval_start
-            tokens_seen += round(values[-1] * env.world_size)
+        if chunk.step % s.log_every == 0 or chunk.step == s.steps:
+            values = meter.read(env)
+            _count_tokens(chunk, pending)
+            pending = 0
             if metrics_log is not None:
-                record = {"step": step, "samples": step * global_batch, "tokens": tokens_seen,
-                          "lr": scheduler.get_last_lr()[0], **dict(zip(keys, values[:-2])),
-                          "tokens_per_s": values[-2] * env.world_size / max(elapsed, 1e-9),
-                          "elapsed_s": time.time() - started}
-                metrics_log.write(record)
-            interval, interval_steps, interval_tokens, pending_tokens = {}, 0, 0, 0
-            interval_start = time.time()
+                metrics_log.write({"step": chunk.step, "samples": chunk.step * s.global_batch,
+                                   "tokens": chunk.tokens, "lr": chunk.scheduler.get_last_lr()[0], **values,
+                                   "elapsed_s": time.time() - started})
+            meter = Meter()
 
         due = (time.time() - last_save) / 60.0 >= s.checkpoint_minutes
-        stop_signal, near, due = all_max([float(signals.stop), float(deadline.near()), float(due)], env.device)
-        if step >= s.steps:
-            reason = "target"
-        elif stop_signal:
-            reason = "signal"
-        elif near:
-            reason = "deadline"
-        elif args.max_steps and step - start_step >= args.max_steps:
-            reason = "max_steps"
+        stop_signal, near, due = all_max([float(signals.stop), float(deadline.near()), float(due)], env)
+        reason = _stop_reason(chunk, stop_signal, near, start_step)
         if reason or due:
             t_save = time.time()
-            tokens_seen += round(all_mean([pending_tokens], env.device)[0] * env.world_size)
-            pending_tokens = 0
-            tag = checkpoint.save(engine, run_dir, step, {"step": step, "samples": step * global_batch,
-                                                          "tokens": tokens_seen, "world_size": env.world_size},
-                                  env, s.keep_checkpoints)
+            _count_tokens(chunk, pending)
+            pending = 0
+            _save(chunk)
             deadline.save_s = max(deadline.save_s, time.time() - t_save)
             last_save = time.time()
         if reason:
             break
+    del batches  # stops the loader's worker processes
     if progress is not None:
         progress.close()
     if metrics_log is not None:
         metrics_log.close()
 
-    marker = {"objective": s.objective, "chunk": args.chunk, "step": step, "steps": s.steps,
-              "done": step >= s.steps, "reason": reason, "samples": step * global_batch, "tokens": tokens_seen,
-              "steps_this_chunk": step - start_step, "checkpoint": checkpoint.latest_tag(run_dir),
-              "wall_s": round(time.time() - started, 1), "world_size": env.world_size,
-              "threads": torch.get_num_threads()}
+    marker = {"objective": s.objective, "chunk": args.chunk, "step": chunk.step, "steps": s.steps,
+              "done": chunk.step >= s.steps, "reason": reason, "samples": chunk.step * s.global_batch,
+              "tokens": chunk.tokens, "steps_this_chunk": chunk.step - start_step,
+              "checkpoint": checkpoint.latest_tag(run_dir), "wall_s": round(time.time() - started, 1),
+              "world_size": env.world_size, "threads": torch.get_num_threads(), "device": device}
     barrier()
     if env.is_main and args.marker:
         write_json_atomic(args.marker, marker)
     log.info("chunk %d: %s", args.chunk, json.dumps(marker))
     return marker
+
+
+def _stop_reason(chunk: Chunk, stop_signal: float, near: float, start_step: int) -> str | None:
+    if chunk.step >= chunk.settings.steps:
+        return "target"
+    if stop_signal:
+        return "signal"
+    if near:
+        return "deadline"
+    if chunk.args.max_steps and chunk.step - start_step >= chunk.args.max_steps:
+        return "max_steps"
+    return None
+
+
+def _save(chunk: Chunk) -> None:
+    s = chunk.settings
+    state = {"step": chunk.step, "samples": chunk.step * s.global_batch, "tokens": chunk.tokens,
+             "world_size": chunk.env.world_size}
+    checkpoint.save(chunk.engine, chunk.args.run_dir, chunk.step, state, chunk.env, s.keep_checkpoints)
 
 
 def _progress(env: DistEnv, step: int, steps: int):
