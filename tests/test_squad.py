@@ -141,8 +141,11 @@ def test_windows_shape_and_overlap(windows):
     for name in ("token_type_ids", "attention_mask", "example_index", "offsets", "start_positions",
                  "end_positions"):
         assert len(getattr(feats, name)) == n
-    assert all(len(row) == 64 for row in feats.input_ids + feats.token_type_ids + feats.attention_mask)
-    assert all(len(row) == 64 for row in feats.offsets)
+    # unpadded: each window as long as its tokens (a batch is padded to its own longest row), at most max_len
+    for w in range(n):
+        assert len(feats.input_ids[w]) == len(feats.token_type_ids[w]) == len(feats.offsets[w]) <= 64
+        assert feats.attention_mask[w] == [1] * len(feats.input_ids[w]) and feats.input_ids[w][-1] == 102
+    assert all(len(feats.input_ids[feats.example_index.index(k)]) == 64 for k in range(4))  # LONG: full
     assert feats.example_index == sorted(feats.example_index)
     counts = np.bincount(feats.example_index)
     assert all(counts[:4] >= 3) and all(counts[4:] == 1)  # LONG needs several windows, SHORT one

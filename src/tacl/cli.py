@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     stages = parser.add_subparsers(dest="stage", required=True, metavar="STAGE")
     for name in STAGES:
         importlib.import_module(f"tacl.{name}.cli").register(stages)
+    importlib.import_module("tacl.device").register(stages)  # `tacl doctor`
     return parser
 
 

@@ -15,6 +15,7 @@ rule similarity:
         n=config["analysis"]["similarity_sentences"],
         seed=config["analysis"]["similarity_seed"],
         max_len=config["analysis"]["similarity_max_len"],
+        device=config["device"],
     resources:
         runtime=120,
         mem_mb=16000,
@@ -27,7 +28,7 @@ rule similarity:
     shell:
         "python -m tacl analysis similarity --model {input.model} --name {wildcards.model}"
         " --heldout {input.heldout} --sentences {params.n} --seed {params.seed} --max-len {params.max_len}"
-        " --out {output} > {log} 2>&1"
+        " --device {params.device} --out {output} > {log} 2>&1"
 
 
 rule similarity_plot:

@@ -51,10 +51,10 @@ def train_settings(objective):
     p = config["pretrain"]
     keys = ["steps", "global_batch", "micro_batch", "lr", "warmup_ratio", "weight_decay", "adam_eps",
             "adam_betas", "grad_clip", "zero_stage", "precision", "seed", "log_every", "checkpoint_minutes",
-            "keep_checkpoints", "pad_to_max_len"]
+            "keep_checkpoints", "pad_to_max_len", "group_by_length", "loader_workers", "compile"]
     settings = {k: p[k] for k in keys}
     settings.update(objective=objective, max_len=config["data"]["max_len"],
-                    objective_params=p.get(objective, {}))
+                    objective_params=p.get(objective, {}), device=config["device"])
     return json.dumps(settings, sort_keys=True)
 
 

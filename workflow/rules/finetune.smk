@@ -32,6 +32,7 @@ rule finetune:
         source=lambda w: json.dumps(task_source(w.task)),
         hparams=lambda w: json.dumps(task_hparams(w.task)),
         precision=config["finetune"]["precision"],
+        device=config["device"],
         out=lambda w: f"{FINETUNE}/{w.model}/{w.task}/seed{w.seed}",
     resources:
         runtime=lambda w: task_runtime(w.task),
@@ -45,4 +46,4 @@ rule finetune:
     shell:
         "python -m tacl finetune {params.family} --model {input.model} --task {wildcards.task}"
         " --seed {wildcards.seed} --source {params.source:q} --hparams {params.hparams:q}"
-        " --precision {params.precision} --out {params.out} > {log} 2>&1"
+        " --precision {params.precision} --device {params.device} --out {params.out} > {log} 2>&1"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from tacl.device import DEVICES
+
 
 def register(stages: argparse._SubParsersAction) -> None:
     p = stages.add_parser("analysis", help="layer-wise self-similarity")
@@ -16,6 +18,8 @@ def register(stages: argparse._SubParsersAction) -> None:
     c.add_argument("--sentences", type=int, default=50000)
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--max-len", type=int, default=128)
+    c.add_argument("--device", default="auto", choices=DEVICES,
+                   help="cuda: stop at once unless a GPU is usable (the config's `device`)")
     c.add_argument("--out", required=True)
     c.set_defaults(func=_similarity)
     c = cmds.add_parser("plot", help="one line per model, layer on x")
@@ -27,7 +31,8 @@ def register(stages: argparse._SubParsersAction) -> None:
 def _similarity(a: argparse.Namespace) -> None:
     from tacl.analysis.similarity import run_similarity
 
-    print(json.dumps(run_similarity(a.model, a.heldout, a.sentences, a.seed, a.out, a.max_len, a.name)))
+    print(json.dumps(run_similarity(a.model, a.heldout, a.sentences, a.seed, a.out, a.max_len, a.name,
+                                    a.device)))
 
 
 def _plot(a: argparse.Namespace) -> None:

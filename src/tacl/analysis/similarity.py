@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tacl.device import resolve_device
 from tacl.hub import resolve_pretrained
 from tacl.io import InputError, write_json_atomic
 
@@ -42,11 +43,11 @@ def pair_cosine_sums(hidden: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Te
 
 @torch.no_grad()
 def self_similarity(model_dir: str, sentences: list[str], max_len: int = 128, batch: int = 64,
-                    device: str | None = None) -> list[float]:
+                    device: str = "auto") -> list[float]:
     """Micro-averaged self-similarity for layers 1..L."""
     from transformers import AutoModel, AutoTokenizer
 
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dev = resolve_device(device)
     model_dir = resolve_pretrained(model_dir)
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModel.from_pretrained(model_dir).to(dev).eval()
@@ -63,9 +64,10 @@ def self_similarity(model_dir: str, sentences: list[str], max_len: int = 128, ba
 
 
 def run_similarity(model_dir: str, heldout: str, n: int, seed: int, out_json: str, max_len: int = 128,
-                   name: str | None = None) -> dict[str, Any]:
+                   name: str | None = None, device: str = "auto") -> dict[str, Any]:
+    resolve_device(device)  # a job that asked for a GPU and has none stops before reading anything
     sentences = sample_sentences(heldout, n, seed)
-    values = self_similarity(model_dir, sentences, max_len)
+    values = self_similarity(model_dir, sentences, max_len, device=device)
     result = {"model": name or Path(model_dir).name, "sentences": len(sentences), "seed": seed,
               "max_len": max_len, "layers": list(range(1, len(values) + 1)), "self_similarity": values}
     write_json_atomic(out_json, result)

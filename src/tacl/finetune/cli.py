@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from tacl.device import DEVICES
+
 
 def register(stages: argparse._SubParsersAction) -> None:
     p = stages.add_parser("finetune", help="GLUE, SQuAD and CoNLL-2003 fine-tunes")
@@ -25,6 +27,8 @@ def register(stages: argparse._SubParsersAction) -> None:
         c.add_argument("--source", required=True, help="data source as JSON")
         c.add_argument("--hparams", default="{}", help="hyperparameters as JSON")
         c.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp32"])
+        c.add_argument("--device", default="auto", choices=DEVICES,
+                       help="cuda: stop at once unless a GPU is usable (the config's `device`)")
         c.add_argument("--out", required=True, help="run directory (metrics.json is written last)")
         c.set_defaults(func=_finetune)
 
@@ -40,7 +44,7 @@ def _finetune(a: argparse.Namespace) -> None:
     if a.command == "glue":
         from tacl.finetune.sequence import finetune_glue
 
-        result = finetune_glue(a.model, a.task, source, hp, a.seed, a.out, a.precision)
+        result = finetune_glue(a.model, a.task, source, hp, a.seed, a.out, a.precision, a.device)
     elif a.command == "squad":
         from tacl.finetune.data import SQUAD_TASKS
         from tacl.finetune.qa import finetune_squad
@@ -48,9 +52,9 @@ def _finetune(a: argparse.Namespace) -> None:
 
         if a.task not in SQUAD_TASKS:
             raise InputError(f"finetune squad: task {a.task!r} is not one of {sorted(SQUAD_TASKS)}")
-        result = finetune_squad(a.model, SQUAD_TASKS[a.task], source, hp, a.seed, a.out, a.precision)
+        result = finetune_squad(a.model, SQUAD_TASKS[a.task], source, hp, a.seed, a.out, a.precision, a.device)
     else:
         from tacl.finetune.ner import finetune_ner
 
-        result = finetune_ner(a.model, source["data_dir"], hp, a.seed, a.out, a.precision)
+        result = finetune_ner(a.model, source["data_dir"], hp, a.seed, a.out, a.precision, a.device)
     print(json.dumps({k: result[k] for k in ("task", "seed", "dev", "wall_s")}))

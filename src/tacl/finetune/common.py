@@ -13,6 +13,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+from tacl.device import device_info, resolve_device
+
 log = logging.getLogger("tacl.finetune")
 
 DEFAULT_HPARAMS = {"max_len": 128, "batch": 32, "lr": 2e-5, "epochs": 3, "warmup_ratio": 0.1,
@@ -27,10 +29,16 @@ class Run:
     bf16: bool
 
     @classmethod
-    def detect(cls, precision: str = "auto") -> "Run":
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
-        return cls(device, bf16)
+    def detect(cls, precision: str = "auto", device: str = "auto") -> "Run":
+        """`device` as in the config (auto | cuda | cpu): a job that asked for a GPU and sees none stops
+        here with tacl.device.DeviceError, before any data is tokenized or any model is built."""
+        where = resolve_device(device)
+        bf16 = precision == "bf16" or (precision == "auto" and where.type == "cuda")
+        return cls(where, bf16)
+
+    def describe(self) -> dict[str, Any]:
+        """What metrics.json records about the run's device (GPU model and count, torch, CUDA, NCCL)."""
+        return device_info(self.device)
 
 
 def seed_everything(seed: int) -> None:

@@ -90,7 +90,7 @@ def entity_metrics(gold: list[list[str]], pred: list[list[str]]) -> dict[str, fl
 
 
 def finetune_ner(model_dir: str, data_dir: str, hparams: dict[str, Any], seed: int, out_dir: str,
-                 precision: str = "auto") -> dict[str, Any]:
+                 precision: str = "auto", device: str = "auto") -> dict[str, Any]:
     from transformers import AutoModelForTokenClassification, AutoTokenizer, BertModel
 
     from tacl.objectives.tacl import supervised_tacl_loss
@@ -99,12 +99,12 @@ def finetune_ner(model_dir: str, data_dir: str, hparams: dict[str, Any], seed: i
     hp = {**DEFAULT_HPARAMS, "max_len": 256, "lr": 5e-5, "supervised_tacl": False, "tacl_tau": 0.1, "tacl_weight": 1.0,
           **hparams}
     started = time.time()
+    run = Run.detect(precision, device)  # a job that asked for a GPU and has none stops here
     data = {s: read_conll(Path(data_dir) / f) for s, f in SPLITS.items()}
     labels = label_list(data["train"])
     train_s = subset(data["train"], hp.get("max_train_examples", 0))
     eval_s = {s: subset(data[s], hp.get("max_eval_examples", 0)) for s in ("dev", "test")}
 
-    run = Run.detect(precision)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = load_task_model(
         AutoModelForTokenClassification, model_dir, seed, num_labels=len(labels), id2label=dict(enumerate(labels)),
@@ -133,7 +133,7 @@ def finetune_ner(model_dir: str, data_dir: str, hparams: dict[str, Any], seed: i
         results[split] = {**entity_metrics(gold, pred), "examples": len(rows)}
     summary = {"task": "conll2003", "family": "ner", "model": model_dir, "seed": seed, "hparams": hp,
                "dev": {"dev": results["dev"]}, "test": {"test": results["test"]}, "labels": labels,
-               "train": record, "device": str(run.device), "bf16": run.bf16,
+               "train": record, "device": run.describe(), "bf16": run.bf16,
                "wall_s": round(time.time() - started, 1)}
     write_json_atomic(Path(out_dir) / "metrics.json", summary)
     return summary

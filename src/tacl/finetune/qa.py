@@ -42,7 +42,7 @@ def feature_rows(features: squad.Features, train: bool) -> list[dict[str, Any]]:
 
 
 def finetune_squad(model_dir: str, version: str, source: dict[str, Any], hparams: dict[str, Any], seed: int,
-                   out_dir: str, precision: str = "auto") -> dict[str, Any]:
+                   out_dir: str, precision: str = "auto", device: str = "auto") -> dict[str, Any]:
     from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 
     if version not in ("1.1", "2.0"):
@@ -50,10 +50,10 @@ def finetune_squad(model_dir: str, version: str, source: dict[str, Any], hparams
     model_dir = resolve_pretrained(model_dir)
     hp = {**SQUAD_HPARAMS, **hparams}
     started = time.time()
+    run = Run.detect(precision, device)  # a job that asked for a GPU and has none stops here
     train_ex = subset(load_examples(version, "train", source), hp.get("max_train_examples", 0))
     dev_ex = subset(load_examples(version, "dev", source), hp.get("max_eval_examples", 0))
 
-    run = Run.detect(precision)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = load_task_model(AutoModelForQuestionAnswering, model_dir, seed)
     features = squad.prepare_features(train_ex, tokenizer, hp["max_len"], hp["doc_stride"], hp["max_query_len"],
@@ -78,7 +78,7 @@ def finetune_squad(model_dir: str, version: str, source: dict[str, Any], hparams
         write_text_atomic(out / "null_odds.json", json.dumps(finite, indent=1))
     summary = {"task": f"squad_v{version[0]}", "family": "squad", "model": model_dir, "seed": seed, "hparams": hp,
                "dev": {"dev": {**metrics, "examples": len(dev_ex), "features": len(dev_features.input_ids)}},
-               "train": {**record, "features": len(features.input_ids)}, "device": str(run.device),
+               "train": {**record, "features": len(features.input_ids)}, "device": run.describe(),
                "bf16": run.bf16, "wall_s": round(time.time() - started, 1)}
     write_json_atomic(out / "metrics.json", summary)
     return summary

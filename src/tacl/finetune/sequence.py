@@ -50,7 +50,7 @@ def encode(tokenizer: Any, task: str, examples: list[glue.Example], max_len: int
 
 
 def finetune_glue(model_dir: str, task: str, source: dict[str, Any], hparams: dict[str, Any], seed: int,
-                  out_dir: str, precision: str = "auto") -> dict[str, Any]:
+                  out_dir: str, precision: str = "auto", device: str = "auto") -> dict[str, Any]:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     if task not in glue.TASKS:
@@ -59,6 +59,7 @@ def finetune_glue(model_dir: str, task: str, source: dict[str, Any], hparams: di
     model_dir = resolve_pretrained(model_dir)
     hp = {**DEFAULT_HPARAMS, **hparams}
     started = time.time()
+    run = Run.detect(precision, device)  # a job that asked for a GPU and has none stops here
     # all data first: a missing file fails before the model is built
     train_ex = subset(load_examples(task, "train", source), hp.get("max_train_examples", 0))
     dev = {s: subset(load_examples(task, s, source), hp.get("max_eval_examples", 0)) for s in spec.dev_splits}
@@ -66,7 +67,6 @@ def finetune_glue(model_dir: str, task: str, source: dict[str, Any], hparams: di
     if not train_ex:
         raise InputError(f"GLUE {task}: the training split is empty")
 
-    run = Run.detect(precision)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = load_task_model(
         AutoModelForSequenceClassification, model_dir, seed, num_labels=spec.num_labels,
@@ -90,7 +90,7 @@ def finetune_glue(model_dir: str, task: str, source: dict[str, Any], hparams: di
         glue.write_submission(task, split, [e.guid for e in examples], predictions(examples), str(path))
         submissions[split] = str(path)
     summary = {"task": task, "family": "glue", "model": model_dir, "seed": seed, "hparams": hp, "dev": results,
-               "submission": submissions, "train": record, "device": str(run.device), "bf16": run.bf16,
+               "submission": submissions, "train": record, "device": run.describe(), "bf16": run.bf16,
                "wall_s": round(time.time() - started, 1)}
     write_json_atomic(out / "metrics.json", summary)
     return summary

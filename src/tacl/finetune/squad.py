@@ -113,8 +113,9 @@ def _answer_tokens(offsets: list[tuple[int, int] | None], start_char: int, end_c
 
 def prepare_features(examples: list[SquadExample], tokenizer: Any, max_len: int = 384, doc_stride: int = 128,
                      max_query_len: int = 64, train: bool = True) -> Features:
-    """`[CLS] question [SEP] context-window [SEP]` windows padded to `max_len`; consecutive windows of one
-    context share `doc_stride` tokens. With `train`, targets come from the first gold answer (0 = [CLS] when
+    """`[CLS] question [SEP] context-window [SEP]` windows of at most `max_len` tokens, unpadded (batches
+    are padded to their own longest row, not to max_len); consecutive windows of one context share
+    `doc_stride` tokens. With `train`, targets come from the first gold answer (0 = [CLS] when
     it is not inside the window or the question is unanswerable); without, all targets are 0."""
     if doc_stride >= max_len - max_query_len - 3:
         raise ValueError(f"doc_stride {doc_stride} must be < max_len - max_query_len - 3 "
@@ -124,7 +125,7 @@ def prepare_features(examples: list[SquadExample], tokenizer: Any, max_len: int 
         chunk = examples[lo:lo + TOKENIZE_CHUNK]
         questions = _truncate_questions([ex.question for ex in chunk], tokenizer, max_query_len)
         enc = tokenizer(questions, [ex.context for ex in chunk], truncation="only_second", max_length=max_len,
-                        stride=doc_stride, padding="max_length", return_overflowing_tokens=True,
+                        stride=doc_stride, padding=False, return_overflowing_tokens=True,
                         return_offsets_mapping=True, return_token_type_ids=True, return_attention_mask=True)
         for w, k in enumerate(enc["overflow_to_sample_mapping"]):
             seq_ids = enc.sequence_ids(w)
@@ -168,15 +169,18 @@ def postprocess(examples: Sequence[SquadExample], features: Features, start_logi
                 n_best: int = 20, max_answer_len: int = 30,
                 version_2: bool = False) -> tuple[dict[str, str], dict[str, float]]:
     """Best answer text per example id, and its null odds (min [CLS] score over windows - best span score;
-    +inf when no span qualifies). `start_logits`/`end_logits`: (windows, max_len) arrays.
+    +inf when no span qualifies). `start_logits`/`end_logits`: one row of logits per window, at least as
+    long as the window (a (windows, max_len) array, or the ragged rows of per-batch padded predictions).
 
     For v1.1 (`version_2=False`) an example whose n-best candidates give no valid span falls back to the best
     of all valid spans, so "" is predicted only when no valid span exists at all."""
-    start_logits = np.asarray(start_logits, dtype=np.float64)
-    end_logits = np.asarray(end_logits, dtype=np.float64)
-    if start_logits.shape != end_logits.shape or start_logits.shape[0] != len(features):
-        raise ValueError(f"logits of shape {start_logits.shape} / {end_logits.shape} "
-                         f"for {len(features)} windows")
+    start_logits = [np.asarray(row, dtype=np.float64) for row in start_logits]
+    end_logits = [np.asarray(row, dtype=np.float64) for row in end_logits]
+    short = [w for w in range(min(len(start_logits), len(end_logits), len(features)))
+             if min(len(start_logits[w]), len(end_logits[w])) < len(features.offsets[w])]
+    if len(start_logits) != len(features) or len(end_logits) != len(features) or short:
+        raise ValueError(f"logits for {len(start_logits)} / {len(end_logits)} windows, {len(features)} "
+                         f"expected" + (f"; window {short[0]} has fewer logits than tokens" if short else ""))
     windows: dict[int, list[int]] = collections.defaultdict(list)
     for w, k in enumerate(features.example_index):
         windows[k].append(w)
@@ -187,7 +191,7 @@ def postprocess(examples: Sequence[SquadExample], features: Features, start_logi
         score_null = np.inf
         for search in ((n_best,) if version_2 else (n_best, None)):
             for w in windows.get(k, []):
-                score_null = min(score_null, float(start_logits[w, 0] + end_logits[w, 0]))
+                score_null = min(score_null, float(start_logits[w][0] + end_logits[w][0]))
                 ctx = np.array([i for i, o in enumerate(features.offsets[w]) if o is not None],
                                dtype=np.int64)
                 span = _best_span(start_logits[w], end_logits[w], ctx, search, max_answer_len)

@@ -1,0 +1,159 @@
+"""Which device a job runs on, and the contract that a job which asked for a GPU never runs on the CPU.
+
+A GPU was asked for when the config says `device: cuda` (the paper config does), or when the scheduler gave the
+job GPUs (SLURM's SLURM_GPUS_ON_NODE / SLURM_JOB_GPUS / SLURM_STEP_GPUS, or TACL_REQUIRE_GPU=1, which a
+profile can set for its GPU rules). Such a job that sees no usable GPU stops at once with one message naming
+what it saw (CUDA_VISIBLE_DEVICES, the torch build's CUDA version, the CUDA error) instead of training on the
+CPU for a whole day. `tacl doctor` prints the same facts on a login or compute node and says what is wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from typing import TYPE_CHECKING, Any
+
+from tacl.io import InputError
+
+if TYPE_CHECKING:
+    import torch
+
+DEVICES = ("auto", "cuda", "cpu")
+_SCHEDULER_GPU_VARS = ("SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "SLURM_GPUS")
+
+
+class DeviceError(InputError):
+    """A GPU was asked for and none is usable (exit status 2, like every bad input)."""
+
+
+def gpu_request(requested: str, environ: dict[str, str] | None = None) -> str | None:
+    """Why this job must run on a GPU (a short phrase), or None when the CPU is allowed."""
+    env = os.environ if environ is None else environ
+    if requested not in DEVICES:
+        raise InputError(f"device: {requested!r} is not one of {', '.join(DEVICES)}")
+    if requested == "cuda":
+        return "device: cuda in the config"
+    if requested == "cpu":
+        return None
+    if env.get("TACL_REQUIRE_GPU") == "1":
+        return "TACL_REQUIRE_GPU=1"
+    for var in _SCHEDULER_GPU_VARS:
+        value = env.get(var, "").strip()
+        if value and value not in ("0", "(null)", "N/A"):
+            return f"the scheduler gave this job GPUs ({var}={value})"
+    return None
+
+
+def cuda_problem() -> str | None:
+    """None when CUDA works; else what torch says is wrong (CPU build, no driver, driver too old, ...)."""
+    import torch
+
+    if torch.version.cuda is None:
+        return f"this torch ({torch.__version__}) is a CPU-only build"
+    try:
+        torch.cuda.init()
+    except Exception as e:  # torch raises RuntimeError/AssertionError with the driver's own words
+        return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else e!r}"
+    if torch.cuda.device_count() == 0:
+        return "torch.cuda.device_count() is 0"
+    return None
+
+
+def resolve_device(requested: str = "auto", local_rank: int = 0) -> torch.device:
+    """The device of this process: cuda:<local_rank> where a GPU is usable, else the CPU, unless a GPU was
+    asked for: then DeviceError, naming what this process saw."""
+    import torch
+
+    reason = gpu_request(requested)
+    if requested == "cpu":
+        return torch.device("cpu")
+    problem = cuda_problem()
+    if problem is None and local_rank >= torch.cuda.device_count():
+        problem = f"rank {local_rank} on this node needs GPU {local_rank}, {torch.cuda.device_count()} visible"
+    if problem is None:
+        return torch.device("cuda", local_rank)
+    if reason:
+        raise DeviceError(f"a GPU was asked for ({reason}) but none is usable: {problem}; "
+                          f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')}, "
+                          f"torch {torch.__version__} built for CUDA {torch.version.cuda}. "
+                          "Run `tacl doctor` on this node for details.")
+    return torch.device("cpu")
+
+
+def _driver_version() -> str | None:
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.splitlines()[0].strip() if out.returncode == 0 and out.stdout.strip() else None
+
+
+def device_info(device: torch.device | None = None) -> dict[str, Any]:
+    """What a job ran on: GPU model and count, torch, CUDA, NCCL, driver (for markers and metrics files)."""
+    import torch
+
+    info: dict[str, Any] = {"device": str(device) if device is not None else None, "host": platform.node(),
+                            "torch": torch.__version__, "cuda": torch.version.cuda,
+                            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    if device is not None and device.type == "cpu":
+        info.update(gpu=None, gpus=0, cpu_threads=torch.get_num_threads())
+        return info
+    if cuda_problem() is None:
+        count = torch.cuda.device_count()
+        props = torch.cuda.get_device_properties(device.index if device is not None and device.index is not None
+                                                 else 0)
+        nccl = torch.cuda.nccl.version() if hasattr(torch.cuda, "nccl") else None
+        info.update(gpu=props.name, gpus=count, gpu_memory_gib=round(props.total_memory / 2**30, 1),
+                    capability=f"{props.major}.{props.minor}", bf16=torch.cuda.is_bf16_supported(),
+                    nccl=".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl,
+                    driver=_driver_version())
+    else:
+        info.update(gpu=None, gpus=0, cpu_threads=torch.get_num_threads())
+    return info
+
+
+def doctor(requested: str = "auto") -> tuple[dict[str, Any], list[str]]:
+    """(facts, problems) for `tacl doctor`: device facts, and what would stop a GPU job here."""
+    import torch
+
+    reason = gpu_request(requested)
+    problem = cuda_problem()
+    facts = device_info(None if problem is None else torch.device("cpu"))
+    facts["gpu_requested"] = reason
+    facts["cuda_problem"] = problem
+    facts["hf_offline"] = {k: os.environ.get(k) for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HOME")}
+    facts["python"] = sys.version.split()[0]
+    problems = []
+    if reason and problem:
+        problems.append(f"a GPU was asked for ({reason}) but none is usable: {problem}")
+    if problem is None and not facts.get("bf16"):
+        problems.append(f"{facts['gpu']} has no bf16: set pretrain.precision / finetune.precision to fp32")
+    if torch.version.cuda and problem and "too old" in problem:
+        problems.append("the NVIDIA driver is older than this torch build needs: install a torch build for "
+                        "the driver's CUDA version (envs/requirements-cuda.txt says how)")
+    return facts, problems
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    c = commands.add_parser("doctor", help="what device this node offers a job, and what is wrong with it")
+    c.add_argument("--device", default="auto", choices=DEVICES,
+                   help="what the job would ask for (cuda: fail unless a GPU is usable)")
+    c.set_defaults(func=_doctor)
+
+
+def _doctor(a: argparse.Namespace) -> int:
+    facts, problems = doctor(a.device)
+    print(json.dumps(facts, indent=2))
+    for p in problems:
+        print(f"problem: {p}")
+    if not problems:
+        print("ok: " + (f"{facts['gpus']} x {facts['gpu']}" if facts.get("gpus") else "CPU only"))
+    return 1 if problems else 0
