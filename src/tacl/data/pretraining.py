@@ -132,7 +132,28 @@ class MicroBatches(torch.utils.data.Dataset):
 
     def __getitem__(self, k: int) -> dict[str, Any]:
         step, a = self.first_step + k // self.accumulation, k % self.accumulation
-        return self.data.micro_batch(step, a * self.world + self.rank)
+        return pack(self.data.micro_batch(step, a * self.world + self.rank))
+
+
+def pack(batch: dict[str, Any]) -> dict[str, Any]:
+    """A batch's tensors as one int64 buffer (`packed`) and its `layout`; other entries stay as they are.
+    A worker process then hands one shared-memory tensor to the training process instead of nine (each
+    costs about half a millisecond), and a GPU gets one host-to-device copy."""
+    tensors = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}
+    layout = tuple((k, tuple(v.shape), v.dtype == torch.bool) for k, v in tensors.items())
+    packed = torch.cat([v.reshape(-1).long() for v in tensors.values()])
+    return {"packed": packed, "layout": layout, **{k: v for k, v in batch.items() if k not in tensors}}
+
+
+def unpack(packed: torch.Tensor, layout: tuple) -> dict[str, torch.Tensor]:
+    """The tensors of a `pack`ed batch, as views of `packed` (wherever it now lives; bools converted)."""
+    out, at = {}, 0
+    for name, shape, is_bool in layout:
+        size = int(np.prod(shape, dtype=np.int64))
+        view = packed[at : at + size].view(shape)
+        out[name] = view.bool() if is_bool else view
+        at += size
+    return out
 
 
 def _one_thread(_: int) -> None:

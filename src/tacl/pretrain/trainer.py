@@ -27,6 +27,7 @@ from typing import Any, Iterator
 
 import torch
 
+from tacl.data.pretraining import MicroBatches, micro_batch_loader, unpack
 from tacl.io import InputError, read_json, stable_hash, write_json_atomic
 from tacl.pretrain import checkpoint
 from tacl.pretrain.deadline import Deadline, StopSignals, end_time
@@ -279,8 +280,8 @@ def optimizer_step(chunk: Chunk, batches: Iterator[dict[str, Any]], meter: Meter
     tokens = 0
     for a in range(chunk.accumulation):
         batch = next(batches)
-        tokens += batch.pop("num_tokens")
-        batch = {k: v.to(env.device, non_blocking=True) for k, v in batch.items()}
+        tokens += batch["num_tokens"]
+        batch = unpack(batch["packed"].to(env.device, non_blocking=True), batch["layout"])
         j = a * env.world_size + env.rank
         torch.manual_seed(derive_seed(s.seed, chunk.step, j, 0))  # dropout
         chunk.generator.manual_seed(derive_seed(s.seed, chunk.step, j, 1))
@@ -299,7 +300,6 @@ def _count_tokens(chunk: Chunk, pending: int) -> None:
 
 
 def _run_chunk(chunk: Chunk, signals: StopSignals, started: float) -> dict[str, Any]:
-    from tacl.data.pretraining import MicroBatches, micro_batch_loader
     from tacl.device import device_info
     from tacl.pretrain.metrics import MetricsLog
 
