@@ -17,7 +17,7 @@ from conftest import run_tacl
 from tacl.io import InputError
 from tacl.pretrain import checkpoint
 from tacl.pretrain.lock import RunLock
-from tacl.pretrain.metrics import read_metrics
+from tacl.pretrain.metrics import read_events, read_metrics
 from tacl.pretrain.model import checkpoint_state_dict
 from tacl.pretrain.settings import TrainSettings
 
@@ -28,7 +28,8 @@ LOSS_KEYS = ("loss", "mlm", "nsp", "tacl", "taco")
 
 def settings(objective="tacl", steps=12, micro=4, **kw) -> str:
     s = {"objective": objective, "steps": steps, "global_batch": 8, "micro_batch": micro, "lr": 2e-3,
-         "log_every": 1, "checkpoint_minutes": 1000, "seed": 3, "max_len": 64}
+         "log_every": 1, "checkpoint_minutes": 1000, "seed": 3, "max_len": 64,
+         "loader_workers": 2}  # batches built in worker processes, as on a GPU node
     s.update(kw)
     return json.dumps(s)
 
@@ -84,6 +85,10 @@ def test_resume_is_bit_exact(demo_data, reference, tmp_path, objective):
     assert len(ref) == 12 and all(r[1] is not None for r in ref)
     assert losses(run) == ref, "every logged loss equals the uninterrupted run's, bit for bit"
     assert_same_weights(final_weights(run), final_weights(reference[objective]))
+    starts = read_events(run)
+    assert [e["step"] for e in starts] == [0, 5, 9] and all(e["event"] == "chunk_start" for e in starts)
+    for record in starts + markers:
+        assert record["device"]["device"] == "cpu" and record["device"]["torch"] == torch.__version__
 
 
 def test_deadline_chunk_then_next_chunk_reaches_the_same_weights(demo_data, tmp_path):
