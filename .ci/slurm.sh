@@ -2,6 +2,7 @@
 # A real single-node SLURM cluster on this machine, for the end-to-end tests (Debian 12, no systemd).
 #   .ci/slurm.sh up     install slurm-wlm + munge (apt), write slurm.conf, start munged, slurmctld, slurmd
 #   .ci/slurm.sh down   stop the daemons by their pid files
+#   .ci/slurm.sh logs   the tail of each daemon's log (what .ci/run prints when the cluster did not come up)
 # The partition is called "ci"; there is no accounting database, so jobs are checked with squeue
 # (MinJobAge=3600 keeps finished jobs visible to squeue and the tests for an hour).
 set -euo pipefail
@@ -105,8 +106,17 @@ down() {
     stop_pid /run/munge/munged.pid munged
 }
 
+logs() {  # why the cluster is not up: the tail of each daemon's log
+    for f in /var/log/slurm/slurmctld.log /var/log/slurm/slurmd.log /var/log/munge/munged.log; do
+        [ -f "$f" ] && { echo "--- $f (last 30 lines)"; tail -n 30 "$f"; }
+    done
+    command -v sinfo >/dev/null && { echo "--- sinfo"; sinfo 2>&1 || true; }
+    return 0
+}
+
 case "${1:-}" in
     up) up ;;
     down) down ;;
-    *) echo "usage: $0 up|down" >&2; exit 2 ;;
+    logs) logs ;;
+    *) echo "usage: $0 up|down|logs" >&2; exit 2 ;;
 esac

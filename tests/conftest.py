@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from slurm_gate import pytest_runtest_makereport, pytest_terminal_summary  # noqa: F401 (hooks: CI runs SLURM)
+
 REPO = Path(__file__).resolve().parents[1]
 
 
