@@ -85,3 +85,53 @@ def test_empty_corpus_fails_naming_the_file(tmp_path):
     with pytest.raises(InputError, match="raw.json.*0 document"):
         clean_corpus(str(tmp_path / "raw.json"), *(str(tmp_path / n) for n in ("c", "i.npy", "h", "s.json")))
     assert not (tmp_path / "c").exists(), "a failed clean must not leave a corpus behind"
+
+
+# -- the reference's regular-expression splitter (data.sentence_splitter: regex), one rule per test ------------
+
+from tacl.data.clean import split_like_reference  # noqa: E402
+
+
+def test_regex_drops_text_after_the_last_terminator():
+    assert split_like_reference("It rained. Then it stopped") == ["It rained."]
+    assert split_like_reference("Early life and career") == []  # a heading has no terminator: gone
+    assert split_like_reference("Why? Because! Yes.") == ["Why?", "Because!", "Yes."]
+
+
+def test_regex_splits_decimals_and_protects_titles_suffixes_initials():
+    assert split_like_reference("It grew 10.4 percent in a year.") == ["It grew 10.", "4 percent in a year."]
+    assert split_like_reference("Mr. Smith met Dr. Jones in St. Louis.") == ["Mr. Smith met Dr. Jones in St. Louis."]
+    assert split_like_reference("Acme Inc. makes tools. John Smith Jr. sells them.") == [
+        "Acme Inc. makes tools.", "John Smith Jr. sells them."]
+    assert split_like_reference("The poet T. S. Eliot wrote it. It sold.") == ["The poet T. S. Eliot wrote it.",
+                                                                           "It sold."]
+
+
+def test_regex_acronyms_domains_and_phd():
+    assert split_like_reference("She moved to the U.S.A. in 1990. It was cold.") == [
+        "She moved to the U.S.A. in 1990.", "It was cold."]
+    assert split_like_reference("He left the U.S. He never came back.") == [
+        "He left the U.S.", "He never came back."], "an acronym before a sentence starter ends the sentence"
+    # a suffix before a sentence starter ends the sentence, and the reference's rule drops that dot
+    assert split_like_reference("Acme Inc. However the rest failed.") == ["Acme Inc", "However the rest failed."]
+    assert split_like_reference("See example.com for details. She has a Ph.D. in maths.") == [
+        "See example.com for details.", "She has a Ph.D. in maths."]
+
+
+def test_regex_moves_closing_quotes_before_the_terminator():
+    assert split_like_reference('He said "stop." Then he left.') == ['He said "stop".', "Then he left."]
+    assert split_like_reference("She wrote \u201cno.\u201d It ended.") == ["She wrote \u201cno\u201d.", "It ended."]
+    assert split_like_reference('"Why?" he asked.') == ['"Why"?', "he asked."]
+
+
+def test_regex_cleaning_keeps_a_stop_line_of_three_words_or_more():
+    text = "\n".join(["The town was founded in 1820. It grew quickly.",
+                      "See also the list of towns.",  # the stop line: kept by the reference (3+ words), then stop
+                      "Never kept after the stop line."])
+    assert clean_article(text, "regex") == ["The town was founded in 1820.", "It grew quickly.",
+                                            "See also the list of towns."]
+    assert clean_article(text) == ["The town was founded in 1820.", "It grew quickly."]  # blingfire: dropped
+    short_stop = "One sentence is here. Two sentences now.\nSee also\nNot kept. Not kept."
+    assert clean_article(short_stop, "regex") == ["One sentence is here.", "Two sentences now."]
+    with pytest.raises(InputError, match="data.sentence_splitter: 'nltk' is not one of blingfire, regex"):
+        clean_article(text, "nltk")

@@ -45,6 +45,7 @@ rule clean:
     params:
         max_lines=config["data"]["max_lines"],
         heldout=config["data"]["heldout_fraction"],
+        splitter=config["data"]["sentence_splitter"],
     threads: config["data"]["clean_workers"]
     resources:
         mem_mb=8000,
@@ -58,7 +59,8 @@ rule clean:
     shell:
         "python -m tacl data clean --raw {input} --corpus {output.corpus} --index {output.index}"
         " --heldout {output.heldout} --stats {output.stats} --max-lines {params.max_lines}"
-        " --heldout-fraction {params.heldout} --workers {threads} > {log} 2>&1"
+        " --heldout-fraction {params.heldout} --sentence-splitter {params.splitter} --workers {threads}"
+        " > {log} 2>&1"
 
 
 rule shard:

@@ -1,8 +1,16 @@
 """Clean + sentence-split with the TaCL recipe.
 
 Per article: split on newlines; stop at the first line starting with "References", "External links",
-"Category:" or "See also"; drop paragraphs under 3 words; split sentences (blingfire); drop sentences
-under 3 characters; drop the document if fewer than 2 sentences remain.
+"Category:" or "See also"; drop paragraphs under 3 words; split sentences; drop sentences under 3
+characters; drop the document if fewer than 2 sentences remain.
+
+Two sentence splitters (`data.sentence_splitter`):
+- `blingfire` (default): a statistical splitter; the stop line itself is dropped.
+- `regex`: the reference's own rules (`split_like_reference`, DESIGN.md section 8): dots of titles,
+  suffixes, initials, acronyms, web domains and "Ph.D." are protected, a closing quote moves before its
+  terminator, every other '.', '?' and '!' ends a sentence, and whatever follows a paragraph's last
+  terminator is dropped (headings, unpunctuated list lines; decimals such as 10.4 are split). As in the
+  reference, the stop line itself is kept when it has 3 or more words.
 
 Output: one sentence per line, a blank line after each document (`corpus.txt`), a byte-offset index of
 the documents (`corpus.idx.npy`, read by the shard jobs), a held-out sample of whole documents chosen by
@@ -11,9 +19,11 @@ a hash of the article id (`heldout.txt`, never in the training corpus), and stat
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import multiprocessing as mp
+import re
 from typing import Any, Iterable, Iterator
 
 import blingfire
@@ -28,19 +38,70 @@ MIN_SENTENCE_CHARS = 3
 MIN_DOCUMENT_SENTENCES = 2
 
 
-def clean_article(text: str) -> list[str]:
+SPLITTERS = ("blingfire", "regex")
+
+# -- the reference's regular-expression splitter, rule by rule ------------------------------------------------
+# A protected dot becomes _DOT until the end; _CUT marks a sentence end decided by a rule.
+_DOT, _CUT = "\x00", "\x01"
+_LETTER = r"([A-Za-z])"
+_TITLE = re.compile(r"(Mr|St|Mrs|Ms|Dr)[.]")  # Mr. Smith, St. Louis (anywhere, as the reference)
+_DOMAIN = re.compile(r"[.](com|net|org|io|gov)")  # example.com
+_SUFFIX = r"(Inc|Ltd|Jr|Sr|Co)"
+_STARTER = (r"(Mr|Mrs|Ms|Dr|He\s|She\s|It\s|They\s|Their\s|Our\s|We\s|But\s|However\s|That\s|This\s"
+            r"|Wherever)")
+_ACRONYM = r"([A-Z][.][A-Z][.](?:[A-Z][.])?)"
+_RULES = [  # applied in this order to " " + paragraph + "  "
+    (re.compile(r"\s" + _LETTER + r"[.] "), " \\1" + _DOT + " "),  # an initial: "J. Smith"
+    (re.compile(_ACRONYM + " " + _STARTER), "\\1" + _CUT + " \\2"),  # "... the U.S. He went" ends
+    (re.compile(_LETTER + "[.]" + _LETTER + "[.]" + _LETTER + "[.]"), "\\1" + _DOT + "\\2" + _DOT + "\\3" + _DOT),
+    (re.compile(_LETTER + "[.]" + _LETTER + "[.]"), "\\1" + _DOT + "\\2" + _DOT),  # U.S., e.g.
+    (re.compile(" " + _SUFFIX + "[.] " + _STARTER), " \\1" + _CUT + " \\2"),  # "Acme Inc. He" ends
+    (re.compile(" " + _SUFFIX + "[.]"), " \\1" + _DOT),  # "Acme Inc. makes"
+    (re.compile(" " + _LETTER + "[.]"), " \\1" + _DOT),  # a single letter before a dot
+]
+
+
+def split_like_reference(paragraph: str) -> list[str]:
+    """The sentences the reference's regular-expression splitter finds in one paragraph (see the module
+    docstring); text after the last terminator is dropped."""
+    text = " " + paragraph.replace("\n", " ") + "  "
+    text = _TITLE.sub("\\1" + _DOT, text)
+    text = _DOMAIN.sub(_DOT + "\\1", text)
+    text = text.replace("Ph.D.", "Ph" + _DOT + "D" + _DOT)
+    for pattern, replacement in _RULES:
+        text = pattern.sub(replacement, text)
+    for quote in ("\u201d", '"'):  # a closing quote moves before the terminator: .” -> ”.
+        text = text.replace("." + quote, quote + ".")
+    text = text.replace('!"', '"!').replace('?"', '"?')
+    for terminator in ".?!":
+        text = text.replace(terminator, terminator + _CUT)
+    pieces = text.replace(_DOT, ".").split(_CUT)
+    return [p.strip() for p in pieces[:-1]]  # the last piece follows the last terminator: dropped
+
+
+def _split(paragraph: str, splitter: str) -> list[str]:
+    if splitter == "regex":
+        return split_like_reference(paragraph)
+    return blingfire.text_to_sentences(paragraph).split("\n")
+
+
+def clean_article(text: str, splitter: str = "blingfire") -> list[str]:
     """The sentences TaCL keeps from one article (empty if the document is dropped)."""
+    if splitter not in SPLITTERS:
+        raise InputError(f"data.sentence_splitter: {splitter!r} is not one of {', '.join(SPLITTERS)}")
     sentences: list[str] = []
     for paragraph in text.split("\n"):
         paragraph = paragraph.strip()
-        if paragraph.startswith(STOP_PREFIXES):
+        stop = paragraph.startswith(STOP_PREFIXES)
+        if stop and splitter != "regex":
             break
-        if len(paragraph.split()) < MIN_PARAGRAPH_WORDS:
-            continue
-        for sentence in blingfire.text_to_sentences(paragraph).split("\n"):
-            sentence = sentence.strip()
-            if len(sentence) >= MIN_SENTENCE_CHARS:
-                sentences.append(sentence)
+        if len(paragraph.split()) >= MIN_PARAGRAPH_WORDS:
+            for sentence in _split(paragraph, splitter):
+                sentence = sentence.strip()
+                if len(sentence) >= MIN_SENTENCE_CHARS:
+                    sentences.append(sentence)
+        if stop:  # the reference keeps the stop line itself (when it has 3+ words), then stops
+            break
     return sentences if len(sentences) >= MIN_DOCUMENT_SENTENCES else []
 
 
@@ -52,8 +113,8 @@ def is_heldout(article_id: str, fraction: float) -> bool:
     return digest < fraction * 2**64
 
 
-def _clean_batch(batch: list[Article]) -> list[tuple[str, list[str]]]:
-    return [(a.id, clean_article(a.text)) for a in batch]
+def _clean_batch(batch: list[Article], splitter: str = "blingfire") -> list[tuple[str, list[str]]]:
+    return [(a.id, clean_article(a.text, splitter)) for a in batch]
 
 
 def _batches(articles: Iterable[Article], size: int) -> Iterator[list[Article]]:
@@ -62,16 +123,18 @@ def _batches(articles: Iterable[Article], size: int) -> Iterator[list[Article]]:
         yield batch
 
 
-def _cleaned(articles: Iterable[Article], workers: int, batch: int = 256) -> Iterator[tuple[str, list[str]]]:
+def _cleaned(articles: Iterable[Article], workers: int, splitter: str = "blingfire",
+             batch: int = 256) -> Iterator[tuple[str, list[str]]]:
     """Clean in parallel, in source order, reading the source only a bounded window ahead."""
     batches = _batches(articles, batch)
+    clean = functools.partial(_clean_batch, splitter=splitter)
     if workers <= 1:
         for b in batches:
-            yield from _clean_batch(b)
+            yield from clean(b)
         return
     with mp.get_context("fork").Pool(workers) as pool:
         while window := list(itertools.islice(batches, workers * 4)):
-            for result in pool.map(_clean_batch, window):
+            for result in pool.map(clean, window):
                 yield from result
 
 
@@ -85,6 +148,7 @@ def clean_corpus(
     heldout_fraction: float = 0.0,
     workers: int = 1,
     progress: bool = True,
+    splitter: str = "blingfire",
 ) -> dict[str, Any]:
     """Clean the corpus described by `raw_json` (written by the download step).
 
@@ -93,14 +157,16 @@ def clean_corpus(
     """
     from tqdm import tqdm
 
+    if splitter not in SPLITTERS:
+        raise InputError(f"data.sentence_splitter: {splitter!r} is not one of {', '.join(SPLITTERS)}")
     raw = read_json(raw_json)
     articles = iter_articles(raw["source"], raw.get("cache_dir"))
-    stats = {"articles": 0, "documents": 0, "sentences": 0, "lines": 0,
+    stats = {"articles": 0, "documents": 0, "sentences": 0, "lines": 0, "sentence_splitter": splitter,
              "heldout_documents": 0, "heldout_sentences": 0, "capped": False, "max_lines": max_lines}
     offsets = [0]
     with atomic_path(out_corpus) as tmp_corpus, atomic_path(out_heldout) as tmp_heldout:
         with open(tmp_corpus, "wb") as corpus, open(tmp_heldout, "wb") as heldout:
-            bar = tqdm(_cleaned(articles, workers), desc="clean", unit=" articles", disable=not progress,
+            bar = tqdm(_cleaned(articles, workers, splitter), desc="clean", unit=" articles", disable=not progress,
                        mininterval=2.0)
             for article_id, sentences in bar:
                 stats["articles"] += 1

@@ -31,6 +31,8 @@ def register(stages: argparse._SubParsersAction) -> None:
     c.add_argument("--max-lines", type=int, default=0)
     c.add_argument("--heldout-fraction", type=float, default=0.0)
     c.add_argument("--workers", type=int, default=1)
+    c.add_argument("--sentence-splitter", default="blingfire", choices=["blingfire", "regex"],
+                   help="regex: the reference's splitter and stop rule")
     c.set_defaults(func=_clean)
 
     c = cmds.add_parser("shard", help="tokenize + NSP instances for one shard")
@@ -76,7 +78,7 @@ def _clean(a: argparse.Namespace) -> None:
     from tacl.data.clean import clean_corpus
 
     stats = clean_corpus(a.raw, a.corpus, a.index, a.heldout, a.stats, a.max_lines or None,
-                         a.heldout_fraction, a.workers, progress=True)
+                         a.heldout_fraction, a.workers, progress=True, splitter=a.sentence_splitter)
     print(json.dumps(stats))
 
 
