@@ -5,13 +5,16 @@ import json
 import pandas as pd
 import pytest
 
-from tacl.report.tables import build_report, collect, summarise
+from scipy import stats
+
+from tacl.report.tables import (HEADLINE, build_report, collect, differences_table, glue_average,
+                                glue_reference_table, interval, reference_numbers, summarise)
 
 
-def write_run(root, model, task, seed, family, dev, test=None):
+def write_run(root, model, task, seed, family, dev, test=None, preset="reference"):
     d = root / "finetune" / model / task / f"seed{seed}"
     d.mkdir(parents=True)
-    m = {"task": task, "family": family, "seed": seed, "dev": dev}
+    m = {"task": task, "family": family, "seed": seed, "preset": preset, "dev": dev}
     if test:
         m["test"] = test
     (d / "metrics.json").write_text(json.dumps(m))
@@ -27,8 +30,8 @@ def tree(tmp_path):
     write_run(tmp_path, "none", "rte", 0, "glue", {"dev": {"accuracy": 0.70, "main": 0.70}})
     write_run(tmp_path, "tacl", "mnli", 0, "glue", {"dev_matched": {"accuracy": 0.84, "main": 0.84},
                                                      "dev_mismatched": {"accuracy": 0.82, "main": 0.82}})
-    write_run(tmp_path, "tacl", "squad_v2", 0, "squad", {"dev": {"exact": 70.0, "f1": 73.0, "main_exact": 71.0,
-                                                               "main": 74.5, "best_f1_thresh": -1.2}})
+    write_run(tmp_path, "tacl", "squad_v2", 0, "squad", {"dev": {"exact": 70.0, "f1": 73.0, "best_exact": 71.0,
+                                                               "best_f1": 75.5, "best_f1_thresh": -1.2}})
     write_run(tmp_path, "tacl", "conll2003", 0, "ner", {"dev": {"f1": 0.95}}, {"test": {"f1": 0.91}})
     return tmp_path
 
@@ -51,17 +54,64 @@ def test_tables_files_and_missing_runs(tree):
     assert set(result["missing"]) == {"none/rte/seed1", "none/rte/seed2", "none/mrpc/seed0", "none/mrpc/seed1",
                                       "none/mrpc/seed2", "tacl/mrpc/seed2"}
     glue = pd.read_csv(out / "glue_dev.csv").set_index("model")
-    assert glue.loc["tacl", "RTE (acc)"] == "83.3 ± 3.1"
-    assert glue.loc["tacl", "MRPC (F1/acc)"] == "89.0 ± 1.4 / 85.0 ± 1.4"
-    assert glue.loc["none", "MRPC (F1/acc)"] == "- / -"
-    # GLUE average over tasks with a result: RTE 83.33, MRPC mean(88, 86) = 87, MNLI mean(84, 82) = 83
-    assert glue.loc["tacl", "GLUE avg"] == f"{(83.3333333 + 87.0 + 83.0) / 3:.1f} (3 tasks)"
-    squad = pd.read_csv(out / "squad_dev.csv", dtype=str).set_index("model")
-    assert squad.loc["tacl", "SQuAD 2.0 F1"] == "74.5" and squad.loc["BERT-base (TaCL paper)", "SQuAD 2.0 F1"] == "76.8"
+    assert glue.loc["tacl", "RTE (acc, dev)"] == "83.3 ± 3.1"
+    assert glue.loc["tacl", "MRPC (F1/acc, dev)"] == "89.0 ± 1.4 / 85.0 ± 1.4"
+    assert glue.loc["none", "MRPC (F1/acc, dev)"] == "- / -"
+    assert glue.loc["tacl", "source"] == "this workflow" and glue.loc["tacl", "preset"] == "reference"
+    # no average from 4 of the 9 numbers (RTE, MRPC F1, MNLI-m, MNLI-mm): it would compare with nothing
+    assert glue.loc["tacl", "GLUE avg (dev)"] == "- (4/9 numbers)"
+    squad = pd.read_csv(out / "squad_dev.csv", dtype=str)
+    ours = squad[squad.model == "tacl"].iloc[0]
+    # the headline is threshold 0 (exact/f1), the dev-tuned best scores have their own columns
+    assert ours["SQuAD 2.0 F1 (dev, null threshold 0)"] == "73.0"
+    assert ours["SQuAD 2.0 best F1 (dev-tuned threshold, not comparable)"] == "75.5"
+    paper = squad[(squad.model == "BERT-base") & (squad.source == "TaCL paper (Su et al. 2021)")].iloc[0]
+    assert paper["SQuAD 2.0 F1 (dev, null threshold 0)"] == "76.8" and paper["split"] == "dev"
+    assert paper["SQuAD 2.0 best F1 (dev-tuned threshold, not comparable)"] == "-"
     ner = pd.read_csv(out / "ner.csv").set_index("model")
-    assert ner.loc["tacl", "CoNLL-2003 test F1"] == "91.0"
-    for stem in ("glue_dev", "squad_dev", "glue_published", "status"):
+    assert ner.loc["tacl", "CoNLL-2003 F1 (test)"] == "91.0"
+    for stem in ("glue_dev", "squad_dev", "glue_published", "differences", "status"):
         assert (out / f"{stem}.md").is_file() and (out / f"{stem}.tex").is_file()
     md = (out / "report.md").read_text()
     assert "Missing or failed (6)" in md and "Reproduction (2xA100; 130k steps)" in md
     assert (out / "glue_dev.png").stat().st_size > 1000
+
+
+def test_glue_average_is_berts_on_its_published_numbers():
+    """The mean of BERT-base's nine published test numbers (MCC, F1 for MRPC/QQP, Spearman for STS-B,
+    MNLI-m and -mm apart, no WNLI) is the 79.6 BERT and TaCL report."""
+    refs = reference_numbers()
+    bert = refs[refs.source.str.startswith("BERT paper")]
+    keys = {key: label for label, *_, key in HEADLINE}
+    scores = {keys[r.task]: r.value for r in bert.itertuples() if r.task in keys}
+    assert round(glue_average(scores), 1) == 79.6 == bert[bert.task == "glue_avg"].value.iloc[0]
+    assert glue_average({k: v for k, v in scores.items() if k != "RTE"}) is None
+    assert glue_average({**scores, "WNLI": 0.0}) == glue_average(scores), "WNLI is left out"
+    published = glue_reference_table(refs).set_index(["source", "model"])
+    assert published.loc[("TaCL paper (Su et al. 2021)", "TaCL"), "GLUE avg (as published)"] == "81.2"
+    assert published.loc[("TaCL paper (Su et al. 2021)", "BERT-base"), "GLUE avg (as published)"] == "79.6"
+    quoted = published.loc[("TaCL paper as quoted by the reproduction", "TaCL")]
+    assert quoted["GLUE avg (as published)"] == "-" and quoted["QQP"] == "80.7" and quoted["split"] == "test"
+    assert set(published["split"]) == {"test"}
+
+
+def test_differences_beyond_seed_noise(tmp_path):
+    """Paired by seed: tacl - mlm_nsp on RTE = +4, +5, +6 (clearly beyond noise); taco - mlm_nsp = +1, -1, +0.5."""
+    base = [0.60, 0.62, 0.64]
+    for seed, acc in enumerate(base):
+        write_run(tmp_path, "mlm_nsp", "rte", seed, "glue", {"dev": {"accuracy": acc}})
+        write_run(tmp_path, "tacl", "rte", seed, "glue", {"dev": {"accuracy": acc + (0.04, 0.05, 0.06)[seed]}})
+        write_run(tmp_path, "taco", "rte", seed, "glue", {"dev": {"accuracy": acc + (0.01, -0.01, 0.005)[seed]}})
+    write_run(tmp_path, "none", "rte", 0, "glue", {"dev": {"accuracy": 0.5}})
+    table = differences_table(collect(tmp_path), ["none", "mlm_nsp", "tacl", "taco"])
+    row = table[(table.model == "tacl") & (table.vs == "mlm_nsp")].iloc[0]
+    half = stats.t.ppf(0.975, 2) * 1.0 / 3 ** 0.5  # the diffs 4, 5, 6: mean 5, sd 1
+    assert row["mean difference"] == "+5.00" and row["paired"] == "yes"
+    assert row["95% interval"] == f"[{5 - half:+.2f}, {5 + half:+.2f}]" and row["beyond seed noise"] == "yes"
+    row = table[(table.model == "taco") & (table.vs == "mlm_nsp")].iloc[0]
+    assert row["beyond seed noise"] == "no"
+    row = table[(table.model == "tacl") & (table.vs == "none")].iloc[0]
+    assert row["paired"] == "no" and row["beyond seed noise"] == "-" and row["seeds"] == "3 vs 1"
+    low, high = interval(None, [1.0, 2.0, 3.0], [0.0, 0.5])[1:]
+    welch = stats.ttest_ind([1.0, 2.0, 3.0], [0.0, 0.5], equal_var=False).confidence_interval(0.95)
+    assert (low, high) == pytest.approx((welch.low, welch.high))

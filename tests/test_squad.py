@@ -54,6 +54,24 @@ def test_f1():
     assert f1("dog", "") == 0.0
 
 
+def test_official_edge_cases_of_each_version():
+    """v1.1: empty vs empty scores F1 0 (no common token), golds taken as they are; v2.0: empty vs empty
+    scores 1, and a question is answerable when its raw gold list is not empty, even if every gold
+    normalizes to "" (it is then scored against "")."""
+    assert f1("", "", version_2=False) == 0.0 and f1("the", "a", version_2=False) == 0.0
+    assert f1("", "") == 1.0 and f1("Paris", "paris", version_2=False) == 1.0
+    examples = [ex("q1", ("the",)), ex("q2", ("Paris",))]  # q1's only gold normalizes to ""
+    preds = {"q1": "", "q2": "Paris"}
+    v1 = evaluate(examples, preds, version_2=False)
+    assert v1["exact"] == pytest.approx(100.0)  # EM: "" == "" after normalization, in v1.1 as in v2.0
+    assert v1["f1"] == pytest.approx(50.0)  # F1: q1 scores 0 in v1.1
+    v2 = evaluate(examples, preds, {"q1": -1.0, "q2": -1.0})
+    assert v2["exact"] == v2["f1"] == pytest.approx(100.0)  # q1 scored against [""]: 1
+    assert "HasAns_total" not in v2, "both questions are answerable (their raw gold lists are not empty)"
+    v2 = evaluate(examples + [ex("q3")], {**preds, "q3": ""}, {"q1": -1.0, "q2": -1.0, "q3": 1.0})
+    assert (v2["HasAns_total"], v2["NoAns_total"]) == (2, 1)
+
+
 def test_evaluate_max_over_golds():
     examples = [ex("q1", ("Eiffel Tower", "the tower", "Eiffel Tower")),
                 ex("q2", ("1889", "in 1889")),

@@ -175,3 +175,27 @@ def test_a_failed_task_never_blocks_the_other_tables(tmp_path):
     assert "task=qnli, seed=0" not in out, "finished runs are not repeated"
     text = report.read_text()
     assert "## GLUE dev" in text and "## SQuAD dev" in text and "Missing or failed" not in text
+
+
+@pytest.mark.slow
+def test_the_same_config_twice_gives_byte_identical_tables(tmp_path):
+    """A small DAG (data, a pretraining run, fine-tunes with two seeds, similarity, report) run twice from
+    scratch in fresh results directories: on CPU every CSV of the report is the same, byte for byte."""
+    runs = []
+    for name in ("first", "second"):
+        cfg = demo_config(tmp_path / name)
+        cfg["data"]["max_lines"] = 3000
+        cfg["pretrain"].update(objectives=["none", "mlm_nsp"], steps=12, log_every=4)
+        cfg["pretrain"]["chunk"].update(runtime_minutes=30)
+        cfg["finetune"].update(tasks=["qnli"], seeds_small=2)
+        cfg["finetune"]["hparams"]["glue"].update(max_train_examples=64, max_eval_examples=64, epochs=1)
+        cfg["analysis"]["similarity_sentences"] = 20
+        run_snakemake(tmp_path / name, cfg, "--cores", "2")
+        runs.append(tmp_path / name / "results" / "report")
+    csvs = sorted(p.name for p in runs[0].glob("*.csv"))
+    assert {"runs.csv", "summary.csv", "glue_dev.csv", "differences.csv", "self_similarity.csv"} <= set(csvs)
+    assert csvs == sorted(p.name for p in runs[1].glob("*.csv"))
+    for name in csvs:
+        assert (runs[0] / name).read_bytes() == (runs[1] / name).read_bytes(), name
+    rows = (runs[0] / "runs.csv").read_text().splitlines()
+    assert len(rows) > 8 and "mlm_nsp,qnli,glue,standard,1,dev,accuracy," in "\n".join(rows)

@@ -33,6 +33,7 @@ rule finetune:
         hparams=lambda w: json.dumps(task_hparams(w.task)),
         precision=config["finetune"]["precision"],
         device=config["device"],
+        preset=config["finetune"]["preset"],
         out=lambda w: f"{FINETUNE}/{w.model}/{w.task}/seed{w.seed}",
     resources:
         runtime=lambda w: task_runtime(w.task),
@@ -46,4 +47,5 @@ rule finetune:
     shell:
         "python -m tacl finetune {params.family} --model {input.model} --task {wildcards.task}"
         " --seed {wildcards.seed} --source {params.source:q} --hparams {params.hparams:q}"
-        " --precision {params.precision} --device {params.device} --out {params.out} > {log} 2>&1"
+        " --precision {params.precision} --device {params.device} --preset {params.preset} --out {params.out}"
+        " > {log} 2>&1"

@@ -22,6 +22,16 @@ rule report:
             category="Tables",
             subcategory="SQuAD dev",
         ),
+        report(
+            multiext(f"{REPORT}/glue_published", ".md", ".csv", ".tex"),
+            category="Tables",
+            subcategory="Published GLUE numbers",
+        ),
+        report(
+            multiext(f"{REPORT}/differences", ".md", ".csv", ".tex"),
+            category="Tables",
+            subcategory="Differences beyond seed noise",
+        ),
         report(f"{REPORT}/glue_dev.png", category="GLUE dev"),
         md=report(f"{REPORT}/report.md", category="Tables"),
     params:

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from tacl.device import DEVICES
+from tacl.finetune import PRESETS
 
 
 def register(stages: argparse._SubParsersAction) -> None:
@@ -27,6 +28,9 @@ def register(stages: argparse._SubParsersAction) -> None:
         c.add_argument("--source", required=True, help="data source as JSON")
         c.add_argument("--hparams", default="{}", help="hyperparameters as JSON")
         c.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp32"])
+        c.add_argument("--preset", default="standard", choices=sorted(PRESETS),
+                       help="reference: the reference's choices (no warmup, no weight decay); standard: 10%% "
+                            "warmup, weight decay 0.01 (the config's hparams override either)")
         c.add_argument("--device", default="auto", choices=DEVICES,
                        help="cuda: stop at once unless a GPU is usable (the config's `device`)")
         c.add_argument("--out", required=True, help="run directory (metrics.json is written last)")
@@ -44,7 +48,7 @@ def _finetune(a: argparse.Namespace) -> None:
     if a.command == "glue":
         from tacl.finetune.sequence import finetune_glue
 
-        result = finetune_glue(a.model, a.task, source, hp, a.seed, a.out, a.precision, a.device)
+        result = finetune_glue(a.model, a.task, source, hp, a.seed, a.out, a.precision, a.device, a.preset)
     elif a.command == "squad":
         from tacl.finetune.data import SQUAD_TASKS
         from tacl.finetune.qa import finetune_squad
@@ -52,9 +56,10 @@ def _finetune(a: argparse.Namespace) -> None:
 
         if a.task not in SQUAD_TASKS:
             raise InputError(f"finetune squad: task {a.task!r} is not one of {sorted(SQUAD_TASKS)}")
-        result = finetune_squad(a.model, SQUAD_TASKS[a.task], source, hp, a.seed, a.out, a.precision, a.device)
+        result = finetune_squad(a.model, SQUAD_TASKS[a.task], source, hp, a.seed, a.out, a.precision, a.device,
+                                a.preset)
     else:
         from tacl.finetune.ner import finetune_ner
 
-        result = finetune_ner(a.model, source["data_dir"], hp, a.seed, a.out, a.precision, a.device)
+        result = finetune_ner(a.model, source["data_dir"], hp, a.seed, a.out, a.precision, a.device, a.preset)
     print(json.dumps({k: result[k] for k in ("task", "seed", "dev", "wall_s")}))

@@ -14,11 +14,19 @@ import numpy as np
 import torch
 
 from tacl.device import device_info, resolve_device
+from tacl.finetune import PRESETS
+from tacl.io import InputError
 
 log = logging.getLogger("tacl.finetune")
 
-DEFAULT_HPARAMS = {"max_len": 128, "batch": 32, "lr": 2e-5, "epochs": 3, "warmup_ratio": 0.1,
-                   "weight_decay": 0.01, "grad_clip": 1.0, "eval_batch": 64}
+DEFAULT_HPARAMS = {"max_len": 128, "batch": 32, "lr": 2e-5, "epochs": 3, "grad_clip": 1.0, "eval_batch": 64}
+
+
+def hyperparameters(defaults: dict[str, Any], preset: str, overrides: dict[str, Any]) -> dict[str, Any]:
+    """A fine-tune's hyperparameters: the family's defaults, then the preset, then the config's values."""
+    if preset not in PRESETS:
+        raise InputError(f"finetune.preset: {preset!r} is not one of {', '.join(PRESETS)}")
+    return {**defaults, **PRESETS[preset], **overrides}
 
 
 @dataclass

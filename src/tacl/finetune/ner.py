@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tacl.finetune.common import DEFAULT_HPARAMS, Run, load_task_model, predict, train
+from tacl.finetune.common import DEFAULT_HPARAMS, Run, hyperparameters, load_task_model, predict, train
 from tacl.finetune.sequence import subset
 from tacl.hub import resolve_pretrained
 from tacl.io import InputError, write_json_atomic
@@ -90,14 +90,15 @@ def entity_metrics(gold: list[list[str]], pred: list[list[str]]) -> dict[str, fl
 
 
 def finetune_ner(model_dir: str, data_dir: str, hparams: dict[str, Any], seed: int, out_dir: str,
-                 precision: str = "auto", device: str = "auto") -> dict[str, Any]:
+                 precision: str = "auto", device: str = "auto",
+                 preset: str = "standard") -> dict[str, Any]:
     from transformers import AutoModelForTokenClassification, AutoTokenizer, BertModel
 
     from tacl.objectives.tacl import supervised_tacl_loss
 
     model_dir = resolve_pretrained(model_dir)
-    hp = {**DEFAULT_HPARAMS, "max_len": 256, "lr": 5e-5, "supervised_tacl": False, "tacl_tau": 0.1, "tacl_weight": 1.0,
-          **hparams}
+    hp = hyperparameters({**DEFAULT_HPARAMS, "max_len": 256, "lr": 5e-5, "supervised_tacl": False, "tacl_tau": 0.1,
+                          "tacl_weight": 1.0}, preset, hparams)
     started = time.time()
     run = Run.detect(precision, device)  # a job that asked for a GPU and has none stops here
     data = {s: read_conll(Path(data_dir) / f) for s, f in SPLITS.items()}
@@ -131,7 +132,7 @@ def finetune_ner(model_dir: str, data_dir: str, hparams: dict[str, Any], seed: i
         pred = word_predictions(rows, logits, labels)
         gold = [[labels[i] for i in np.array(r["labels"])[np.array(r["labels"]) != -100]] for r in rows]
         results[split] = {**entity_metrics(gold, pred), "examples": len(rows)}
-    summary = {"task": "conll2003", "family": "ner", "model": model_dir, "seed": seed, "hparams": hp,
+    summary = {"task": "conll2003", "family": "ner", "model": model_dir, "seed": seed, "preset": preset, "hparams": hp,
                "dev": {"dev": results["dev"]}, "test": {"test": results["test"]}, "labels": labels,
                "train": record, "device": run.describe(), "bf16": run.bf16,
                "wall_s": round(time.time() - started, 1)}

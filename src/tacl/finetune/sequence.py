@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from tacl.finetune import glue
-from tacl.finetune.common import DEFAULT_HPARAMS, Run, load_task_model, predict, train
+from tacl.finetune.common import DEFAULT_HPARAMS, Run, hyperparameters, load_task_model, predict, train
 from tacl.hub import resolve_pretrained
 from tacl.io import InputError, write_json_atomic
 
@@ -50,14 +50,15 @@ def encode(tokenizer: Any, task: str, examples: list[glue.Example], max_len: int
 
 
 def finetune_glue(model_dir: str, task: str, source: dict[str, Any], hparams: dict[str, Any], seed: int,
-                  out_dir: str, precision: str = "auto", device: str = "auto") -> dict[str, Any]:
+                  out_dir: str, precision: str = "auto", device: str = "auto",
+                  preset: str = "standard") -> dict[str, Any]:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     if task not in glue.TASKS:
         raise InputError(f"finetune task {task!r} is not a GLUE task ({', '.join(glue.TASKS)})")
     spec = glue.TASKS[task]
     model_dir = resolve_pretrained(model_dir)
-    hp = {**DEFAULT_HPARAMS, **hparams}
+    hp = hyperparameters(DEFAULT_HPARAMS, preset, hparams)
     started = time.time()
     run = Run.detect(precision, device)  # a job that asked for a GPU and has none stops here
     # all data first: a missing file fails before the model is built
@@ -89,7 +90,8 @@ def finetune_glue(model_dir: str, task: str, source: dict[str, Any], hparams: di
         path = out / "submission" / spec.submission_files[split]
         glue.write_submission(task, split, [e.guid for e in examples], predictions(examples), str(path))
         submissions[split] = str(path)
-    summary = {"task": task, "family": "glue", "model": model_dir, "seed": seed, "hparams": hp, "dev": results,
+    summary = {"task": task, "family": "glue", "model": model_dir, "seed": seed, "preset": preset, "hparams": hp,
+               "dev": results,
                "submission": submissions, "train": record, "device": run.describe(), "bf16": run.bf16,
                "wall_s": round(time.time() - started, 1)}
     write_json_atomic(out / "metrics.json", summary)

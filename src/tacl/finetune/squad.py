@@ -226,11 +226,12 @@ def exact_match(prediction: str, gold: str) -> float:
     return float(normalize_answer(prediction) == normalize_answer(gold))
 
 
-def f1(prediction: str, gold: str) -> float:
-    """Token F1 of the normalized texts; 1.0 if both are empty, 0.0 if only one is."""
+def f1(prediction: str, gold: str, version_2: bool = True) -> float:
+    """Token F1 of the normalized texts. Empty texts as the official scripts: v2.0 scores 1.0 when both are
+    empty, 0.0 when only one is; v1.1 scores 0.0 whenever there is no common token, both empty included."""
     pred, ref = normalize_answer(prediction).split(), normalize_answer(gold).split()
     if not pred or not ref:
-        return float(pred == ref)
+        return float(pred == ref) if version_2 else 0.0
     same = sum((collections.Counter(pred) & collections.Counter(ref)).values())
     if same == 0:
         return 0.0
@@ -238,13 +239,17 @@ def f1(prediction: str, gold: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-def _golds(ex: SquadExample) -> list[str]:
-    """Gold answers that survive normalization; [""] for an unanswerable question (official v2.0)."""
-    return [a for a in ex.answers if normalize_answer(a)] or [""]
+def _golds(ex: SquadExample, version_2: bool) -> list[str]:
+    """The golds a prediction is scored against: v2.0 keeps those that survive normalization ([""] when
+    none does), v1.1 every gold text as it is (official scripts)."""
+    if version_2:
+        return [a for a in ex.answers if normalize_answer(a)] or [""]
+    return list(ex.answers) or [""]
 
 
-def _scores(golds: list[str], prediction: str) -> tuple[float, float]:
-    return max(exact_match(prediction, g) for g in golds), max(f1(prediction, g) for g in golds)
+def _scores(golds: list[str], prediction: str, version_2: bool) -> tuple[float, float]:
+    return (max(exact_match(prediction, g) for g in golds),
+            max(f1(prediction, g, version_2) for g in golds))
 
 
 def _best_threshold(odds: np.ndarray, with_pred: np.ndarray, with_null: np.ndarray) -> tuple[float, float]:
@@ -262,11 +267,16 @@ def _best_threshold(odds: np.ndarray, with_pred: np.ndarray, with_null: np.ndarr
 
 
 def evaluate(examples: list[SquadExample], predictions: dict[str, str],
-             null_odds: dict[str, float] | None = None, threshold: float | None = None) -> dict[str, float]:
-    """Official SQuAD scores in % (max over gold answers per question, averaged over questions).
+             null_odds: dict[str, float] | None = None, threshold: float | None = None,
+             version_2: bool | None = None) -> dict[str, float]:
+    """Official SQuAD scores in % (max over gold answers per question, averaged over questions), with the
+    v1.1 or v2.0 script's definitions (`version_2`, by default: whether `null_odds` are given).
 
-    With `null_odds` (v2.0), predictions whose odds exceed `threshold` (default 0.0) become "", and the
-    best threshold tuned on these questions is reported too. Every example needs a prediction."""
+    With `null_odds` (v2.0), predictions whose odds exceed `threshold` (default 0.0, the Hugging Face QA
+    example's, which the reference used: `exact`/`f1`) become "", and the best threshold tuned on these
+    questions is reported too (`best_exact`/`best_f1`: never lower). A v2.0 question is answerable when
+    its raw gold list is not empty, even if every gold normalizes to "". Every example needs a prediction."""
+    v2 = null_odds is not None if version_2 is None else version_2
     if not examples:
         raise ValueError("evaluate: no examples")
     missing = [ex.id for ex in examples if ex.id not in predictions
@@ -274,10 +284,10 @@ def evaluate(examples: list[SquadExample], predictions: dict[str, str],
     if missing:
         raise ValueError(f"evaluate: no prediction (or null odds) for {len(missing)} questions, "
                          f"e.g. {missing[:3]}")
-    golds = [_golds(ex) for ex in examples]
-    has_ans = np.array([g != [""] for g in golds])
-    raw = np.array([_scores(g, predictions[ex.id]) for ex, g in zip(examples, golds)])  # (n, [em, f1])
-    null = np.array([_scores(g, "") for g in golds])
+    golds = [_golds(ex, v2) for ex in examples]
+    has_ans = np.array([bool(ex.answers) for ex in examples])
+    raw = np.array([_scores(g, predictions[ex.id], v2) for ex, g in zip(examples, golds)])  # (n, [em, f1])
+    null = np.array([_scores(g, "", v2) for g in golds])
     final = raw
     out: dict[str, float] = {}
     if null_odds is not None:

@@ -1,7 +1,15 @@
 """`tacl report`: collect every finished fine-tune (results_dir/finetune/MODEL/TASK/seedN/metrics.json),
 summarise over seeds (mean, sample std, n) and write tables beside the published numbers
-(reference_numbers.csv, each row with its source). Missing or failed runs show as "-" and are listed, so
-one failed task never keeps the others out of the tables."""
+(reference_numbers.csv, each row with its source and split). Missing or failed runs show as "-" and are
+listed, so one failed task never keeps the others out of the tables.
+
+Like with like: our columns are dev scores and say so; published GLUE rows are GLUE test-server numbers and
+say so; the GLUE average is computed as BERT and TaCL compute it (`glue_average`), only from all nine
+numbers, and never derived for a row whose metrics are unknown; SQuAD 2.0's headline is EM/F1 at null
+threshold 0 (what the paper reports), the dev-tuned threshold's scores have their own columns. Every table
+says which fine-tuning preset the runs used, and `differences` says which objective beats which beyond
+seed noise. The CSV files hold no path or time, so the same runs give the same bytes.
+"""
 
 from __future__ import annotations
 
@@ -15,24 +23,48 @@ import pandas as pd
 
 from tacl.io import atomic_path, write_text_atomic
 
-# (column label, task, dev split, metrics shown); GLUE scores are fractions, shown x100
+# (column label, task, split, metrics shown) of the GLUE dev table; GLUE scores are fractions, shown x100
 GLUE_COLUMNS = [
-    ("CoLA (MCC)", "cola", "dev", ["matthews"]),
-    ("SST-2 (acc)", "sst2", "dev", ["accuracy"]),
-    ("MRPC (F1/acc)", "mrpc", "dev", ["f1", "accuracy"]),
-    ("STS-B (P/S)", "stsb", "dev", ["pearson", "spearman"]),
-    ("QQP (F1/acc)", "qqp", "dev", ["f1", "accuracy"]),
-    ("MNLI-m (acc)", "mnli", "dev_matched", ["accuracy"]),
-    ("MNLI-mm (acc)", "mnli", "dev_mismatched", ["accuracy"]),
-    ("QNLI (acc)", "qnli", "dev", ["accuracy"]),
-    ("RTE (acc)", "rte", "dev", ["accuracy"]),
-    ("WNLI (acc)", "wnli", "dev", ["accuracy"]),
+    ("CoLA (MCC, dev)", "cola", "dev", ["matthews"]),
+    ("SST-2 (acc, dev)", "sst2", "dev", ["accuracy"]),
+    ("MRPC (F1/acc, dev)", "mrpc", "dev", ["f1", "accuracy"]),
+    ("STS-B (P/S, dev)", "stsb", "dev", ["pearson", "spearman"]),
+    ("QQP (F1/acc, dev)", "qqp", "dev", ["f1", "accuracy"]),
+    ("MNLI-m (acc, dev)", "mnli", "dev_matched", ["accuracy"]),
+    ("MNLI-mm (acc, dev)", "mnli", "dev_mismatched", ["accuracy"]),
+    ("QNLI (acc, dev)", "qnli", "dev", ["accuracy"]),
+    ("RTE (acc, dev)", "rte", "dev", ["accuracy"]),
+    ("WNLI (acc, dev)", "wnli", "dev", ["accuracy"]),
 ]
-REFERENCE_GLUE_TASK = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "stsb": "STS-B", "qqp": "QQP",
-                       "mnli_m": "MNLI-m", "mnli_mm": "MNLI-mm", "qnli": "QNLI", "rte": "RTE"}
-SQUAD_COLUMNS = [("SQuAD 1.1 EM", "squad_v1", "exact"), ("SQuAD 1.1 F1", "squad_v1", "f1"),
-                 ("SQuAD 2.0 EM", "squad_v2", "main_exact"), ("SQuAD 2.0 F1", "squad_v2", "main")]
+# One number per task, as BERT and TaCL report it (label, task, split, metric; reference_numbers.csv's task
+# key): MCC for CoLA, F1 for MRPC and QQP, Spearman for STS-B, accuracy elsewhere; SQuAD F1 at threshold 0.
+HEADLINE = [
+    ("CoLA", "cola", "dev", "matthews", "cola"),
+    ("SST-2", "sst2", "dev", "accuracy", "sst2"),
+    ("MRPC", "mrpc", "dev", "f1", "mrpc"),
+    ("STS-B", "stsb", "dev", "spearman", "stsb"),
+    ("QQP", "qqp", "dev", "f1", "qqp"),
+    ("MNLI-m", "mnli", "dev_matched", "accuracy", "mnli_m"),
+    ("MNLI-mm", "mnli", "dev_mismatched", "accuracy", "mnli_mm"),
+    ("QNLI", "qnli", "dev", "accuracy", "qnli"),
+    ("RTE", "rte", "dev", "accuracy", "rte"),
+    ("WNLI", "wnli", "dev", "accuracy", "wnli"),
+    ("SQuAD 1.1 F1", "squad_v1", "dev", "f1", "squad_v1"),
+    ("SQuAD 2.0 F1", "squad_v2", "dev", "f1", "squad_v2"),
+    ("CoNLL-2003 F1", "conll2003", "dev", "f1", "conll2003"),
+]
+GLUE_AVERAGE_LABELS = ("CoLA", "SST-2", "MRPC", "STS-B", "QQP", "MNLI-m", "MNLI-mm", "QNLI", "RTE")
+SQUAD_COLUMNS = [  # (label, task, metric); the dev-tuned ones only ever hold our own runs
+    ("SQuAD 1.1 EM (dev)", "squad_v1", "exact"),
+    ("SQuAD 1.1 F1 (dev)", "squad_v1", "f1"),
+    ("SQuAD 2.0 EM (dev, null threshold 0)", "squad_v2", "exact"),
+    ("SQuAD 2.0 F1 (dev, null threshold 0)", "squad_v2", "f1"),
+    ("SQuAD 2.0 best EM (dev-tuned threshold, not comparable)", "squad_v2", "best_exact"),
+    ("SQuAD 2.0 best F1 (dev-tuned threshold, not comparable)", "squad_v2", "best_f1"),
+]
 PERCENT_FAMILIES = {"glue", "ner"}  # fractions in metrics.json; SQuAD is already in percent
+OURS = "this workflow"  # the source of our own rows
+CONTROLS = ("mlm_nsp", "none")  # every objective is compared with these, seed by seed
 
 
 def reference_numbers() -> pd.DataFrame:
@@ -41,7 +73,7 @@ def reference_numbers() -> pd.DataFrame:
 
 
 def collect(results_dir: str | Path) -> pd.DataFrame:
-    """Long table: model, task, family, seed, split, metric, value (percent)."""
+    """Long table: model, task, family, preset, seed, split, metric, value (percent)."""
     rows = []
     for path in sorted(Path(results_dir, "finetune").glob("*/*/seed*/metrics.json")):
         m = json.loads(path.read_text())
@@ -52,9 +84,10 @@ def collect(results_dir: str | Path) -> pd.DataFrame:
                 for metric, value in metrics.items():
                     if isinstance(value, (int, float)) and not isinstance(value, bool) and metric != "examples" \
                             and not metric.endswith(("_total", "_thresh")):
-                        rows.append({"model": model, "task": m["task"], "family": m["family"], "seed": m["seed"],
-                                     "split": split, "metric": metric, "value": float(value) * scale})
-    return pd.DataFrame(rows, columns=["model", "task", "family", "seed", "split", "metric", "value"])
+                        rows.append({"model": model, "task": m["task"], "family": m["family"],
+                                     "preset": m.get("preset", "standard"), "seed": m["seed"], "split": split,
+                                     "metric": metric, "value": float(value) * scale})
+    return pd.DataFrame(rows, columns=["model", "task", "family", "preset", "seed", "split", "metric", "value"])
 
 
 def summarise(long: pd.DataFrame) -> pd.DataFrame:
@@ -64,74 +97,160 @@ def summarise(long: pd.DataFrame) -> pd.DataFrame:
     return g.agg(mean="mean", std="std", n="count").reset_index()
 
 
+def _hit(summary: pd.DataFrame, model: str, task: str, split: str, metric: str) -> pd.Series | None:
+    hit = summary[(summary.model == model) & (summary.task == task) & (summary.split == split)
+                  & (summary.metric == metric)]
+    return None if hit.empty else hit.iloc[0]
+
+
 def _cell(summary: pd.DataFrame, model: str, task: str, split: str, metrics: list[str]) -> str:
     parts = []
     for metric in metrics:
-        hit = summary[(summary.model == model) & (summary.task == task) & (summary.split == split)
-                      & (summary.metric == metric)]
-        if hit.empty:
+        r = _hit(summary, model, task, split, metric)
+        if r is None:
             parts.append("-")
             continue
-        r = hit.iloc[0]
         parts.append(f"{r['mean']:.1f}" + (f" ± {r['std']:.1f}" if r["n"] > 1 and not math.isnan(r["std"]) else ""))
     return " / ".join(parts)
 
 
-def glue_average(summary: pd.DataFrame, model: str) -> tuple[float | None, int]:
-    """Mean over tasks (WNLI excluded, as in BERT's GLUE average) of each task's main score; MNLI counts
-    once, the mean of matched and mismatched."""
-    scores = []
-    for task in ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte"):
-        hit = summary[(summary.model == model) & (summary.task == task) & (summary.metric == "main")]
-        if not hit.empty:
-            scores.append(hit["mean"].mean())
-    return (sum(scores) / len(scores), len(scores)) if scores else (None, 0)
+def glue_average(scores: dict[str, float]) -> float | None:
+    """The GLUE average as BERT and TaCL report it: the plain mean of the nine numbers (CoLA MCC, SST-2,
+    MRPC F1, STS-B Spearman, QQP F1, MNLI-m and MNLI-mm separately, QNLI, RTE; WNLI left out), keyed by
+    GLUE_AVERAGE_LABELS. None unless all nine are there: an average of some tasks compares with nothing."""
+    if any(label not in scores for label in GLUE_AVERAGE_LABELS):
+        return None
+    return sum(scores[label] for label in GLUE_AVERAGE_LABELS) / len(GLUE_AVERAGE_LABELS)
 
 
-def glue_table(summary: pd.DataFrame, models: list[str], tasks: list[str]) -> pd.DataFrame:
+def headline_means(summary: pd.DataFrame, model: str) -> dict[str, float]:
+    """Label -> mean over seeds of each HEADLINE number this model has."""
+    out = {}
+    for label, task, split, metric, _ in HEADLINE:
+        r = _hit(summary, model, task, split, metric)
+        if r is not None:
+            out[label] = float(r["mean"])
+    return out
+
+
+def presets(long: pd.DataFrame, model: str, tasks: set[str]) -> str:
+    names = sorted(set(long[(long.model == model) & long.task.isin(tasks)]["preset"])) if not long.empty else []
+    return ", ".join(names) or "-"
+
+
+def glue_table(summary: pd.DataFrame, long: pd.DataFrame, models: list[str], tasks: list[str]) -> pd.DataFrame:
     columns = [c for c in GLUE_COLUMNS if c[1] in tasks]
     table = []
     for model in models:
-        row = {"model": model}
+        row = {"model": model, "source": OURS, "preset": presets(long, model, {c[1] for c in columns})}
         for label, task, split, metrics in columns:
             row[label] = _cell(summary, model, task, split, metrics)
-        avg, n = glue_average(summary, model)
-        row["GLUE avg"] = f"{avg:.1f} ({n} tasks)" if avg is not None else "-"
+        means = headline_means(summary, model)
+        avg = glue_average(means)
+        have = sum(label in means for label in GLUE_AVERAGE_LABELS)
+        row["GLUE avg (dev)"] = f"{avg:.1f}" if avg is not None else f"- ({have}/9 numbers)"
         table.append(row)
     return pd.DataFrame(table)
 
 
 def glue_reference_table(refs: pd.DataFrame) -> pd.DataFrame:
-    glue = refs[(refs.split == "test") & refs.task.isin(REFERENCE_GLUE_TASK)]
+    """The published GLUE rows, one per (source, model), each naming its split; the average as published
+    (never derived here: the quotation's numbers cannot be reconciled with the paper's average)."""
+    keys = {key: label for label, _, _, _, key in HEADLINE if label in GLUE_AVERAGE_LABELS}
+    glue = refs[refs.task.isin(list(keys) + ["glue_avg"])]
     rows = []
-    for source, part in glue.groupby("source", sort=False):
-        row = {"published (GLUE test server)": source}
-        for _, r in part.iterrows():
-            row[REFERENCE_GLUE_TASK[r.task]] = f"{r.value:.1f}"
+    for (source, model, split), part in glue.groupby(["source", "model", "split"], sort=False):
+        row = {"source": source, "model": model, "split": split}
+        metrics = {r.task: r.metric for r in part.itertuples() if r.task in keys}
+        row["metrics"] = ", ".join(sorted(set(metrics.values()))) if metrics else "-"
+        for key, label in keys.items():
+            hit = part[part.task == key]
+            row[label] = f"{hit.value.iloc[0]:.1f}" if not hit.empty else "-"
+        avg = part[part.task == "glue_avg"]
+        row["GLUE avg (as published)"] = f"{avg.value.iloc[0]:.1f}" if not avg.empty else "-"
         rows.append(row)
-    return pd.DataFrame(rows).fillna("-")
+    return pd.DataFrame(rows)
 
 
-def squad_table(summary: pd.DataFrame, models: list[str], refs: pd.DataFrame, tasks: list[str]) -> pd.DataFrame:
+def squad_table(summary: pd.DataFrame, long: pd.DataFrame, models: list[str], refs: pd.DataFrame,
+                tasks: list[str]) -> pd.DataFrame:
     columns = [c for c in SQUAD_COLUMNS if c[1] in tasks]
     rows = []
     for model in models:
-        rows.append({"model": model, **{label: _cell(summary, model, task, "dev", [metric])
-                                        for label, task, metric in columns}})
+        rows.append({"model": model, "source": OURS, "split": "dev",
+                     "preset": presets(long, model, {c[1] for c in columns}),
+                     **{label: _cell(summary, model, task, "dev", [metric]) for label, task, metric in columns}})
     ref = refs[refs.task.isin(tasks) & (refs.split == "dev")]
     for (source, model), part in ref.groupby(["source", "model"], sort=False):
-        row = {"model": f"{model} ({source})"}
+        row = {"model": model, "source": source, "split": "dev", "preset": "-"}
         for label, task, metric in columns:
-            want = {"main_exact": "exact", "main": "f1"}.get(metric, metric)
-            hit = part[(part.task == task) & (part.metric == want)]
+            hit = part[(part.task == task) & (part.metric == metric)]
             row[label] = f"{hit.value.iloc[0]:.1f}" if not hit.empty else "-"
         rows.append(row)
     return pd.DataFrame(rows)
 
 
-def ner_table(summary: pd.DataFrame, models: list[str]) -> pd.DataFrame:
-    return pd.DataFrame([{"model": m, "CoNLL-2003 dev F1": _cell(summary, m, "conll2003", "dev", ["f1"]),
-                          "CoNLL-2003 test F1": _cell(summary, m, "conll2003", "test", ["f1"])} for m in models])
+def interval(diffs: list[float] | None, a: list[float], b: list[float]) -> tuple[float, float, float] | None:
+    """(mean difference, low, high) of a 95% t interval: paired on `diffs` when given, else Welch's on the
+    two samples a - b. None when a sample has fewer than 2 values."""
+    from scipy import stats
+
+    if diffs is not None:
+        n = len(diffs)
+        if n < 2:
+            return None
+        mean = sum(diffs) / n
+        sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1))
+        half = stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
+        return mean, mean - half, mean + half
+    if len(a) < 2 or len(b) < 2:
+        return None
+    ma, mb = sum(a) / len(a), sum(b) / len(b)
+    va = sum((x - ma) ** 2 for x in a) / (len(a) - 1) / len(a)
+    vb = sum((x - mb) ** 2 for x in b) / (len(b) - 1) / len(b)
+    se = math.sqrt(va + vb)
+    if se == 0:
+        return ma - mb, ma - mb, ma - mb
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    half = stats.t.ppf(0.975, df) * se
+    return ma - mb, ma - mb - half, ma - mb + half
+
+
+def differences_table(long: pd.DataFrame, models: list[str]) -> pd.DataFrame:
+    """For every headline number and every model against each control (mlm_nsp, none): the mean
+    difference over seeds with its 95% interval, paired by fine-tuning seed where both have the same seeds,
+    and whether it exceeds seed noise (the interval excludes 0)."""
+    rows = []
+    for label, task, split, metric, _ in HEADLINE:
+        part = long[(long.task == task) & (long.split == split) & (long.metric == metric)] if not long.empty else long
+        values = {m: dict(zip(g.seed.astype(int), g.value)) for m, g in part.groupby("model")} if not part.empty else {}
+        for control in CONTROLS:
+            if control not in values:
+                continue
+            for model in models:
+                if model in CONTROLS[: CONTROLS.index(control) + 1] or model not in values:
+                    continue  # a control against itself, or none against mlm_nsp (mlm_nsp vs none says it)
+                ours, base = values[model], values[control]
+                paired = sorted(ours) == sorted(base)
+                diffs = [ours[s] - base[s] for s in sorted(ours)] if paired else None
+                ci = interval(diffs, list(ours.values()), list(base.values()))
+                mean = (sum(ours.values()) / len(ours)) - (sum(base.values()) / len(base))
+                rows.append({
+                    "task": label, "split": split, "model": model, "vs": control,
+                    "seeds": f"{len(ours)} vs {len(base)}", "paired": "yes" if paired else "no",
+                    "mean difference": f"{mean:+.2f}",
+                    "95% interval": f"[{ci[1]:+.2f}, {ci[2]:+.2f}]" if ci else "- (fewer than 2 seeds)",
+                    "beyond seed noise": ("yes" if ci[1] > 0 or ci[2] < 0 else "no") if ci else "-",
+                })
+    columns = ["task", "split", "model", "vs", "seeds", "paired", "mean difference", "95% interval",
+               "beyond seed noise"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def ner_table(summary: pd.DataFrame, long: pd.DataFrame, models: list[str]) -> pd.DataFrame:
+    return pd.DataFrame([{"model": m, "source": OURS, "preset": presets(long, m, {"conll2003"}),
+                          "CoNLL-2003 F1 (dev)": _cell(summary, m, "conll2003", "dev", ["f1"]),
+                          "CoNLL-2003 F1 (test)": _cell(summary, m, "conll2003", "test", ["f1"])} for m in models])
 
 
 def status_table(long: pd.DataFrame, expected: list[dict[str, Any]]) -> tuple[pd.DataFrame, list[str]]:
@@ -176,19 +295,19 @@ def glue_plot(summary: pd.DataFrame, models: list[str], tasks: list[str], out_pn
     import matplotlib.pyplot as plt
     import numpy as np
 
-    cols = [(label, task, split) for label, task, split, _ in GLUE_COLUMNS if task in tasks]
+    cols = [(label, task, split, metric) for label, task, split, metric, _ in HEADLINE
+            if task in tasks and label in GLUE_AVERAGE_LABELS + ("WNLI",)]
     fig, ax = plt.subplots(figsize=(10, 4))
     width = 0.8 / max(1, len(models))
     for k, model in enumerate(models):
         means, stds = [], []
-        for _, task, split in cols:
-            hit = summary[(summary.model == model) & (summary.task == task) & (summary.split == split)
-                          & (summary.metric == "main")]
-            means.append(hit["mean"].iloc[0] if not hit.empty else np.nan)
-            stds.append(hit["std"].iloc[0] if not hit.empty and hit["n"].iloc[0] > 1 else 0.0)
+        for _, task, split, metric in cols:
+            r = _hit(summary, model, task, split, metric)
+            means.append(r["mean"] if r is not None else np.nan)
+            stds.append(r["std"] if r is not None and r["n"] > 1 else 0.0)
         ax.bar(np.arange(len(cols)) + k * width, means, width, yerr=stds, label=model, capsize=2)
-    ax.set_xticks(np.arange(len(cols)) + 0.4 - width / 2, [c[0].split(" (")[0] for c in cols])
-    ax.set_ylabel("dev score (main metric, x100)")
+    ax.set_xticks(np.arange(len(cols)) + 0.4 - width / 2, [c[0] for c in cols])
+    ax.set_ylabel("dev score (x100; MCC, F1, Spearman or accuracy)")
     ax.set_title("GLUE dev, mean and std over seeds")
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -207,26 +326,40 @@ def build_report(results_dir: str, models: list[str], tasks: list[str], expected
     write_text_atomic(out / "runs.csv", long.to_csv(index=False))
     write_text_atomic(out / "summary.csv", summary.to_csv(index=False))
     glue_tasks = [t for t in tasks if t in {c[1] for c in GLUE_COLUMNS}]
-    glue = glue_table(summary, models, glue_tasks)
-    squad = squad_table(summary, models, refs, tasks)
+    glue = glue_table(summary, long, models, glue_tasks)
+    squad = squad_table(summary, long, models, refs, tasks)
     status, missing = status_table(long, expected)
     sim = similarity_table(similarity)
+    diffs = differences_table(long, models)
     tables = {"glue_dev": glue, "glue_published": glue_reference_table(refs), "squad_dev": squad,
-              "status": status, "self_similarity": sim}
+              "differences": diffs, "status": status, "self_similarity": sim}
     lines = [f"# Results ({results_dir})", "",
-             "Dev-set scores x100, mean ± sample std over fine-tuning seeds; '-' = no finished run.", ""]
+             "Our rows: dev-set scores x100, mean ± sample std over fine-tuning seeds, with the fine-tuning "
+             "preset they used; '-' = no finished run. Published rows name their source and split.", ""]
     if glue_tasks:
         lines += ["## GLUE dev", "", markdown(glue), "",
-                  "GLUE avg: mean of the tasks' main scores (MRPC, QQP: mean of F1 and accuracy; STS-B: mean of "
-                  "Pearson and Spearman; MNLI: mean of m and mm), WNLI excluded.", "", "![GLUE dev](glue_dev.png)",
-                  "", "## Published numbers (GLUE test server: not comparable one-to-one with dev scores)", "",
-                  markdown(tables["glue_published"]), ""]
+                  "GLUE avg (dev): as BERT and TaCL compute theirs, the mean of nine numbers (CoLA MCC, SST-2 acc, "
+                  "MRPC F1, STS-B Spearman, QQP F1, MNLI-m and MNLI-mm acc, QNLI acc, RTE acc; WNLI left out), "
+                  "shown only when all nine are there.", "", "![GLUE dev](glue_dev.png)", "",
+                  "## Published GLUE numbers (test server: not comparable one-to-one with dev scores)", "",
+                  markdown(tables["glue_published"]), "",
+                  "The TaCL paper's own GLUE figures are its averages (BERT-base 79.6, TaCL 81.2). The nine "
+                  "per-task numbers the reproduction quotes for the paper average 80.9 and cannot be reconciled "
+                  "with it (their QQP fits neither F1 nor accuracy), so no average is derived from them.", ""]
     if any(t.startswith("squad") for t in tasks):
         lines += ["## SQuAD dev", "", markdown(squad), "",
-                  "SQuAD 2.0: the null-answer threshold tuned on dev, as the official evaluation script does.", ""]
+                  "SQuAD 2.0 headline: EM/F1 of the predictions made with null threshold 0, the Hugging Face QA "
+                  "example's default that the reference ran, scored by the official definitions; this is what "
+                  "the paper reports. The best EM/F1 at the threshold tuned on dev itself can only be higher "
+                  "and are not comparable with published numbers.", ""]
     if "conll2003" in tasks:
-        tables["ner"] = ner_table(summary, models)
+        tables["ner"] = ner_table(summary, long, models)
         lines += ["## CoNLL-2003 NER (entity F1, seqeval)", "", markdown(tables["ner"]), ""]
+    lines += ["## Differences beyond seed noise", "", markdown(diffs), "",
+              "Each model minus the control (mlm_nsp: as much continued pretraining without the contrastive "
+              "loss; none: the start model), on the headline number of each task: mean over fine-tuning seeds, "
+              "95% t interval, paired by seed where both ran the same seeds (Welch otherwise). 'yes' = the "
+              "interval excludes 0.", ""]
     lines += ["## Self-similarity (lower = more distinguishable token vectors)", "", markdown(sim), ""]
     if similarity_png:
         lines += [f"![self-similarity]({Path(similarity_png).name})", ""]
