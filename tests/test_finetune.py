@@ -73,6 +73,8 @@ def test_squad_v2_runs_on_the_demo_sample(tmp_path, demo_data):
     dev = result["dev"]["dev"]
     assert dev["examples"] == 16 and dev["features"] >= 16
     assert result["device"]["device"] == "cpu" and result["device"]["torch"] == torch.__version__
+    assert dev["main"] == dev["f1"] and dev["main_exact"] == dev["exact"], "the headline is threshold 0"
+    assert result["preset"] == "standard" and result["hparams"]["warmup_ratio"] == 0.1
     assert {"exact", "f1", "best_exact", "best_f1", "best_f1_thresh", "main"} <= set(dev)
     predictions = json.loads((tmp_path / "predictions.json").read_text())
     assert len(predictions) == 16
@@ -108,6 +110,17 @@ def test_squad_per_batch_padding_predicts_as_padding_to_max_len(demo_data):
     answers = [squad.postprocess(examples, features, *logits, version_2=True) for logits in (per_batch, padded)]
     assert answers[0][0] == answers[1][0]
     assert all(answers[0][1][k] == pytest.approx(answers[1][1][k], abs=1e-4) for k in answers[0][1])
+
+
+def test_presets_then_the_configs_values():
+    from tacl.finetune.common import DEFAULT_HPARAMS, hyperparameters
+
+    reference = hyperparameters(DEFAULT_HPARAMS, "reference", {"lr": 3e-5})
+    assert (reference["warmup_ratio"], reference["weight_decay"], reference["lr"]) == (0.0, 0.0, 3e-5)
+    standard = hyperparameters(DEFAULT_HPARAMS, "standard", {"weight_decay": 0.1})
+    assert (standard["warmup_ratio"], standard["weight_decay"]) == (0.1, 0.1)
+    with pytest.raises(InputError, match="finetune.preset: 'paper' is not one of reference, standard"):
+        hyperparameters(DEFAULT_HPARAMS, "paper", {})
 
 
 def test_missing_glue_file_fails_before_the_model_is_built(tmp_path):
