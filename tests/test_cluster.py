@@ -66,3 +66,94 @@ def test_submit_without_prepared_data_names_the_missing_file(tmp_path):
     config.write_text(yaml.safe_dump({"pretrian": {}}))
     with pytest.raises(InputError, match="pretrian"):
         run_from_config(str(config), "tacl")
+
+
+# -- the profiles through snakemake-executor-plugin-slurm's own checks and sbatch line (no cluster needed) ------
+
+
+def sbatch_preview(tmp_path, config: dict, profile: str, extra_profile: dict | None = None) -> dict:
+    """Snakemake with the profile, up to the preflight, which writes each rule's sbatch line and stops."""
+    import json
+    import os
+
+    from conftest import REPO, run_snakemake
+
+    profile_dir = REPO / "profiles" / profile
+    if extra_profile:
+        merged = yaml.safe_load((profile_dir / "config.yaml").read_text())
+        for rule, resources in extra_profile.items():
+            merged["set-resources"].setdefault(rule, {}).update(resources)
+        profile_dir = tmp_path / "profile"
+        profile_dir.mkdir(parents=True)
+        (profile_dir / "config.yaml").write_text(yaml.safe_dump(merged))
+    out = tmp_path / "sbatch.json"
+    env = {"TACL_SBATCH_PREVIEW": str(out), "TACL_SLURM_ACCOUNT": "p123", "TACL_SLURM_CPU_PARTITION": "cpu",
+           "TACL_SLURM_GPU_PARTITION": "gpu"}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        proc = run_snakemake(tmp_path, config, "--profile", str(profile_dir), check=False, timeout=300)
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    assert out.is_file(), proc.stderr[-3000:]
+    assert "nothing was submitted" in proc.stderr
+    return json.loads(out.read_text())
+
+
+def flags(line: str) -> dict[str, str]:
+    import shlex
+
+    out = {}
+    for token in shlex.split(line)[1:]:
+        if token.startswith("--"):
+            key, _, value = token.partition("=")
+            out[key] = value
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_paper_config_on_supek_profile_passes_the_slurm_plugin(tmp_path, nodes):
+    from conftest import REPO
+
+    cfg = yaml.safe_load((REPO / "config.yaml").read_text())
+    cfg["pretrain"]["nodes"] = nodes
+    preview = sbatch_preview(tmp_path, cfg, "slurm")
+    assert preview["problems"] == []
+    lines = preview["sbatch"]
+    assert {"clean", "shard", "pretrain_chunk", "finetune", "similarity", "export_model"} <= set(lines)
+    chunk = lines["pretrain_chunk"]
+    f = flags(chunk)
+    assert " -t 1410 " in chunk and " -p gpu " in chunk and " -A p123 " in chunk and "--mem 200000" in chunk
+    assert f["--gres"] == "gpu:4" and f["--nodes"] == str(nodes) and f["--signal"] == "USR1@600"
+    assert "--gpus" not in f and "--ntasks-per-gpu" not in f
+    if nodes == 1:  # one task; torchrun starts the 4 ranks
+        assert f["--cpus-per-task"] == "32" and "--ntasks" not in f and "--ntasks-per-node" not in f
+    else:  # one task per GPU on each node, srun starts them
+        assert f["--ntasks-per-node"] == "4" and f["--cpus-per-task"] == "8"
+    finetune = flags(lines["finetune"])
+    assert finetune["--gpus"] == "1" and finetune["--cpus-per-task"] == "8" and "--nodes" not in finetune
+    assert " -p cpu " in lines["clean"] and "--gpus" not in flags(lines["clean"])
+
+
+@pytest.mark.slow
+def test_ci_profile_passes_the_slurm_plugin_and_bad_resources_name_the_rule(tmp_path):
+    from conftest import demo_config
+
+    cfg = demo_config(tmp_path, **{"pretrain.launcher": "srun", "pretrain.ranks_per_node": 2})
+    preview = sbatch_preview(tmp_path / "ci", cfg, "slurm-ci")
+    assert preview["problems"] == []
+    f = flags(preview["sbatch"]["pretrain_chunk"])
+    assert f["--ntasks-per-node"] == "2" and f["--nodes"] == "1" and f["--cpus-per-task"] == "1"
+    assert " -p ci " in preview["sbatch"]["pretrain_chunk"]
+    # what the plugin 2.8 refuses in slurm_extra, a malformed GRES, GPUs per node that disagree with the ranks
+    bad = sbatch_preview(tmp_path / "bad", cfg, "slurm-ci",
+                         {"pretrain_chunk": {"slurm_extra": "'--gpus-per-node=4 --nodes=2'", "gres": "'gpu:4'"},
+                          "finetune": {"gres": "'gpu 2'"}})
+    assert len(bad["problems"]) == 3 and "finetune" not in bad["sbatch"], bad["problems"]
+    assert bad["problems"][0].startswith("rule finetune (resource gres): Invalid GRES format: gpu 2")
+    assert bad["problems"][1].startswith("rule pretrain_chunk (resource slurm_extra): The --number-of-nodes option "
+                                         "is not allowed in the 'slurm_extra' parameter")
+    assert bad["problems"][2] == ("rule pretrain_chunk: the profile gives each of its 1 node(s) 4 GPU(s) (gres "
+                                  "gpu:4), but pretrain.ranks_per_node is 2 (one rank per GPU); make them agree")

@@ -78,12 +78,21 @@ def chunk_launch():
 
 
 def chunk_resources():
-    """SLURM resources of a chunk job; with srun the job holds one task per rank, and the job's command
-    runs in the batch step (`mpi`), so that its own srun can start them."""
+    """SLURM resources of a chunk job: the task geometry comes from the config, so that the same profile
+    (partition, GPUs per node as `gres: gpu:N`, memory, --signal) serves one node and several. torchrun:
+    one task on one node with every rank's CPUs. srun: pretrain.ranks_per_node tasks on each node, each
+    with pretrain.cpus_per_rank CPUs, and the job's command runs in the batch step (`mpi`), so that its own
+    srun starts the ranks."""
     p = config["pretrain"]
-    resources = {"runtime": math.ceil(p["chunk"]["runtime_minutes"]), "mem_mb": 32000}
+    resources = {"runtime": math.ceil(p["chunk"]["runtime_minutes"]), "mem_mb": 32000, "nodes": p["nodes"]}
     if launcher() == "srun":
-        resources.update(mpi="srun", tasks=p["nodes"] * p["ranks_per_node"], nodes=p["nodes"])
+        resources.update(mpi="srun", cpus_per_task=p["cpus_per_rank"])
+        if p["ranks_per_node"] > 1:
+            resources["tasks_per_node"] = p["ranks_per_node"]
+        else:  # (the plugin wants tasks_per_node > 1; tasks_per_gpu 0 keeps it from adding --ntasks-per-gpu)
+            resources.update(tasks=p["nodes"], tasks_per_gpu=0)
+    else:
+        resources["cpus_per_task"] = p["cpus_per_rank"] * p["ranks_per_node"]
     return resources
 
 
@@ -214,16 +223,53 @@ def _slurm_runtime(spec):
     return (int(runtime) if runtime and runtime.isdigit() else None), key
 
 
+def submission_problems():
+    """One job of every rule that will run on the cluster, through the SLURM plugin's own checks and sbatch
+    line (tacl.cluster.sbatch); with TACL_SBATCH_PREVIEW=FILE the lines go to FILE as JSON and nothing is
+    submitted."""
+    from tacl.cluster.sbatch import SubmissionError, geometry_problem, sbatch_line
+
+    lines, found, seen = {}, [], set()
+    for job in sorted(workflow.dag.needrun_jobs(), key=lambda j: j.name):
+        if job.name in seen or job.is_local or job.is_group():
+            continue
+        seen.add(job.name)
+        try:
+            lines[job.name] = sbatch_line(
+                job,
+                job.resources.get("slurm_account"),
+                job.resources.get("slurm_partition"),
+                workflow.executor_settings,
+            )
+        except SubmissionError as e:
+            found.append(str(e))
+        if job.name == "pretrain_chunk":
+            p = config["pretrain"]
+            problem = geometry_problem(job, p["nodes"], p["ranks_per_node"])
+            if problem:
+                found.append(problem)
+    preview = os.environ.get("TACL_SBATCH_PREVIEW")
+    if preview:
+        with open(preview, "w") as f:
+            json.dump({"sbatch": lines, "problems": found}, f, indent=1)
+        raise WorkflowError(f"TACL_SBATCH_PREVIEW: the sbatch line of every rule is in {preview}; nothing was submitted")
+    return found
+
+
 def slurm_preflight():
-    """Before the first sbatch: partitions exist, runtimes fit their limits, placeholders are filled."""
+    """Before the first sbatch: the plugin accepts every rule's resources, partitions exist, runtimes fit
+    their limits, placeholders are filled."""
     plugin = getattr(workflow, "executor_plugin", None)
     if plugin is None or plugin.name != "slurm":
         return
     from tacl.cluster.preflight import JobRequest, cluster_partitions, problems
 
+    found = submission_problems()
     partitions = cluster_partitions()
     if partitions is None:
-        print("SLURM preflight skipped: `scontrol show partition` did not answer", file=sys.stderr)
+        print("SLURM preflight: partitions not checked, `scontrol show partition` did not answer", file=sys.stderr)
+        if found:
+            raise WorkflowError("SLURM preflight: nothing was submitted.\n  " + "\n  ".join(found))
         return
     requests = []
     for spec in list(workflow.rules):
@@ -239,7 +285,7 @@ def slurm_preflight():
                 key,
             )
         )
-    found = problems(requests, partitions)
+    found += problems(requests, partitions)
     if found:
         raise WorkflowError("SLURM preflight: nothing was submitted.\n  " + "\n  ".join(found))
 
