@@ -235,6 +235,38 @@ def test_two_ranks_match_one_rank_and_resume_exactly(demo_data, reference, tmp_p
     assert_same_weights(final_weights(chunked), final_weights(two))
 
 
+@pytest.mark.parametrize("zero_stage, before, after", [(0, 2, 1), (1, 1, 2), (2, 2, 1)])
+def test_resume_on_another_number_of_ranks(demo_data, reference, tmp_path, zero_stage, before, after):
+    """A run checkpointed by N ranks goes on with M and follows the uninterrupted run (the data order, dropout
+    and TACO draws do not depend on the world size; ZeRO 1-2 optimizer state goes through DeepSpeed's
+    universal checkpoint)."""
+    s = settings("tacl", zero_stage=zero_stage)
+    uninterrupted = reference["tacl"]  # 1 rank, ZeRO 0
+    if (zero_stage, after) != (0, 1):  # the same stage and ranks, uninterrupted (ZeRO's bucketed reductions
+        uninterrupted = tmp_path / "uninterrupted"  # round differently from ZeRO 0's)
+        train(demo_data, uninterrupted, s, nproc=after)
+    run = tmp_path / "run"
+    train(demo_data, run, s, "--max-steps", "5", nproc=before)
+    proc = train(demo_data, run, s, nproc=after)
+    assert f"resumed from step00000005 at step 5 (written by {before} rank(s), now {after})" in proc.stderr
+    ref = losses(uninterrupted)
+    assert len(losses(run)) == len(ref) == 12
+    for a, b in zip(losses(run), ref):
+        assert a[0] == b[0]
+        assert [x for x in a[1:] if x is not None] == pytest.approx([x for x in b[1:] if x is not None], rel=1e-5)
+    assert_same_weights(final_weights(run), final_weights(uninterrupted), exact=False)
+    assert (checkpoint.checkpoint_dir(run) / "step00000005" / "universal").is_dir() == (zero_stage > 0)
+
+
+def test_zero_stage_3_refuses_another_number_of_ranks(demo_data, tmp_path):
+    s = settings("mlm_nsp", steps=4, zero_stage=3)
+    train(demo_data, tmp_path / "run", s, "--max-steps", "2")
+    proc = train(demo_data, tmp_path / "run", s, nproc=2, check=False)
+    assert proc.returncode != 0
+    assert ("checkpoint step00000002 was written by 1 rank(s) with ZeRO stage 3, which cannot go on with 2" in
+            proc.stderr), proc.stderr[-3000:]
+
+
 def test_export_loads_for_fine_tuning(demo_data, reference, tmp_path):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 

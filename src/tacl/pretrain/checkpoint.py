@@ -4,6 +4,14 @@ Every rank writes its DeepSpeed files and its own RNG file into `checkpoints/.in
 barrier rank 0 renames the directory into place, then rewrites `latest` (temporary name + rename), then
 prunes all but the newest `keep`. A process killed at any moment leaves `latest` naming a complete
 checkpoint.
+
+Another number of ranks: the batches do not depend on the world size (a micro-batch is a function of
+(seed, step, index)), and neither do dropout and TACO draws (seeded per micro-batch), so a run can go on
+with M ranks from a checkpoint N ranks wrote. ZeRO 0 loads as it is (every rank holds the whole optimizer
+state). ZeRO 1 and 2 partition the optimizer state by rank: the checkpoint is converted once to DeepSpeed's
+universal format (`<tag>/universal/<tag>`, by rank 0, under a temporary name), which loads on any number
+of ranks; on CPU the run then follows the uninterrupted M-rank run bit for bit. ZeRO 3 is refused (its
+converted checkpoint resumed measurably off the trajectory).
 """
 
 from __future__ import annotations
@@ -23,7 +31,9 @@ from tacl.pretrain.distributed import DistEnv, barrier
 
 CHECKPOINTS = "checkpoints"
 INCOMING = ".incoming"
+UNIVERSAL = "universal"
 _TAG = re.compile(r"^step(\d{8})$")
+_RNG = re.compile(r"^rng_rank(\d{5})\.pt$")
 
 
 def tag_for(step: int) -> str:
@@ -89,14 +99,42 @@ def prune(root: Path, keep: int, protect: str) -> None:
             shutil.rmtree(root / old, ignore_errors=True)
 
 
-def load(engine: Any, run_dir: str | os.PathLike, tag: str, env: DistEnv) -> dict[str, Any]:
+def saved_world_size(run_dir: str | os.PathLike, tag: str) -> int:
+    """How many ranks wrote this checkpoint (each wrote its own RNG file)."""
+    return sum(1 for p in (checkpoint_dir(run_dir) / tag).iterdir() if _RNG.match(p.name))
+
+
+def make_universal(run_dir: str | os.PathLike, tag: str, env: DistEnv) -> Path:
+    """Convert checkpoint `tag` to DeepSpeed's universal format once (rank 0; the others wait); returns the
+    directory to load it from (with `tag` as the tag)."""
+    out = checkpoint_dir(run_dir) / tag / UNIVERSAL / tag
+    if env.is_main and not out.is_dir():
+        import argparse
+
+        from deepspeed.checkpoint.ds_to_universal import main as to_universal
+
+        incoming = out.with_name(tag + INCOMING)
+        shutil.rmtree(incoming, ignore_errors=True)
+        to_universal(argparse.Namespace(input_folder=str(checkpoint_dir(run_dir) / tag), output_folder=str(incoming),
+                                        num_extract_workers=1, num_merge_workers=1, keep_temp_folder=False,
+                                        strict=True, inject_missing_state=True))
+        os.replace(incoming, out)
+    barrier()
+    return out.parent
+
+
+def load(engine: Any, run_dir: str | os.PathLike, tag: str, env: DistEnv, universal: Path | None = None
+         ) -> dict[str, Any]:
+    """Load checkpoint `tag` (from `universal`, the converted copy, when the number of ranks changed under
+    ZeRO 1-3). Each rank's RNG state is restored when the same number of ranks goes on."""
     root = checkpoint_dir(run_dir)
-    path, client_state = engine.load_checkpoint(str(root), tag=tag, load_optimizer_states=True,
+    path, client_state = engine.load_checkpoint(str(universal or root), tag=tag, load_optimizer_states=True,
                                                 load_lr_scheduler_states=True)
     if path is None:
         raise InputError(f"{root / tag}: DeepSpeed could not load this checkpoint")
-    rng_file = root / tag / f"rng_rank{env.rank:05d}.pt"
-    if not rng_file.is_file():
-        raise InputError(f"{rng_file}: missing (the checkpoint was written by fewer ranks than {env.world_size})")
-    set_rng_state(torch.load(rng_file, weights_only=False))
+    if saved_world_size(run_dir, tag) == env.world_size:
+        rng_file = root / tag / f"rng_rank{env.rank:05d}.pt"
+        if not rng_file.is_file():
+            raise InputError(f"{rng_file}: missing (the checkpoint is incomplete)")
+        set_rng_state(torch.load(rng_file, weights_only=False))
     return client_state

@@ -82,9 +82,10 @@ def linear_schedule(steps: int, warmup_ratio: float):
     return factor
 
 
-def ds_config(s: TrainSettings, accumulation: int, bf16: bool, cpu: bool) -> dict[str, Any]:
+def ds_config(s: TrainSettings, accumulation: int, bf16: bool, cpu: bool, universal: bool = False) -> dict[str, Any]:
     bucket = 5e6 if cpu else 5e8  # DESIGN.md section 7: the default buckets allocate GBs per step on CPU
     return {
+        "checkpoint": {"load_universal": universal},
         "train_batch_size": s.global_batch,
         "train_micro_batch_size_per_gpu": s.micro_batch,
         "gradient_accumulation_steps": accumulation,
@@ -202,6 +203,12 @@ def _setup(args: ChunkArgs, env: DistEnv, lock: RunLock) -> Chunk:
         raise InputError(error)
     if not env.is_main:
         shards = ShardSet(args.manifest, tokenizer_hash=tokenizer_hash(tokenizer), verify=False)
+    tag = checkpoint.latest_tag(run_dir)
+    saved_world = checkpoint.saved_world_size(run_dir, tag) if tag is not None else env.world_size
+    if saved_world != env.world_size and s.zero_stage == 3:
+        raise InputError(f"{run_dir}: checkpoint {tag} was written by {saved_world} rank(s) with ZeRO stage 3, which "
+                         f"cannot go on with {env.world_size}: its conversion does not reproduce the trajectory. "
+                         f"Resume with {saved_world} rank(s); ZeRO stages 0, 1 and 2 go on with any number")
     batching = Batching(s.global_batch, s.micro_batch, s.group_by_length, s.max_len if s.pad_to_max_len else 8)
     data = PretrainingData(shards, MaskingSpec.from_tokenizer(tokenizer, s.max_len), s.seed, batching)
 
@@ -224,19 +231,18 @@ def _setup(args: ChunkArgs, env: DistEnv, lock: RunLock) -> Chunk:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_schedule(s.steps, s.warmup_ratio))
     _avoid_cpu_shm_op()
     deepspeed.init_distributed(dist_backend="gloo" if cpu else "nccl")
-    engine, _, _, _ = deepspeed.initialize(model=Pretrainer(student, objective), optimizer=optimizer,
-                                           lr_scheduler=scheduler, config=ds_config(s, accumulation, bf16, cpu))
+    # another number of ranks under ZeRO 1-2: the partitioned optimizer state goes through the universal format
+    universal = checkpoint.make_universal(run_dir, tag, env) if saved_world != env.world_size and s.zero_stage else None
+    engine, _, _, _ = deepspeed.initialize(
+        model=Pretrainer(student, objective), optimizer=optimizer, lr_scheduler=scheduler,
+        config=ds_config(s, accumulation, bf16, cpu, universal=universal is not None))
     chunk = Chunk(args, env, engine, scheduler, teacher, data, accumulation,
                   torch.Generator(device=env.device))
-
-    tag = checkpoint.latest_tag(run_dir)
     if tag is not None:
-        state = checkpoint.load(engine, run_dir, tag, env)
-        if state.get("world_size") != env.world_size and s.zero_stage > 0:
-            raise InputError(f"{run_dir}: checkpoint {tag} was written by {state.get('world_size')} ranks with "
-                             f"ZeRO stage {s.zero_stage}; resume it with the same number of ranks")
+        state = checkpoint.load(engine, run_dir, tag, env, universal)
         chunk.step, chunk.tokens = int(state["step"]), int(state.get("tokens", 0))
-        log.info("resumed from %s at step %d", tag, chunk.step)
+        log.info("resumed from %s at step %d (written by %d rank(s), now %d)", tag, chunk.step, saved_world,
+                 env.world_size)
     return chunk
 
 
