@@ -126,7 +126,7 @@ def make_universal(run_dir: str | os.PathLike, tag: str, env: DistEnv) -> Path:
 def load(engine: Any, run_dir: str | os.PathLike, tag: str, env: DistEnv, universal: Path | None = None
          ) -> dict[str, Any]:
     """Load checkpoint `tag` (from `universal`, the converted copy, when the number of ranks changed under
-    ZeRO 1-3). Each rank's RNG state is restored when the same number of ranks goes on."""
+    ZeRO 1-2). Each rank's RNG state is restored when the same number of ranks goes on."""
     root = checkpoint_dir(run_dir)
     path, client_state = engine.load_checkpoint(str(universal or root), tag=tag, load_optimizer_states=True,
                                                 load_lr_scheduler_states=True)
