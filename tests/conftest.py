@@ -134,7 +134,8 @@ def demo_data(tmp_path_factory, tokenizer_dir):
 def run_tacl(*args: str, timeout: int = 600, check: bool = True, env: dict | None = None,
              **popen) -> subprocess.CompletedProcess:
     """`python -m tacl ...` in a fresh process (DeepSpeed and torch.distributed want one per run)."""
-    full_env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", **(env or {}))
+    full_env = {**os.environ, **(env or {})}
+    full_env["PATH"] = f"{Path(sys.executable).parent}:{full_env['PATH']}"
     proc = subprocess.run([sys.executable, "-m", "tacl", *args], capture_output=True, text=True, timeout=timeout,
                           env=full_env, **popen)
     if check and proc.returncode != 0:

@@ -1,4 +1,5 @@
-"""`tacl submit ...`: run one stage on SLURM from the command line or a notebook, without Snakemake."""
+"""`tacl submit ...`: run one stage on SLURM from the command line or a notebook, without Snakemake.
+`tacl pbs submit|status`: the submit and status commands of the PBS Pro profile (profiles/pbs)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,37 @@ def register(stages: argparse._SubParsersAction) -> None:
                         '"cpus_per_task": 32, "slurm_account": "p123"}')
     c.add_argument("--wait", action="store_true", help="wait for the final marker and print it")
     c.set_defaults(func=_pretrain)
+
+    p = stages.add_parser("pbs", help="PBS Pro submit/status commands for Snakemake's cluster-generic executor")
+    cmds = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    c = cmds.add_parser("submit", help="qsub one Snakemake job script; prints the job id")
+    c.add_argument("--queue", required=True)
+    c.add_argument("--ngpus", type=int, default=0)
+    c.add_argument("--ncpus", type=int, default=1)
+    c.add_argument("--mem-mb", type=int, required=True)
+    c.add_argument("--runtime", type=float, required=True, help="minutes (walltime)")
+    c.add_argument("--nodes", type=int, default=1)
+    c.add_argument("--name", required=True, help="the rule (job name tacl.RULE)")
+    c.add_argument("--log-dir", required=True, help="PBS writes the job's output here")
+    c.add_argument("--project", default="", help="qsub -P (empty: none)")
+    c.add_argument("jobscript")
+    c.set_defaults(func=_pbs_submit)
+    c = cmds.add_parser("status", help="running | success | failed, from qstat -x -f -F json")
+    c.add_argument("job_id")
+    c.set_defaults(func=_pbs_status)
+
+
+def _pbs_submit(a: argparse.Namespace) -> None:
+    from tacl.cluster.pbs import qsub_command, submit
+
+    print(submit(qsub_command(a.jobscript, a.queue, a.ngpus, a.ncpus, a.mem_mb, a.runtime, a.name, a.log_dir,
+                              a.project or None, a.nodes)))
+
+
+def _pbs_status(a: argparse.Namespace) -> int:
+    from tacl.cluster.pbs import status_main
+
+    return status_main(a.job_id)
 
 
 def _pretrain(a: argparse.Namespace) -> None:

@@ -1,5 +1,5 @@
-"""When must a chunk stop? The earliest of: an explicit deadline, SLURM's own end time for this job, the
-runtime the rule gave; and at once when SIGUSR1, SIGUSR2 or SIGTERM arrives (saved at the next step
+"""When must a chunk stop? The earliest of: an explicit deadline, SLURM's or PBS's own end time for this job,
+the runtime the rule gave; and at once when SIGUSR1, SIGUSR2 or SIGTERM arrives (saved at the next step
 boundary)."""
 
 from __future__ import annotations
@@ -42,9 +42,11 @@ def end_time(start: float, deadline: float | None = None, runtime_minutes: float
         candidates.append(deadline)
     if runtime_minutes:
         candidates.append(start + 60.0 * runtime_minutes)
-    left = slurm_time_left()
-    if left is not None:
-        candidates.append(time.time() + left)
+    from tacl.cluster.pbs import pbs_time_left
+
+    for left in (slurm_time_left(), pbs_time_left()):
+        if left is not None:
+            candidates.append(time.time() + left)
     return min(candidates) if candidates else None
 
 
