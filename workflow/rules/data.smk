@@ -13,12 +13,18 @@ rule download_corpus:
     params:
         source=json.dumps(config["data"]["source"]),
         cache=f"{config['resources_dir']}/datasets",
+        # a Hugging Face source is streamed only as far as the clean step will read it under max_lines
+        cap=(
+            f"--max-lines {config['data']['max_lines']} --heldout-fraction {config['data']['heldout_fraction']}"
+            f" --sentence-splitter {config['data']['sentence_splitter']}"
+        ),
     conda:
         CONDA_ENV
     log:
         f"{LOGS}/data/download_corpus.log",
     shell:
-        "python -m tacl data download --source {params.source:q} --cache-dir {params.cache} --out {output} > {log} 2>&1"
+        "python -m tacl data download --source {params.source:q} --cache-dir {params.cache} {params.cap}"
+        " --out {output} > {log} 2>&1"
 
 
 rule fetch_tokenizer:

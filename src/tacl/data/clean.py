@@ -113,8 +113,8 @@ def is_heldout(article_id: str, fraction: float) -> bool:
     return digest < fraction * 2**64
 
 
-def _clean_batch(batch: list[Article], splitter: str = "blingfire") -> list[tuple[str, list[str]]]:
-    return [(a.id, clean_article(a.text, splitter)) for a in batch]
+def _clean_batch(batch: list[Article], splitter: str = "blingfire") -> list[list[str]]:
+    return [clean_article(a.text, splitter) for a in batch]
 
 
 def _batches(articles: Iterable[Article], size: int) -> Iterator[list[Article]]:
@@ -124,18 +124,39 @@ def _batches(articles: Iterable[Article], size: int) -> Iterator[list[Article]]:
 
 
 def _cleaned(articles: Iterable[Article], workers: int, splitter: str = "blingfire",
-             batch: int = 256) -> Iterator[tuple[str, list[str]]]:
-    """Clean in parallel, in source order, reading the source only a bounded window ahead."""
+             batch: int = 256) -> Iterator[tuple[Article, list[str]]]:
+    """(article, its sentences), cleaned in parallel, in source order, reading the source only a bounded
+    window ahead."""
     batches = _batches(articles, batch)
     clean = functools.partial(_clean_batch, splitter=splitter)
     if workers <= 1:
         for b in batches:
-            yield from clean(b)
+            yield from zip(b, clean(b))
         return
     with mp.get_context("fork").Pool(workers) as pool:
         while window := list(itertools.islice(batches, workers * 4)):
-            for result in pool.map(clean, window):
-                yield from result
+            for b, result in zip(window, pool.map(clean, window)):
+                yield from zip(b, result)
+
+
+def capped_documents(articles: Iterable[Article], max_lines: int | None, heldout_fraction: float,
+                     splitter: str = "blingfire", workers: int = 1) -> Iterator[tuple[Article, list[str], str]]:
+    """(article, sentences, role) in source order; role is "train", "heldout", "dropped" (nothing kept) or
+    "over": the first training document that would take the corpus past `max_lines` (lines = sentences plus
+    the blank line after each document), the last one yielded. What the clean step writes, and what a capped
+    download must fetch."""
+    lines = 0
+    for article, sentences in _cleaned(articles, workers, splitter):
+        if not sentences:
+            yield article, sentences, "dropped"
+        elif is_heldout(article.id, heldout_fraction):
+            yield article, sentences, "heldout"
+        elif max_lines and lines + len(sentences) + 1 > max_lines:
+            yield article, sentences, "over"
+            return
+        else:
+            lines += len(sentences) + 1
+            yield article, sentences, "train"
 
 
 def clean_corpus(
@@ -160,27 +181,27 @@ def clean_corpus(
     if splitter not in SPLITTERS:
         raise InputError(f"data.sentence_splitter: {splitter!r} is not one of {', '.join(SPLITTERS)}")
     raw = read_json(raw_json)
-    articles = iter_articles(raw["source"], raw.get("cache_dir"))
+    articles = iter_articles(raw["source"], raw.get("cache_dir"), raw.get("rows_file"))
     stats = {"articles": 0, "documents": 0, "sentences": 0, "lines": 0, "sentence_splitter": splitter,
              "heldout_documents": 0, "heldout_sentences": 0, "capped": False, "max_lines": max_lines}
     offsets = [0]
     with atomic_path(out_corpus) as tmp_corpus, atomic_path(out_heldout) as tmp_heldout:
         with open(tmp_corpus, "wb") as corpus, open(tmp_heldout, "wb") as heldout:
-            bar = tqdm(_cleaned(articles, workers, splitter), desc="clean", unit=" articles", disable=not progress,
-                       mininterval=2.0)
-            for article_id, sentences in bar:
+            documents = capped_documents(articles, max_lines, heldout_fraction, splitter, workers)
+            bar = tqdm(documents, desc="clean", unit=" articles", disable=not progress, mininterval=2.0)
+            for _, sentences, role in bar:
                 stats["articles"] += 1
-                if not sentences:
+                if role == "over":
+                    stats["capped"] = True
+                    break
+                if role == "dropped":
                     continue
                 block = ("\n".join(sentences) + "\n\n").encode("utf-8")
-                if is_heldout(article_id, heldout_fraction):
+                if role == "heldout":
                     heldout.write(block)
                     stats["heldout_documents"] += 1
                     stats["heldout_sentences"] += len(sentences)
                     continue
-                if max_lines and stats["lines"] + len(sentences) + 1 > max_lines:
-                    stats["capped"] = True
-                    break
                 corpus.write(block)
                 offsets.append(offsets[-1] + len(block))
                 stats["documents"] += 1

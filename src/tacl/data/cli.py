@@ -15,6 +15,11 @@ def register(stages: argparse._SubParsersAction) -> None:
     c.add_argument("--source", required=True, help="data.source as JSON")
     c.add_argument("--cache-dir", required=True)
     c.add_argument("--out", required=True, help="corpus description (JSON) for the clean step")
+    c.add_argument("--max-lines", type=int, default=0,
+                   help="stream a Hugging Face dataset only as far as the clean step reads under this cap")
+    c.add_argument("--heldout-fraction", type=float, default=0.0, help="as the clean step (for the cap)")
+    c.add_argument("--sentence-splitter", default="blingfire", choices=["blingfire", "regex"],
+                   help="as the clean step (for the cap)")
     c.set_defaults(func=_download, online=True)
 
     c = cmds.add_parser("tokenizer", help="save the tokenizer into the results tree (login node)")
@@ -71,7 +76,7 @@ def _tokenizer(a: argparse.Namespace) -> None:
 def _download(a: argparse.Namespace) -> None:
     from tacl.data.download import download_corpus
 
-    download_corpus(json.loads(a.source), a.cache_dir, a.out)
+    download_corpus(json.loads(a.source), a.cache_dir, a.out, a.max_lines, a.heldout_fraction, a.sentence_splitter)
 
 
 def _clean(a: argparse.Namespace) -> None:

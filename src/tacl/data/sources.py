@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import glob
 import html
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,24 +81,40 @@ def read_text(paths: list[Path]) -> Iterator[Article]:
             yield Article(f"{path.name}:{n}", "", "\n".join(block))
 
 
-def read_hf(source: dict[str, Any], cache_dir: str | None) -> Iterator[Article]:
+def load_hf(source: dict[str, Any], cache_dir: str | None, streaming: bool = False) -> Any:
+    """The Hugging Face dataset of `data.source`; `streaming` reads it row by row as it is iterated (only the
+    files and row groups it reaches), instead of downloading and converting all of it first."""
     import datasets
 
-    ds = datasets.load_dataset(
-        source["dataset"], source.get("config"), split=source.get("split", "train"), cache_dir=cache_dir
-    )
+    return datasets.load_dataset(source["dataset"], source.get("config"), split=source.get("split", "train"),
+                                 cache_dir=cache_dir, streaming=streaming)
+
+
+def hf_articles(ds: Any, source: dict[str, Any]) -> Iterator[Article]:
+    """Articles of a (streamed or downloaded) Hugging Face dataset, in its order."""
     field = source.get("text_field", "text")
-    if field not in ds.column_names:
-        raise InputError(f"data.source.text_field: column {field!r} not in {source['dataset']} {ds.column_names}")
-    has_id, has_title = "id" in ds.column_names, "title" in ds.column_names
+    columns = list(ds.column_names or [])
+    if columns and field not in columns:
+        raise InputError(f"data.source.text_field: column {field!r} not in {source['dataset']} {columns}")
     for i, row in enumerate(ds):
-        yield Article(str(row["id"]) if has_id else str(i), row["title"] if has_title else "", row[field])
+        if field not in row:
+            raise InputError(f"data.source.text_field: column {field!r} not in {source['dataset']} {sorted(row)}")
+        yield Article(str(row["id"]) if "id" in row else str(i), row.get("title") or "", row[field])
 
 
-def iter_articles(source: dict[str, Any], cache_dir: str | None = None) -> Iterator[Article]:
+def read_rows_file(path: str) -> Iterator[Article]:
+    """The articles a capped download saved (JSON lines: id, title, text)."""
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            row = json.loads(line)
+            yield Article(row["id"], row["title"], row["text"])
+
+
+def iter_articles(source: dict[str, Any], cache_dir: str | None = None, rows_file: str | None = None
+                  ) -> Iterator[Article]:
     kind = source.get("kind")
     if kind == "hf":
-        return read_hf(source, cache_dir)
+        return read_rows_file(rows_file) if rows_file else hf_articles(load_hf(source, cache_dir), source)
     if kind == "wikiextractor":
         return read_wikiextractor(expand_paths(source.get("paths", [])))
     if kind == "text":
