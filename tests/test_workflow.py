@@ -41,6 +41,41 @@ def test_lint_is_clean(tmp_path):
     assert "Congratulations, your workflow is in a good condition!" in proc.stdout + proc.stderr
 
 
+def call_text(text: str, start: int) -> str:
+    """The arguments of the call whose "(" ends just before `start` (up to its matching ")")."""
+    depth = 1
+    for i in range(start, len(text)):
+        depth += {"(": 1, ")": -1}.get(text[i], 0)
+        if depth == 0:
+            return text[start:i]
+    raise AssertionError("unbalanced parentheses")
+
+
+def test_catalog_conventions_snakefmt_benchmarks_captions():
+    """snakefmt --check is clean; every rule that runs on a cluster node has a benchmark; every report() output
+    has a caption, and the workflow a report description (Snakemake workflow catalog conventions)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "snakefmt", "--check", str(REPO / "workflow")], capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    text = {p.name: p.read_text() for p in (REPO / "workflow" / "rules").glob("*.smk")}
+    local = {name for t in text.values() for block in re.findall(r"^localrules:\n((?:    \w+,.*\n)+)", t, re.M)
+             for name in re.findall(r"^    (\w+),", block, re.M)}
+    rules = {}
+    for t in text.values():
+        for m in re.finditer(r"^(?:rule|checkpoint) (\w+):\n(.*?)(?=^\S|\Z)", t, re.M | re.S):
+            rules[m.group(1)] = m.group(2)
+    assert {"clean", "shard", "pretrain_chunk", "export_model", "finetune", "similarity"} <= set(rules) - local
+    assert [r for r in set(rules) - local if "    benchmark:" not in rules[r]] == []
+    calls = [call_text(t, m.end()) for t in text.values() for m in re.finditer(r"\breport\(", t)]
+    assert len(calls) >= 7 and all("caption=" in c for c in calls), calls
+    for caption in re.findall(r'caption="\.\./report/(\w+\.rst)"', "".join(text.values())):
+        assert (REPO / "workflow" / "report" / caption).is_file(), caption
+    assert 'report: "report/workflow.rst"' in (REPO / "workflow" / "Snakefile").read_text()
+
+
 def test_config_errors_name_the_key():
     schema = load_schema(SCHEMA)
     cfg = yaml.safe_load((REPO / "config.yaml").read_text())

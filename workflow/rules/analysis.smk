@@ -11,20 +11,20 @@ rule similarity:
         heldout=f"{DATA}/heldout.txt",
     output:
         f"{R}/analysis/similarity/{{model}}.json",
+    log:
+        f"{LOGS}/analysis/similarity-{{model}}.log",
+    benchmark:
+        f"{BENCH}/analysis/similarity-{{model}}.tsv"
+    conda:
+        CONDA_ENV
+    resources:
+        runtime=120,
+        mem_mb=16000,
     params:
         n=config["analysis"]["similarity_sentences"],
         seed=config["analysis"]["similarity_seed"],
         max_len=config["analysis"]["similarity_max_len"],
         device=config["device"],
-    resources:
-        runtime=120,
-        mem_mb=16000,
-    conda:
-        CONDA_ENV
-    log:
-        f"{LOGS}/analysis/similarity-{{model}}.log",
-    benchmark:
-        f"{BENCH}/analysis/similarity-{{model}}.tsv"
     shell:
         "python -m tacl analysis similarity --model {input.model} --name {wildcards.model}"
         " --heldout {input.heldout} --sentences {params.n} --seed {params.seed} --max-len {params.max_len}"
@@ -35,10 +35,14 @@ rule similarity_plot:
     input:
         expand(f"{R}/analysis/similarity/{{model}}.json", model=finetune_models()),
     output:
-        report(f"{REPORT}/self_similarity.png", category="Self-similarity"),
-    conda:
-        CONDA_ENV
+        report(
+            f"{REPORT}/self_similarity.png",
+            category="Self-similarity",
+            caption="../report/self_similarity.rst",
+        ),
     log:
         f"{LOGS}/analysis/similarity_plot.log",
+    conda:
+        CONDA_ENV
     shell:
         "python -m tacl analysis plot --inputs {input} --out {output} > {log} 2>&1"

@@ -49,12 +49,34 @@ def model_outputs():
 def train_settings(objective):
     """The trainer's settings for one objective, as JSON (see tacl.pretrain.settings)."""
     p = config["pretrain"]
-    keys = ["steps", "global_batch", "micro_batch", "lr", "warmup_ratio", "weight_decay", "adam_eps",
-            "adam_betas", "grad_clip", "zero_stage", "precision", "seed", "log_every", "checkpoint_minutes",
-            "keep_checkpoints", "pad_to_max_len", "group_by_length", "loader_workers", "compile"]
+    keys = [
+        "steps",
+        "global_batch",
+        "micro_batch",
+        "lr",
+        "warmup_ratio",
+        "weight_decay",
+        "adam_eps",
+        "adam_betas",
+        "grad_clip",
+        "zero_stage",
+        "precision",
+        "seed",
+        "log_every",
+        "checkpoint_minutes",
+        "keep_checkpoints",
+        "pad_to_max_len",
+        "group_by_length",
+        "loader_workers",
+        "compile",
+    ]
     settings = {k: p[k] for k in keys}
-    settings.update(objective=objective, max_len=config["data"]["max_len"],
-                    objective_params=p.get(objective, {}), device=config["device"])
+    settings.update(
+        objective=objective,
+        max_len=config["data"]["max_len"],
+        objective_params=p.get(objective, {}),
+        device=config["device"],
+    )
     return json.dumps(settings, sort_keys=True)
 
 
@@ -63,7 +85,9 @@ def launcher():
     if p["launcher"] == "auto":
         return "srun" if p["nodes"] > 1 else "torchrun"
     if p["launcher"] == "torchrun" and p["nodes"] > 1:
-        raise WorkflowError("pretrain.launcher: torchrun starts ranks on one node; use srun for pretrain.nodes > 1")
+        raise WorkflowError(
+            "pretrain.launcher: torchrun starts ranks on one node; use srun for pretrain.nodes > 1"
+        )
     return p["launcher"]
 
 
@@ -178,11 +202,18 @@ def report_args(wildcards=None, input=None):
     """Arguments of `tacl report`, shared by the rule and the onerror handler."""
     similarity = [f"{R}/analysis/similarity/{m}.json" for m in finetune_models()]
     args = [
-        "--results", R, "--models", *finetune_models(),
-        "--tasks", *config["finetune"]["tasks"],
-        "--expected", json.dumps(expected_runs()),
-        "--similarity", *[p for p in similarity if os.path.exists(p)],
-        "--out", REPORT,
+        "--results",
+        R,
+        "--models",
+        *finetune_models(),
+        "--tasks",
+        *config["finetune"]["tasks"],
+        "--expected",
+        json.dumps(expected_runs()),
+        "--similarity",
+        *[p for p in similarity if os.path.exists(p)],
+        "--out",
+        REPORT,
     ]
     if os.path.exists(f"{REPORT}/self_similarity.png"):
         args += ["--similarity-png", f"{REPORT}/self_similarity.png"]
@@ -252,7 +283,9 @@ def submission_problems():
     if preview:
         with open(preview, "w") as f:
             json.dump({"sbatch": lines, "problems": found}, f, indent=1)
-        raise WorkflowError(f"TACL_SBATCH_PREVIEW: the sbatch line of every rule is in {preview}; nothing was submitted")
+        raise WorkflowError(
+            f"TACL_SBATCH_PREVIEW: the sbatch line of every rule is in {preview}; nothing was submitted"
+        )
     return found
 
 
@@ -267,7 +300,10 @@ def slurm_preflight():
     found = submission_problems()
     partitions = cluster_partitions()
     if partitions is None:
-        print("SLURM preflight: partitions not checked, `scontrol show partition` did not answer", file=sys.stderr)
+        print(
+            "SLURM preflight: partitions not checked, `scontrol show partition` did not answer",
+            file=sys.stderr,
+        )
         if found:
             raise WorkflowError("SLURM preflight: nothing was submitted.\n  " + "\n  ".join(found))
         return

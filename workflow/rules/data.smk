@@ -10,6 +10,10 @@ localrules:
 rule download_corpus:
     output:
         f"{DATA}/raw.json",
+    log:
+        f"{LOGS}/data/download_corpus.log",
+    conda:
+        CONDA_ENV
     params:
         source=json.dumps(config["data"]["source"]),
         cache=f"{config['resources_dir']}/datasets",
@@ -18,10 +22,6 @@ rule download_corpus:
             f"--max-lines {config['data']['max_lines']} --heldout-fraction {config['data']['heldout_fraction']}"
             f" --sentence-splitter {config['data']['sentence_splitter']}"
         ),
-    conda:
-        CONDA_ENV
-    log:
-        f"{LOGS}/data/download_corpus.log",
     shell:
         "python -m tacl data download --source {params.source:q} --cache-dir {params.cache} {params.cap}"
         " --out {output} > {log} 2>&1"
@@ -30,12 +30,12 @@ rule download_corpus:
 rule fetch_tokenizer:
     output:
         directory(f"{DATA}/tokenizer"),
-    params:
-        name=tokenizer_name(),
-    conda:
-        CONDA_ENV
     log:
         f"{LOGS}/data/fetch_tokenizer.log",
+    conda:
+        CONDA_ENV
+    params:
+        name=tokenizer_name(),
     shell:
         "python -m tacl data tokenizer --name {params.name:q} --out {output} > {log} 2>&1"
 
@@ -48,20 +48,20 @@ rule clean:
         index=f"{DATA}/corpus.idx.npy",
         heldout=f"{DATA}/heldout.txt",
         stats=f"{DATA}/clean.json",
-    params:
-        max_lines=config["data"]["max_lines"],
-        heldout=config["data"]["heldout_fraction"],
-        splitter=config["data"]["sentence_splitter"],
-    threads: config["data"]["clean_workers"]
-    resources:
-        mem_mb=8000,
-        runtime=720,
-    conda:
-        CONDA_ENV
     log:
         f"{LOGS}/data/clean.log",
     benchmark:
         f"{BENCH}/data/clean.tsv"
+    conda:
+        CONDA_ENV
+    threads: config["data"]["clean_workers"]
+    resources:
+        mem_mb=8000,
+        runtime=720,
+    params:
+        max_lines=config["data"]["max_lines"],
+        heldout=config["data"]["heldout_fraction"],
+        splitter=config["data"]["sentence_splitter"],
     shell:
         "python -m tacl data clean --raw {input} --corpus {output.corpus} --index {output.index}"
         " --heldout {output.heldout} --stats {output.stats} --max-lines {params.max_lines}"
@@ -77,24 +77,24 @@ rule shard:
     output:
         shard=f"{DATA}/shards/shard-{{shard}}.bin",
         entry=f"{DATA}/shards/shard-{{shard}}.json",
+    log:
+        f"{LOGS}/data/shard-{{shard}}.log",
+    benchmark:
+        f"{BENCH}/data/shard-{{shard}}.tsv"
     wildcard_constraints:
         shard=r"\d{5}",
+    conda:
+        CONDA_ENV
+    threads: 1
+    resources:
+        mem_mb=6000,
+        runtime=120,
     params:
         n=config["data"]["num_shards"],
         max_len=config["data"]["max_len"],
         short=config["data"]["short_seq_prob"],
         seed=config["data"]["seed"],
         dupe=config["data"]["dupe_factor"],
-    threads: 1
-    resources:
-        mem_mb=6000,
-        runtime=120,
-    conda:
-        CONDA_ENV
-    log:
-        f"{LOGS}/data/shard-{{shard}}.log",
-    benchmark:
-        f"{BENCH}/data/shard-{{shard}}.tsv"
     shell:
         "RAYON_NUM_THREADS={threads} python -m tacl data shard --corpus {input.corpus} --index {input.index}"
         " --tokenizer {input.tokenizer} --shard {wildcards.shard} --num-shards {params.n}"
@@ -109,10 +109,10 @@ rule gather_shards:
     output:
         manifest=f"{DATA}/shards/manifest.json",
         summary=f"{DATA}/summary.json",
-    conda:
-        CONDA_ENV
     log:
         f"{LOGS}/data/gather_shards.log",
+    conda:
+        CONDA_ENV
     shell:
         "python -m tacl data gather --entries {input.entries} --clean-stats {input.stats}"
         " --out {output.manifest} --summary {output.summary} > {log} 2>&1"

@@ -8,12 +8,12 @@ localrules:
 rule prepare_task:
     output:
         f"{R}/finetune_data/{{task}}.json",
-    params:
-        source=lambda w: json.dumps(task_source(w.task)),
-    conda:
-        CONDA_ENV
     log:
         f"{LOGS}/finetune/prepare-{{task}}.log",
+    conda:
+        CONDA_ENV
+    params:
+        source=lambda w: json.dumps(task_source(w.task)),
     shell:
         "python -m tacl finetune prepare --task {wildcards.task} --source {params.source:q} --out {output}"
         " > {log} 2>&1"
@@ -25,8 +25,17 @@ rule finetune:
         data=f"{R}/finetune_data/{{task}}.json",
     output:
         f"{FINETUNE}/{{model}}/{{task}}/seed{{seed}}/metrics.json",
+    log:
+        f"{LOGS}/finetune/{{model}}/{{task}}/seed{{seed}}.log",
+    benchmark:
+        f"{BENCH}/finetune/{{model}}/{{task}}/seed{{seed}}.tsv"
     wildcard_constraints:
         seed=r"\d+",
+    conda:
+        CONDA_ENV
+    resources:
+        runtime=lambda w: task_runtime(w.task),
+        mem_mb=32000,
     params:
         family=lambda w: task_family(w.task),
         source=lambda w: json.dumps(task_source(w.task)),
@@ -35,15 +44,6 @@ rule finetune:
         device=config["device"],
         preset=config["finetune"]["preset"],
         out=lambda w: f"{FINETUNE}/{w.model}/{w.task}/seed{w.seed}",
-    resources:
-        runtime=lambda w: task_runtime(w.task),
-        mem_mb=32000,
-    conda:
-        CONDA_ENV
-    log:
-        f"{LOGS}/finetune/{{model}}/{{task}}/seed{{seed}}.log",
-    benchmark:
-        f"{BENCH}/finetune/{{model}}/{{task}}/seed{{seed}}.tsv"
     shell:
         "python -m tacl finetune {params.family} --model {input.model} --task {wildcards.task}"
         " --seed {wildcards.seed} --source {params.source:q} --hparams {params.hparams:q}"

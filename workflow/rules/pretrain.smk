@@ -13,13 +13,13 @@ rule init_model:
         tokenizer=f"{DATA}/tokenizer",
     output:
         directory(START),
+    log:
+        f"{LOGS}/pretrain/init_model.log",
+    conda:
+        CONDA_ENV
     params:
         model=config["model"],
         init=json.dumps(config["model_init"]),
-    conda:
-        CONDA_ENV
-    log:
-        f"{LOGS}/pretrain/init_model.log",
     shell:
         "python -m tacl pretrain init-model --model {params.model:q} --init {params.init:q}"
         " --tokenizer {input.tokenizer} --out {output} > {log} 2>&1"
@@ -32,9 +32,17 @@ checkpoint pretrain_chunk:
         previous=previous_chunk,
     output:
         f"{PRETRAIN}/{{objective}}/chunk-{{chunk}}.json",
+    log:
+        f"{LOGS}/pretrain/{{objective}}/chunk-{{chunk}}.log",
+    benchmark:
+        f"{BENCH}/pretrain/{{objective}}/chunk-{{chunk}}.tsv"
     wildcard_constraints:
         objective="mlm_nsp|tacl|taco",
         chunk=r"\d+",
+    conda:
+        CONDA_ENV
+    resources:
+        **chunk_resources(),
     params:
         run_dir=lambda w: f"{PRETRAIN}/{w.objective}/run",
         settings=lambda w: train_settings(w.objective),
@@ -42,14 +50,6 @@ checkpoint pretrain_chunk:
         margin=config["pretrain"]["chunk"]["margin_minutes"],
         launch=chunk_launch()[0],
         nproc=chunk_launch()[1],
-    resources:
-        **chunk_resources(),
-    conda:
-        CONDA_ENV
-    log:
-        f"{LOGS}/pretrain/{{objective}}/chunk-{{chunk}}.log",
-    benchmark:
-        f"{BENCH}/pretrain/{{objective}}/chunk-{{chunk}}.tsv"
     shell:
         "{params.launch} python -m tacl pretrain train --run-dir {params.run_dir} --start-model {input.start}"
         " --manifest {input.manifest} --settings {params.settings:q} --chunk {wildcards.chunk}"
@@ -64,17 +64,19 @@ rule export_model:
     output:
         model=directory(f"{MODELS}/{{objective}}"),
         summary=f"{MODELS}/{{objective}}.json",
+    log:
+        f"{LOGS}/pretrain/{{objective}}/export.log",
+    benchmark:
+        f"{BENCH}/pretrain/{{objective}}/export.tsv"
     wildcard_constraints:
         objective="mlm_nsp|tacl|taco",
-    params:
-        run_dir=lambda w: f"{PRETRAIN}/{w.objective}/run",
+    conda:
+        CONDA_ENV
     resources:
         mem_mb=16000,
         runtime=60,
-    conda:
-        CONDA_ENV
-    log:
-        f"{LOGS}/pretrain/{{objective}}/export.log",
+    params:
+        run_dir=lambda w: f"{PRETRAIN}/{w.objective}/run",
     shell:
         "python -m tacl pretrain export --start-model {input.start} --run-dir {params.run_dir}"
         " --marker {input.final} --out {output.model} --summary {output.summary} > {log} 2>&1"
@@ -86,10 +88,10 @@ rule export_start:
     output:
         model=directory(f"{MODELS}/none"),
         summary=f"{MODELS}/none.json",
-    conda:
-        CONDA_ENV
     log:
         f"{LOGS}/pretrain/none/export.log",
+    conda:
+        CONDA_ENV
     shell:
         "python -m tacl pretrain export --start-model {input.start} --out {output.model}"
         " --summary {output.summary} > {log} 2>&1"

@@ -16,29 +16,33 @@ rule report:
             multiext(f"{REPORT}/glue_dev", ".md", ".csv", ".tex"),
             category="Tables",
             subcategory="GLUE dev",
+            caption="../report/glue_dev.rst",
         ),
         report(
             multiext(f"{REPORT}/squad_dev", ".md", ".csv", ".tex"),
             category="Tables",
             subcategory="SQuAD dev",
+            caption="../report/squad_dev.rst",
         ),
         report(
             multiext(f"{REPORT}/glue_published", ".md", ".csv", ".tex"),
             category="Tables",
             subcategory="Published GLUE numbers",
+            caption="../report/glue_published.rst",
         ),
         report(
             multiext(f"{REPORT}/differences", ".md", ".csv", ".tex"),
             category="Tables",
             subcategory="Differences beyond seed noise",
+            caption="../report/differences.rst",
         ),
-        report(f"{REPORT}/glue_dev.png", category="GLUE dev"),
-        md=report(f"{REPORT}/report.md", category="Tables"),
-    params:
-        args=report_args,
-    conda:
-        CONDA_ENV
+        report(f"{REPORT}/glue_dev.png", category="GLUE dev", caption="../report/glue_plot.rst"),
+        md=report(f"{REPORT}/report.md", category="Tables", caption="../report/report_md.rst"),
     log:
         f"{LOGS}/report.log",
+    conda:
+        CONDA_ENV
+    params:
+        args=report_args,
     shell:
         "python -m tacl report {params.args} > {log} 2>&1"
