@@ -112,6 +112,19 @@ def test_squad_per_batch_padding_predicts_as_padding_to_max_len(demo_data):
     assert all(answers[0][1][k] == pytest.approx(answers[1][1][k], abs=1e-4) for k in answers[0][1])
 
 
+def test_contrastive_fine_tune_runs_and_refuses_regression(tmp_path, demo_data):
+    from tacl.finetune.sequence import finetune_glue
+
+    source = {"kind": "tsv", "data_dir": str(REPO / "examples/demo/glue")}
+    hp = {"max_train_examples": 64, "max_eval_examples": 32, "epochs": 1, "batch": 16}
+    result = finetune_glue(str(demo_data["start"]), "qnli", source, hp, 0, str(tmp_path / "scl"), contrastive="scl")
+    assert result["contrastive"] == "scl" and result["hparams"]["contrastive_weight"] == 0.9
+    assert 0 <= result["dev"]["dev"]["accuracy"] <= 1 and result["train"]["final_loss"] > 0
+    with pytest.raises(InputError, match="finetune.contrastive: stsb is a regression task"):
+        finetune_glue("no-model", "stsb", source, {}, 0, str(tmp_path / "stsb"), contrastive="kl")
+    assert not (tmp_path / "stsb").exists()
+
+
 def test_presets_then_the_configs_values():
     from tacl.finetune.common import DEFAULT_HPARAMS, hyperparameters
 

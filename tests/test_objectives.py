@@ -218,3 +218,89 @@ def test_gathered_mlm_head_equals_boolean_selection():
     assert losses["mlm"].item() == pytest.approx(previous.item(), rel=1e-6)
     assert accuracy(metrics["mlm_acc"]) == pytest.approx((logits.argmax(-1) == labels[selected]).float().mean().item())
     torch.testing.assert_close(grad, previous_grad, rtol=1e-5, atol=1e-7)
+
+
+# -- TaCL with cross-sequence negatives, COCO-LM -------------------------------------------------------------------
+
+
+def test_tacl_batch_negatives_match_loops():
+    """Every real token of every sequence of the micro-batch is a candidate for every anchor."""
+    from tacl.data.pretraining import masked_positions
+    from tacl.objectives.tacl import tacl_batch_loss
+
+    student, teacher, valid, special, anchors = random_batch(4, bsz=3, length=10, hidden=8)
+    candidates = valid & ~special
+    labels = torch.where(anchors, 7, -100)
+    batch = masked_positions(labels.numpy())
+    loss, acc = tacl_batch_loss(student, teacher, batch["mlm_index"], batch["mlm_targets"], candidates, 0.1)
+    bsz, length, _ = student.shape
+    pool = [(b, j) for b in range(bsz) for j in range(length) if candidates[b, j]]
+    terms, correct = [], 0
+    for b, i in anchors.nonzero().tolist():
+        scores = {(c, j): cos(student[b, i], teacher[c, j]) / 0.1 for c, j in pool}
+        terms.append(-scores[(b, i)] + math.log(sum(math.exp(v) for v in scores.values())))
+        correct += max(scores, key=scores.get) == (b, i)
+    assert loss.item() == pytest.approx(sum(terms) / len(terms), rel=1e-5)
+    assert accuracy(acc) == pytest.approx(correct / len(terms))
+
+
+def test_coco_lm_losses_match_loops():
+    from tacl.objectives.coco_lm import copy_loss, corrective_lm_loss, sequence_contrastive_loss
+
+    g = torch.Generator().manual_seed(0)
+    copy_logits = torch.randn(3, 6, generator=g, dtype=torch.float64)
+    original = torch.rand(3, 6, generator=g) < 0.7
+    valid = torch.ones(3, 6, dtype=torch.bool)
+    valid[2, 4:] = False
+    loss, _ = copy_loss(copy_logits, original, valid)
+    terms = [-math.log(1 / (1 + math.exp(-copy_logits[b, i])) if original[b, i] else 1 - 1 / (1 + math.exp(-copy_logits[b, i])))
+             for b in range(3) for i in range(6) if valid[b, i]]
+    assert loss.item() == pytest.approx(sum(terms) / len(terms), rel=1e-6)
+
+    lm_logits = torch.randn(7, 11, generator=g, dtype=torch.float64, requires_grad=True)
+    copy_sel = torch.randn(7, generator=g, dtype=torch.float64, requires_grad=True)
+    targets = torch.tensor([3, 5, 0, 10, 2, -100, -100])
+    corrupted = torch.tensor([3, 4, 0, 1, 2, 0, 0])  # positions 0, 2, 4: the auxiliary model sampled the original
+    loss, _ = corrective_lm_loss(lm_logits, copy_sel, corrupted, targets)
+    terms = []
+    for k in range(5):
+        p1 = 1 / (1 + math.exp(-copy_sel[k].item()))
+        p_lm = torch.softmax(lm_logits[k].detach(), -1)[targets[k]].item()
+        terms.append(-math.log((p1 if corrupted[k] == targets[k] else 0.0) + (1 - p1) * p_lm))
+    assert loss.item() == pytest.approx(sum(terms) / 5, rel=1e-6)
+    loss.backward()
+    assert copy_sel.grad is None, "the copy probability is a stop-gradient weight in L_LM"
+    assert lm_logits.grad[5:].abs().sum() == 0 and lm_logits.grad[:5].abs().sum() > 0
+
+    a = torch.randn(4, 5, generator=g, dtype=torch.float64)
+    b = torch.randn(4, 5, generator=g, dtype=torch.float64)
+    loss, _ = sequence_contrastive_loss(a, b, tau=1.0)
+    sims = [[cos(a[i], b[j]) for j in range(4)] for i in range(4)]
+    forward = [-sims[i][i] + math.log(sum(math.exp(s) for s in sims[i])) for i in range(4)]
+    backward = [-sims[j][j] + math.log(sum(math.exp(sims[i][j]) for i in range(4))) for j in range(4)]
+    assert loss.item() == pytest.approx((sum(forward) + sum(backward)) / 8, rel=1e-6)
+
+
+def test_coco_lm_crop_view_is_a_contiguous_share_between_cls_and_sep():
+    from tacl.objectives.coco_lm import crop_view
+
+    ids = torch.zeros(3, 16, dtype=torch.long)
+    lengths = [16, 12, 5]
+    for b, n in enumerate(lengths):
+        ids[b, :n] = torch.tensor([101] + list(range(1000 + 100 * b, 1000 + 100 * b + n - 2)) + [102])
+    types = (torch.arange(16) >= 6).long().expand(3, -1).clone()
+    attention = (torch.arange(16)[None, :] < torch.tensor(lengths)[:, None]).long()
+    starts = {b: set() for b in range(3)}
+    for seed in range(60):
+        view, vtypes, vmask = crop_view(ids, types, attention, 0.9, 0, torch.Generator().manual_seed(seed))
+        for b, n in enumerate(lengths):
+            c = n - 2
+            m = math.ceil(0.9 * c)
+            row = view[b, : m + 2].tolist()
+            assert row[0] == 101 and row[-1] == 102 and vmask[b].tolist() == [1] * (m + 2) + [0] * (16 - m - 2)
+            body = row[1:-1]
+            assert body == list(range(body[0], body[0] + m)), "contiguous"
+            assert 1000 + 100 * b <= body[0] and body[-1] <= 1000 + 100 * b + c - 1
+            starts[b].add(body[0] - 1000 - 100 * b)
+            assert (view[b, m + 2:] == 0).all() and (vtypes[b, m + 2:] == 0).all()
+    assert starts[0] == {0, 1} and starts[1] == {0, 1} and starts[2] == {0}  # every start in [0, c - m] is drawn

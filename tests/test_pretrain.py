@@ -23,7 +23,7 @@ from tacl.pretrain.settings import TrainSettings
 
 pytestmark = pytest.mark.slow
 
-LOSS_KEYS = ("loss", "mlm", "nsp", "tacl", "taco")
+LOSS_KEYS = ("loss", "mlm", "nsp", "tacl", "taco", "aux_mlm", "clm", "scl")
 
 
 def settings(objective="tacl", steps=12, micro=4, **kw) -> str:
@@ -63,20 +63,25 @@ def assert_same_weights(a, b, exact=True):
 def reference(demo_data, tmp_path_factory):
     """Uninterrupted 1-rank runs, accumulation 2, one per objective."""
     out = {}
-    for objective in ("tacl", "taco", "mlm_nsp"):
+    for objective in ("tacl", "taco", "mlm_nsp", "coco_lm"):
         run = tmp_path_factory.mktemp(f"ref_{objective}")
-        train(demo_data, run, settings(objective))
+        train(demo_data, run, objective_settings(objective))
         out[objective] = run
     return out
 
 
-@pytest.mark.parametrize("objective", ["tacl", "taco", "mlm_nsp"])
+def objective_settings(objective: str) -> str:
+    return settings(objective, objective_params={"aux_layers": 1} if objective == "coco_lm" else {})
+
+
+@pytest.mark.parametrize("objective", ["tacl", "taco", "mlm_nsp", "coco_lm"])
 def test_resume_is_bit_exact(demo_data, reference, tmp_path, objective):
+    """(coco_lm: its auxiliary model and copy head resume too; only the main model is exported.)"""
     run = tmp_path / "run"
     markers = []
     for chunk, max_steps in enumerate([5, 4, 100]):
         marker = tmp_path / f"chunk-{chunk}.json"
-        train(demo_data, run, settings(objective), "--max-steps", str(max_steps), "--marker", str(marker),
+        train(demo_data, run, objective_settings(objective), "--max-steps", str(max_steps), "--marker", str(marker),
               "--chunk", str(chunk))
         markers.append(json.loads(marker.read_text()))
     assert [m["step"] for m in markers] == [5, 9, 12]
@@ -216,6 +221,10 @@ def test_bad_batch_split_fails_before_training(demo_data, tmp_path):
     assert proc.returncode == 2
     assert "pretrain.global_batch=8 is not a multiple of pretrain.micro_batch=3 x 1 rank(s)" in proc.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()
+    proc = train(demo_data, tmp_path / "coco", settings("coco_lm", objective_params={"aux_layers": 3}), check=False)
+    assert proc.returncode == 2 and ("tacl: error: pretrain.coco_lm.aux_layers: 3 layers for the auxiliary model, "
+                                     "but the main model has 2") in proc.stderr
+    assert not (tmp_path / "coco" / "checkpoints").exists()
 
 
 def test_two_ranks_match_one_rank_and_resume_exactly(demo_data, reference, tmp_path):

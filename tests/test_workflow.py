@@ -88,6 +88,15 @@ def test_config_errors_name_the_key():
         "data.num_shard: unknown key (did you mean 'num_shards'?)",
         "data.source.kind: 'web' is not one of ['hf', 'wikiextractor', 'text']",
     ]
+    cfg = yaml.safe_load((REPO / "config.yaml").read_text())
+    cfg["pretrain"]["objectives"] = ["none", "coco"]
+    cfg["pretrain"]["coco_lm"] = {"aux_layer": 4}
+    cfg["finetune"]["contrastive"] = {"forms": ["kl", "simclr"]}
+    assert config_errors(cfg, schema) == [
+        "finetune.contrastive.forms.1: 'simclr' is not one of ['kl', 'scl']",
+        "pretrain.coco_lm.aux_layer: unknown key (did you mean 'aux_layers'?)",
+        "pretrain.objectives.1: 'coco' is not one of ['none', 'mlm_nsp', 'tacl', 'tacl_batch', 'taco', 'coco_lm']",
+    ]
 
 
 def test_every_schema_key_has_a_description_and_default():

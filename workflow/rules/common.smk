@@ -7,6 +7,8 @@ import signal
 import subprocess
 import sys
 
+from tacl.pretrain.settings import PARAMS_SECTION
+
 # Every job runs `python -m tacl` from this checkout's src/ (installed or not, venv or --sdm conda).
 REPO = os.path.abspath(os.path.join(workflow.basedir, ".."))
 SRC = os.path.join(REPO, "src")
@@ -74,7 +76,7 @@ def train_settings(objective):
     settings.update(
         objective=objective,
         max_len=config["data"]["max_len"],
-        objective_params=p.get(objective, {}),
+        objective_params=p.get(PARAMS_SECTION.get(objective, objective), {}),
         device=config["device"],
     )
     return json.dumps(settings, sort_keys=True)

@@ -21,7 +21,7 @@ rule prepare_task:
 
 rule finetune:
     input:
-        model=f"{MODELS}/{{model}}",
+        model=lambda w: f"{MODELS}/{w.model.split('+')[0]}",  # MODEL+FORM: a contrastive fine-tune of MODEL
         data=f"{R}/finetune_data/{{task}}.json",
     output:
         f"{FINETUNE}/{{model}}/{{task}}/seed{{seed}}/metrics.json",
@@ -31,6 +31,7 @@ rule finetune:
         f"{BENCH}/finetune/{{model}}/{{task}}/seed{{seed}}.tsv"
     wildcard_constraints:
         seed=r"\d+",
+        model=r"[a-z_]+(\+(kl|scl))?",
     conda:
         CONDA_ENV
     resources:
@@ -43,9 +44,10 @@ rule finetune:
         precision=config["finetune"]["precision"],
         device=config["device"],
         preset=config["finetune"]["preset"],
+        contrastive=lambda w: f"--contrastive {w.model.split('+')[1]}" if "+" in w.model else "",
         out=lambda w: f"{FINETUNE}/{w.model}/{w.task}/seed{w.seed}",
     shell:
         "python -m tacl finetune {params.family} --model {input.model} --task {wildcards.task}"
         " --seed {wildcards.seed} --source {params.source:q} --hparams {params.hparams:q}"
-        " --precision {params.precision} --device {params.device} --preset {params.preset} --out {params.out}"
-        " > {log} 2>&1"
+        " --precision {params.precision} --device {params.device} --preset {params.preset} {params.contrastive}"
+        " --out {params.out} > {log} 2>&1"

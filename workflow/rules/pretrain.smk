@@ -37,7 +37,7 @@ checkpoint pretrain_chunk:
     benchmark:
         f"{BENCH}/pretrain/{{objective}}/chunk-{{chunk}}.tsv"
     wildcard_constraints:
-        objective="mlm_nsp|tacl|taco",
+        objective="mlm_nsp|tacl|tacl_batch|taco|coco_lm",
         chunk=r"\d+",
     conda:
         CONDA_ENV
@@ -69,7 +69,7 @@ rule export_model:
     benchmark:
         f"{BENCH}/pretrain/{{objective}}/export.tsv"
     wildcard_constraints:
-        objective="mlm_nsp|tacl|taco",
+        objective="mlm_nsp|tacl|tacl_batch|taco|coco_lm",
     conda:
         CONDA_ENV
     resources:

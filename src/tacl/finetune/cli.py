@@ -33,6 +33,9 @@ def register(stages: argparse._SubParsersAction) -> None:
                             "warmup, weight decay 0.01 (the config's hparams override either)")
         c.add_argument("--device", default="auto", choices=DEVICES,
                        help="cuda: stop at once unless a GPU is usable (the config's `device`)")
+        if name == "glue":
+            c.add_argument("--contrastive", choices=["kl", "scl"],
+                           help="add a contrastive term on [CLS] (classification tasks; weight and tau in hparams)")
         c.add_argument("--out", required=True, help="run directory (metrics.json is written last)")
         c.set_defaults(func=_finetune)
 
@@ -48,7 +51,8 @@ def _finetune(a: argparse.Namespace) -> None:
     if a.command == "glue":
         from tacl.finetune.sequence import finetune_glue
 
-        result = finetune_glue(a.model, a.task, source, hp, a.seed, a.out, a.precision, a.device, a.preset)
+        result = finetune_glue(a.model, a.task, source, hp, a.seed, a.out, a.precision, a.device, a.preset,
+                               a.contrastive)
     elif a.command == "squad":
         from tacl.finetune.data import SQUAD_TASKS
         from tacl.finetune.qa import finetune_squad

@@ -99,10 +99,12 @@ def optimizer_and_schedule(model: torch.nn.Module, hp: dict[str, Any], total_ste
 
 
 def train(model: torch.nn.Module, rows: list[dict[str, Any]], hp: dict[str, Any], seed: int, run: Run,
-          pad_id: int, extra_loss: Callable[[torch.nn.Module, dict, Any], torch.Tensor] | None = None) -> dict:
+          pad_id: int, extra_loss: Callable[[torch.nn.Module, dict, Any], torch.Tensor] | None = None,
+          task_weight: float = 1.0) -> dict:
     """Train for hp["epochs"] epochs over `rows` (tokenized, unpadded); returns a short training record.
 
-    `extra_loss(model, batch, outputs)` adds a term (e.g. supervised TaCL for NER)."""
+    The loss is task_weight * the model's own loss + `extra_loss(model, batch, outputs)` (e.g. supervised
+    TaCL for NER, a contrastive term on [CLS] for classification)."""
     from tqdm import tqdm
 
     seed_everything(seed)
@@ -121,7 +123,7 @@ def train(model: torch.nn.Module, rows: list[dict[str, Any]], hp: dict[str, Any]
             batch = {k: v.to(run.device) for k, v in batch.items()}
             with torch.autocast(run.device.type, dtype=torch.bfloat16, enabled=run.bf16):
                 outputs = model(**batch, output_hidden_states=extra_loss is not None)
-                loss = outputs.loss
+                loss = outputs.loss * task_weight
                 if extra_loss is not None:
                     loss = loss + extra_loss(model, batch, outputs)
             loss.backward()

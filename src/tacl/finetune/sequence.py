@@ -11,6 +11,8 @@ import numpy as np
 
 from tacl.finetune import glue
 from tacl.finetune.common import DEFAULT_HPARAMS, Run, hyperparameters, load_task_model, predict, train
+from tacl.finetune.contrastive import DEFAULTS as CONTRASTIVE_DEFAULTS
+from tacl.finetune.contrastive import FORMS, contrastive_loss
 from tacl.hub import resolve_pretrained
 from tacl.io import InputError, write_json_atomic
 
@@ -51,14 +53,20 @@ def encode(tokenizer: Any, task: str, examples: list[glue.Example], max_len: int
 
 def finetune_glue(model_dir: str, task: str, source: dict[str, Any], hparams: dict[str, Any], seed: int,
                   out_dir: str, precision: str = "auto", device: str = "auto",
-                  preset: str = "standard") -> dict[str, Any]:
+                  preset: str = "standard", contrastive: str | None = None) -> dict[str, Any]:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     if task not in glue.TASKS:
         raise InputError(f"finetune task {task!r} is not a GLUE task ({', '.join(glue.TASKS)})")
     spec = glue.TASKS[task]
+    if contrastive is not None:
+        if contrastive not in FORMS:
+            raise InputError(f"finetune.contrastive.forms: {contrastive!r} is not one of {', '.join(FORMS)}")
+        if spec.is_regression:
+            raise InputError(f"finetune.contrastive: {task} is a regression task; contrastive fine-tuning needs "
+                             "classes (leave it out of finetune.contrastive.tasks)")
     model_dir = resolve_pretrained(model_dir)
-    hp = hyperparameters(DEFAULT_HPARAMS, preset, hparams)
+    hp = hyperparameters({**DEFAULT_HPARAMS, **(CONTRASTIVE_DEFAULTS if contrastive else {})}, preset, hparams)
     started = time.time()
     run = Run.detect(precision, device)  # a job that asked for a GPU and has none stops here
     # all data first: a missing file fails before the model is built
@@ -72,7 +80,16 @@ def finetune_glue(model_dir: str, task: str, source: dict[str, Any], hparams: di
     model = load_task_model(
         AutoModelForSequenceClassification, model_dir, seed, num_labels=spec.num_labels,
         problem_type="regression" if spec.is_regression else "single_label_classification")
-    record = train(model, encode(tokenizer, task, train_ex, hp["max_len"]), hp, seed, run, tokenizer.pad_token_id)
+    extra, weight = None, 1.0
+    if contrastive:
+        weight = 1.0 - hp["contrastive_weight"]
+
+        def extra(model, batch, outputs):  # on the last layer's [CLS]
+            return hp["contrastive_weight"] * contrastive_loss(contrastive, outputs.hidden_states[-1][:, 0],
+                                                               batch["labels"], hp["contrastive_tau"])
+
+    record = train(model, encode(tokenizer, task, train_ex, hp["max_len"]), hp, seed, run, tokenizer.pad_token_id,
+                   extra_loss=extra, task_weight=weight)
 
     def predictions(examples: list[glue.Example]) -> np.ndarray:
         (logits,) = predict(model, encode(tokenizer, task, examples, hp["max_len"]), run, tokenizer.pad_token_id,
@@ -90,7 +107,8 @@ def finetune_glue(model_dir: str, task: str, source: dict[str, Any], hparams: di
         path = out / "submission" / spec.submission_files[split]
         glue.write_submission(task, split, [e.guid for e in examples], predictions(examples), str(path))
         submissions[split] = str(path)
-    summary = {"task": task, "family": "glue", "model": model_dir, "seed": seed, "preset": preset, "hparams": hp,
+    summary = {"task": task, "family": "glue", "model": model_dir, "seed": seed, "preset": preset,
+               "contrastive": contrastive, "hparams": hp,
                "dev": results,
                "submission": submissions, "train": record, "device": run.describe(), "bf16": run.bf16,
                "wall_s": round(time.time() - started, 1)}

@@ -3,7 +3,9 @@ batch and the model outputs into named loss terms (exact definitions in ../share
 
     mlm_nsp   BERT masked LM + next sentence prediction (the "more pretraining" control)
     tacl      MLM + NSP + TaCL token contrastive loss against a frozen teacher (Su et al. 2021)
+    tacl_batch  tacl with cross-sequence negatives (tacl.negatives: batch), its own model in the tables
     taco      MLM + TACO token-alignment contrastive loss (Fu et al. 2022), continual variant
+    coco_lm   COCO-LM: auxiliary MLM corrupts, corrective LM + sequence contrast (Meng et al. 2021)
 
 The hot path has no host-device synchronisation: every loss and metric stays a tensor on the device, and
 shapes never depend on tensor values (fixed-shape gathers and ignore_index instead of boolean indexing or
@@ -17,7 +19,7 @@ from typing import Any
 
 import torch
 
-OBJECTIVES = ("mlm_nsp", "tacl", "taco")
+OBJECTIVES = ("mlm_nsp", "tacl", "tacl_batch", "taco", "coco_lm")
 
 
 def counts(correct: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -45,10 +47,14 @@ def build_objective(name: str, params: dict[str, Any] | None = None):
         from tacl.objectives.mlm_nsp import MlmNsp
 
         return MlmNsp()
-    if name == "tacl":
+    if name in ("tacl", "tacl_batch"):
         from tacl.objectives.tacl import TaCL
 
-        return TaCL(**params)
+        return TaCL(**{**params, **({"negatives": "batch", "name": "tacl_batch"} if name == "tacl_batch" else {})})
+    if name == "coco_lm":
+        from tacl.objectives.coco_lm import COCOLM
+
+        return COCOLM(**params)
     if name == "taco":
         from tacl.objectives.taco import TACO
 

@@ -40,6 +40,21 @@ def tacl_loss(student: torch.Tensor, teacher: torch.Tensor, anchors: torch.Tenso
     return loss / anchors.sum().clamp(min=1), counts(logits.argmax(-1) == target, anchors)
 
 
+def tacl_batch_loss(student: torch.Tensor, teacher: torch.Tensor, index: torch.Tensor, targets: torch.Tensor,
+                    candidates: torch.Tensor, tau: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """TaCL with cross-sequence negatives: the anchors are the fixed-length list of flat positions `index`
+    [K] into B*L (`targets` [K] is IGNORE_INDEX for list padding); an anchor's candidates are the allowed
+    tokens `candidates` [B, L] of every sequence of the micro-batch, its positive the teacher's vector at
+    its own position. student, teacher [B, L, H]. Only the K anchor rows are computed: [K, B*L] logits."""
+    s = F.normalize(student.flatten(0, 1).index_select(0, index).float(), dim=-1)
+    t = F.normalize(teacher.flatten(0, 1).float(), dim=-1)
+    logits = (s @ t.T / tau).masked_fill(~candidates.flatten()[None, :], _EXCLUDED)
+    valid = targets != IGNORE_INDEX
+    target = torch.where(valid, index, IGNORE_INDEX)
+    loss = F.cross_entropy(logits, target, ignore_index=IGNORE_INDEX, reduction="sum")
+    return loss / valid.sum().clamp(min=1), counts(logits.argmax(-1) == target, valid)
+
+
 def supervised_tacl_loss(student: torch.Tensor, teacher: torch.Tensor, labels: torch.Tensor,
                          tau: float, ignore_index: int = -100) -> tuple[torch.Tensor, torch.Tensor]:
     """The token-level supervised variant: every labelled token is an anchor, its positive is the
@@ -61,8 +76,8 @@ class TaCL:
     needs_teacher: bool = True
 
     def __post_init__(self) -> None:
-        if self.negatives not in ("real", "all"):
-            raise ValueError(f"pretrain.tacl.negatives: {self.negatives!r} is not 'real' or 'all'")
+        if self.negatives not in ("real", "all", "batch"):
+            raise ValueError(f"pretrain.tacl.negatives: {self.negatives!r} is not 'real', 'all' or 'batch'")
 
     def __call__(self, model: Any, teacher: Any, batch: dict[str, torch.Tensor],
                  generator: torch.Generator) -> tuple[dict, dict]:
@@ -73,9 +88,11 @@ class TaCL:
             h = teacher(**encoder_inputs(batch, "clean_ids")).last_hidden_state
         h = h.clone()  # an ordinary tensor again, so that the loss may save it for the student's backward
         anchors = batch["mlm_mask"]
-        if self.negatives == "real":
-            candidates = batch["attention_mask"].bool() & ~batch["special_tokens_mask"]
-        else:
-            candidates = torch.ones_like(anchors)
+        real = batch["attention_mask"].bool() & ~batch["special_tokens_mask"]
+        if self.negatives == "batch":  # the real tokens of every sequence of the micro-batch
+            losses["tacl"], metrics["tacl_acc"] = tacl_batch_loss(out.last_hidden_state, h, batch["mlm_index"],
+                                                                  batch["mlm_targets"], real, self.tau)
+            return losses, metrics
+        candidates = real if self.negatives == "real" else torch.ones_like(anchors)
         losses["tacl"], metrics["tacl_acc"] = tacl_loss(out.last_hidden_state, h, anchors, candidates, self.tau)
         return losses, metrics

@@ -100,8 +100,9 @@ def export_model(state_dict: dict[str, torch.Tensor] | None, start_dir: str, out
 
 
 def clean_state_dict(state: dict[str, torch.Tensor], prefix: str = "model.") -> dict[str, torch.Tensor]:
-    """The student's weights from a state dict of the training wrapper, in fp32."""
-    return {k[len(prefix):] if k.startswith(prefix) else k: v.float() for k, v in state.items()}
+    """The student's weights from a state dict of the training wrapper (`model.*`; the objective's own
+    parameters, `objective.*`, are left out), in fp32."""
+    return {k[len(prefix):]: v.float() for k, v in state.items() if k.startswith(prefix)}
 
 
 def checkpoint_state_dict(checkpoint_root: str | os.PathLike, tag: str) -> dict[str, torch.Tensor]:

@@ -15,6 +15,10 @@ TRAJECTORY_KEYS = ("objective", "steps", "global_batch", "lr", "warmup_ratio", "
 DATA_VERSION = 2
 
 
+# objectives that read another objective's config section (tacl_batch is tacl with negatives: batch)
+PARAMS_SECTION = {"tacl_batch": "tacl"}
+
+
 @dataclass
 class TrainSettings:
     objective: str
@@ -47,7 +51,8 @@ class TrainSettings:
         """From the validated config: `pretrain` section, one objective, the data's max_len."""
         keys = {k: pretrain[k] for k in cls.__dataclass_fields__ if k in pretrain}
         keys.pop("objective", None)
-        return cls(objective=objective, max_len=max_len, objective_params=dict(pretrain.get(objective, {})),
+        return cls(objective=objective, max_len=max_len,
+                   objective_params=dict(pretrain.get(PARAMS_SECTION.get(objective, objective), {})),
                    **{k: v for k, v in keys.items() if k not in ("max_len", "objective_params")})
 
     @classmethod

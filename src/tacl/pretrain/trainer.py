@@ -58,8 +58,9 @@ def derive_seed(*parts: int) -> int:
 
 
 class Pretrainer(torch.nn.Module):
-    """What DeepSpeed wraps: the student and its objective. The teacher is passed in, never a submodule,
-    so it stays out of the optimizer and of ZeRO partitioning."""
+    """What DeepSpeed wraps: the student (`model.*`) and its objective (`objective.*`: parameters of its own,
+    such as COCO-LM's auxiliary model, train and checkpoint with it; only `model.*` is exported). The
+    teacher is passed in, never a submodule, so it stays out of the optimizer and of ZeRO partitioning."""
 
     def __init__(self, model: torch.nn.Module, objective: Any):
         super().__init__()
@@ -184,8 +185,10 @@ def _setup(args: ChunkArgs, env: DistEnv, lock: RunLock) -> Chunk:
     # -- everything that can be wrong is checked before the model is built ---------------------------
     accumulation = s.accumulation(env.world_size)
     objective = build_objective(s.objective, s.objective_params)
-    if s.objective == "taco" and s.micro_batch < 2:
-        raise InputError("pretrain.micro_batch must be >= 2 for taco (negatives come from other sequences)")
+    if s.objective in ("taco", "coco_lm", "tacl_batch") and s.micro_batch < 2:
+        raise InputError(f"pretrain.micro_batch must be >= 2 for {s.objective} (negatives come from other sequences)")
+    if hasattr(objective, "check"):
+        objective.check(args.start_model)  # e.g. COCO-LM's auxiliary model is no larger than the main one
     tokenizer = load_tokenizer(args.start_model)
     error = None
     if env.is_main:
@@ -222,8 +225,11 @@ def _setup(args: ChunkArgs, env: DistEnv, lock: RunLock) -> Chunk:
     teacher = load_teacher(args.start_model).to(env.device) if objective.needs_teacher else None
     if teacher is not None and bf16:
         teacher = teacher.to(torch.bfloat16)
-    decay = [p for n, p in student.named_parameters() if not any(k in n for k in ("bias", "LayerNorm"))]
-    no_decay = [p for n, p in student.named_parameters() if any(k in n for k in ("bias", "LayerNorm"))]
+    if hasattr(objective, "attach"):
+        objective.attach(args.start_model, student)  # parameters of the objective's own (COCO-LM's auxiliary model)
+    trainable = Pretrainer(student, objective)
+    decay = [p for n, p in trainable.named_parameters() if not any(k in n for k in ("bias", "LayerNorm"))]
+    no_decay = [p for n, p in trainable.named_parameters() if any(k in n for k in ("bias", "LayerNorm"))]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": s.weight_decay},
                                    {"params": no_decay, "weight_decay": 0.0}],
                                   lr=s.lr, betas=tuple(s.adam_betas), eps=s.adam_eps,
@@ -234,7 +240,7 @@ def _setup(args: ChunkArgs, env: DistEnv, lock: RunLock) -> Chunk:
     # another number of ranks under ZeRO 1-2: the partitioned optimizer state goes through the universal format
     universal = checkpoint.make_universal(run_dir, tag, env) if saved_world != env.world_size and s.zero_stage else None
     engine, _, _, _ = deepspeed.initialize(
-        model=Pretrainer(student, objective), optimizer=optimizer, lr_scheduler=scheduler,
+        model=trainable, optimizer=optimizer, lr_scheduler=scheduler,
         config=ds_config(s, accumulation, bf16, cpu, universal=universal is not None))
     chunk = Chunk(args, env, engine, scheduler, teacher, data, accumulation,
                   torch.Generator(device=env.device))

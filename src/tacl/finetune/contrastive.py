@@ -1,0 +1,46 @@
+"""Contrastive fine-tuning for classification (DESIGN.md section 12): a batch-level term on the [CLS]
+vectors, added to cross-entropy as loss = (1 - w) * CE + w * L, with w = `contrastive_weight` and the
+temperature `contrastive_tau` among the fine-tuning hyperparameters (0.9 and 0.3 by default, Gunel et al.).
+
+- `kl`: the similarity matrix S of the batch's normalised [CLS] vectors (cosine / tau, row-wise softmax)
+  against the target matrix T = Y Y^T of the one-hot labels (row-normalised): mean over rows of KL(T || softmax(S)).
+- `scl`: the supervised contrastive loss (Gunel et al. 2021): for anchor i, the other examples of its
+  class are positives, every other example of the batch is in the denominator:
+  -1/(N_i - 1) sum_{j != i, y_j = y_i} log( exp(s_ij / tau) / sum_{k != i} exp(s_ik / tau) ), averaged over the
+  anchors that have a positive.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+FORMS = ("kl", "scl")
+DEFAULTS = {"contrastive_weight": 0.9, "contrastive_tau": 0.3}
+
+
+def _similarities(cls: torch.Tensor, tau: float) -> torch.Tensor:
+    z = F.normalize(cls.float(), dim=-1)
+    return z @ z.T / tau
+
+
+def kl_contrastive_loss(cls: torch.Tensor, labels: torch.Tensor, tau: float) -> torch.Tensor:
+    same = (labels[:, None] == labels[None, :]).float()
+    target = same / same.sum(1, keepdim=True)
+    log_p = F.log_softmax(_similarities(cls, tau), dim=1)
+    return (target * (torch.log(target.clamp(min=1e-12)) - log_p)).sum(1).mean()
+
+
+def supervised_contrastive_loss(cls: torch.Tensor, labels: torch.Tensor, tau: float) -> torch.Tensor:
+    n = len(labels)
+    eye = torch.eye(n, dtype=torch.bool, device=cls.device)
+    sims = _similarities(cls, tau).masked_fill(eye, float("-inf"))  # k != i in the denominator
+    log_p = F.log_softmax(sims, dim=1).masked_fill(eye, 0.0)
+    positive = (labels[:, None] == labels[None, :]) & ~eye
+    per_anchor = -(log_p * positive).sum(1) / positive.sum(1).clamp(min=1)
+    has = positive.any(1)
+    return (per_anchor * has).sum() / has.sum().clamp(min=1)
+
+
+def contrastive_loss(form: str, cls: torch.Tensor, labels: torch.Tensor, tau: float) -> torch.Tensor:
+    return (kl_contrastive_loss if form == "kl" else supervised_contrastive_loss)(cls, labels, tau)

@@ -1,0 +1,155 @@
+"""COCO-LM (Meng et al. 2021), continual variant (DESIGN.md section 12).
+
+An auxiliary MLM transformer (`aux_layers` layers, initialised from the start model's embeddings, first
+layers and MLM head) reads the masked sequence and learns its own MLM loss; at the selected positions its
+samples replace the tokens, and no gradient flows from the main model into it. The main model reads the
+corrupted sequence and learns:
+
+- Corrective LM: a copy head p_copy(1|h_i) = sigmoid(w_copy . h_i) says whether token i is the original
+  (binary cross-entropy over every real position: L_copy), and
+  L_LM = -mean over selected i of log( 1(x_i^corrupt = x_i) sg(p_copy(1|h_i)) + sg(p_copy(0|h_i)) softmax(E h_i)[x_i] );
+  L_CLM = lambda_copy * L_copy + L_LM.
+- Sequence contrastive learning: [CLS] of the corrupted sequence against [CLS] of a cropped view of the
+  original (a random contiguous `crop` share of its tokens between [CLS] and [SEP]): InfoNCE on cosine
+  similarity with temperature tau (1), symmetric, the other sequences of the micro-batch as negatives.
+
+The total is L_aux + L_CLM + L_SCL. The auxiliary model and the copy head are trained and checkpointed
+with the main model (exact resume holds for them too); only the main model is exported. Every draw
+(replacements, crops) is made on the device from the micro-batch's generator, with fixed shapes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from tacl.io import InputError
+from tacl.objectives import counts
+from tacl.objectives.mlm_nsp import IGNORE_INDEX, mlm_loss
+
+
+def copy_loss(copy_logits: torch.Tensor, original: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    """BCE of the copy head over the valid positions: copy_logits [B, L] (logit of "this token is the
+    original"), original [B, L] bool (the input token equals the clean one), valid [B, L] bool."""
+    per_token = F.binary_cross_entropy_with_logits(copy_logits.float(), original.float(), reduction="none")
+    loss = (per_token * valid).sum() / valid.sum().clamp(min=1)
+    return loss, counts((copy_logits > 0) == original, valid)
+
+
+def corrective_lm_loss(lm_logits: torch.Tensor, copy_logits: torch.Tensor, corrupted: torch.Tensor,
+                       targets: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    """L_LM over a fixed-length list of selected positions: lm_logits [K, V], copy_logits [K], corrupted [K]
+    (the token the main model read), targets [K] (the original token, IGNORE_INDEX for list padding).
+    The copy probability is a stop-gradient weight; the log is taken in log space (logaddexp)."""
+    valid = targets != IGNORE_INDEX
+    safe = targets.clamp(min=0)
+    log_lm = F.log_softmax(lm_logits.float(), -1).gather(1, safe[:, None]).squeeze(1)
+    log_copy = F.logsigmoid(copy_logits.float()).detach()  # log p_copy(1|h)
+    log_keep = F.logsigmoid(-copy_logits.float()).detach()  # log p_copy(0|h)
+    same = corrupted == safe
+    log_p = torch.logaddexp(torch.where(same, log_copy, torch.full_like(log_copy, float("-inf"))), log_keep + log_lm)
+    loss = -(log_p * valid).sum() / valid.sum().clamp(min=1)
+    return loss, counts(lm_logits.argmax(-1) == targets, valid)
+
+
+def sequence_contrastive_loss(a: torch.Tensor, b: torch.Tensor, tau: float) -> tuple[torch.Tensor, Any]:
+    """Symmetric InfoNCE on cosine similarity: a [B, H] ([CLS] of the corrupted sequences), b [B, H] ([CLS]
+    of their cropped views); row i's positive is column i, the other columns its negatives."""
+    sims = F.normalize(a.float(), dim=-1) @ F.normalize(b.float(), dim=-1).T / tau
+    target = torch.arange(len(sims), device=sims.device)
+    loss = (F.cross_entropy(sims, target) + F.cross_entropy(sims.T, target)) / 2
+    return loss, counts(sims.argmax(-1) == target, torch.ones_like(target, dtype=torch.bool))
+
+
+def crop_view(ids: torch.Tensor, token_type: torch.Tensor, attention: torch.Tensor, share: float, pad_id: int,
+              generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(ids, token types, attention) of `[CLS] x[s+1 .. s+m] [SEP]` per row: the tokens between a row's
+    [CLS] (position 0) and its last [SEP] (position n-1) are c = n-2; m = ceil(share * c) of them from a
+    uniform start s in [0, c-m]. Shapes stay [B, L]."""
+    bsz, length = ids.shape
+    n = attention.sum(1)  # [B] real tokens
+    c = (n - 2).clamp(min=0)
+    m = torch.ceil(c.double() * share).long().clamp(max=c)
+    u = torch.rand(bsz, generator=generator, device=ids.device, dtype=torch.float64)
+    start = torch.minimum((u * (c - m + 1)).long(), c - m)
+    j = torch.arange(length, device=ids.device)[None, :]
+    source = (start[:, None] + j).clamp(max=length - 1)  # position j >= 1 of the view reads s + j
+    sep = ids.gather(1, (n - 1).clamp(min=0)[:, None])
+    body = ids.gather(1, source)
+    view = torch.where(j == 0, ids[:, :1], torch.where(j <= m[:, None], body,
+                                                       torch.where(j == m[:, None] + 1, sep, pad_id)))
+    types = torch.where(j <= m[:, None], token_type.gather(1, source), token_type.gather(1, (n - 1).clamp(min=0)[:, None]))
+    keep = j <= m[:, None] + 1
+    return view, torch.where(keep, types, 0), keep.long()
+
+
+class COCOLM(torch.nn.Module):
+    """The objective holds the auxiliary MLM model and the copy head: parameters that train and checkpoint
+    with the student (inside the DeepSpeed engine) but are not exported."""
+
+    name = "coco_lm"
+    needs_teacher = False
+
+    def __init__(self, aux_layers: int | None = None, lambda_copy: float = 50.0, tau: float = 1.0,
+                 crop: float = 0.9):
+        super().__init__()
+        if not 0 < crop <= 1:
+            raise InputError(f"pretrain.coco_lm.crop: {crop} is not in (0, 1]")
+        self.aux_layers, self.lambda_copy, self.tau, self.crop = aux_layers, lambda_copy, tau, crop
+        self.aux: Any = None
+        self.copy_head: Any = None
+
+    def check(self, start_dir: str) -> None:
+        """Before anything is built: the auxiliary model must be smaller than the main one."""
+        from transformers import AutoConfig
+
+        layers = AutoConfig.from_pretrained(start_dir).num_hidden_layers
+        if self.aux_layers is None:
+            self.aux_layers = max(1, layers // 3)
+        if not 1 <= self.aux_layers <= layers:
+            raise InputError(f"pretrain.coco_lm.aux_layers: {self.aux_layers} layers for the auxiliary model, but the "
+                             f"main model has {layers}; it must be between 1 and {layers}")
+
+    def attach(self, start_dir: str, student: Any) -> None:
+        """Build the auxiliary model (from the start checkpoint's bottom layers and MLM head) and the copy head."""
+        from transformers import BertForMaskedLM
+
+        self.aux = BertForMaskedLM.from_pretrained(start_dir, num_hidden_layers=self.aux_layers,
+                                                   attn_implementation="sdpa")
+        self.copy_head = torch.nn.Linear(student.config.hidden_size, 1)
+
+    def forward(self, model: Any, teacher: Any, batch: dict[str, torch.Tensor],
+                generator: torch.Generator) -> tuple[dict, dict]:
+        from tacl.objectives import encoder_inputs
+
+        index, targets = batch["mlm_index"], batch["mlm_targets"]
+        # the auxiliary MLM on the masked sequence, and its samples at the selected positions
+        aux_hidden = self.aux.bert(**encoder_inputs(batch)).last_hidden_state
+        aux_logits = self.aux.cls(aux_hidden.flatten(0, 1).index_select(0, index))
+        losses, metrics = {}, {}
+        losses["aux_mlm"], metrics["aux_mlm_acc"] = mlm_loss(aux_logits, targets)
+        with torch.no_grad():
+            samples = torch.multinomial(F.softmax(aux_logits.float(), -1), 1, generator=generator).squeeze(1)
+        clean = batch["clean_ids"]
+        flat = clean.flatten()
+        picked = torch.where(targets != IGNORE_INDEX, samples, flat.index_select(0, index))  # list padding: unchanged
+        corrupted = flat.scatter(0, index, picked).view_as(clean)
+        # the main model on the corrupted sequence: copy head and corrective LM
+        corrupted_batch = {**batch, "input_ids": corrupted}
+        hidden = model.bert(**encoder_inputs(corrupted_batch)).last_hidden_state
+        copy_logits = self.copy_head(hidden).squeeze(-1)
+        valid = batch["attention_mask"].bool()
+        copy, metrics["copy_acc"] = copy_loss(copy_logits, corrupted == clean, valid)
+        lm_logits = model.cls.predictions(hidden.flatten(0, 1).index_select(0, index))
+        lm, metrics["clm_acc"] = corrective_lm_loss(lm_logits, copy_logits.flatten().index_select(0, index),
+                                                    picked, targets)
+        losses["clm"] = self.lambda_copy * copy + lm
+        # sequence contrast: [CLS] of the corrupted sequence against [CLS] of a cropped view of the original
+        view, types, attention = crop_view(clean, batch["token_type_ids"], batch["attention_mask"], self.crop,
+                                           model.config.pad_token_id or 0, generator)
+        view_batch = {"input_ids": view, "token_type_ids": types, "attention_mask": attention}
+        view_cls = model.bert(**encoder_inputs(view_batch)).last_hidden_state[:, 0]
+        losses["scl"], metrics["scl_acc"] = sequence_contrastive_loss(hidden[:, 0], view_cls, self.tau)
+        return losses, metrics
