@@ -14,7 +14,8 @@ project's own data stage (not timed).
    model FLOPs of these very examples (DESIGN.md section 11).
 3. Step time: the trainer's own hot path (`tacl.pretrain.trainer._setup` + `optimizer_step`: DeepSpeed
    engine, worker-built batches grouped by length, gathered MLM head, teacher under inference_mode, bf16
-   and fused AdamW on a GPU) for MLM+NSP, TaCL and TACO, as ratios to MLM+NSP; and TaCL the reference's
+   and fused AdamW on a GPU) for MLM+NSP, TaCL, TaCL with cross-sequence negatives, TACO and COCO-LM, as
+   ratios to MLM+NSP; and TaCL the reference's
    way on the same model and examples: fp32, every sequence padded to 256, the teacher in train mode with
    autograd (its parameters frozen, i.e. out of the optimizer, but requiring grad, so its graph is built
    and back-propagated through), vocabulary logits at every position, batches built in the main process.
@@ -185,8 +186,7 @@ def time_ours(objective: str, manifest: str, start: str, tmp: str, device: str, 
     from tacl.pretrain.trainer import ChunkArgs, Meter, _setup, optimizer_step
 
     settings = TrainSettings(objective=objective, steps=steps + 2, global_batch=global_batch, micro_batch=micro,
-                             precision="auto", max_len=MAX_LEN, loader_workers=workers, device=device,
-                             objective_params={"negatives": 50} if objective == "taco" else {})
+                             precision="auto", max_len=MAX_LEN, loader_workers=workers, device=device)
     run_dir = tempfile.mkdtemp(dir=tmp)
     chunk = _setup(ChunkArgs(run_dir, start, manifest, settings), ENV, RunLock(run_dir))
     batches = micro_batch_loader(
@@ -210,9 +210,10 @@ def time_ours(objective: str, manifest: str, start: str, tmp: str, device: str, 
         for j in range(chunk.accumulation):
             _, index = chunk.data.locate(chunk.data.micro_positions(step, j))
             lengths = chunk.data.shards.lengths(index)
-            flops += model_flops(config, lengths, int(round(0.15 * lengths.sum())), objective == "tacl")
+            flops += model_flops(config, lengths, int(round(0.15 * lengths.sum())), objective in ("tacl", "tacl_batch"))
     del batches, chunk
-    return elapsed, tokens // steps, flops / steps
+    # (COCO-LM runs an auxiliary model and the main model twice: its model FLOPs are not counted here)
+    return elapsed, tokens // steps, (flops / steps if objective != "coco_lm" else None)
 
 
 def time_reference(manifest: str, tokenizer, start: str, device: torch.device, steps: int, global_batch: int,
@@ -323,7 +324,7 @@ def main() -> None:
     print(f"\n3. optimizer step, BERT {size['layers']}x{size['hidden']}, vocabulary {len(tokenizer)}, global batch "
           f"{global_batch} in micro-batches of {micro}, {args.steps} timed steps after 2:")
     results = {}
-    for objective in ("mlm_nsp", "tacl", "taco"):
+    for objective in ("mlm_nsp", "tacl", "tacl_batch", "taco", "coco_lm"):
         results[objective] = time_ours(objective, manifest, start, tmp, device, args.steps, global_batch, micro,
                                        workers=2)
     t_ref = time_reference(manifest, tokenizer, start, ENV.device, args.steps, global_batch, micro)
@@ -331,7 +332,7 @@ def main() -> None:
     for objective, (t, tokens, flops) in results.items():
         line = (f"   ours {objective:8s} {t * 1000:9.1f} ms/step {tokens / t:10.0f} tokens/s  "
                 f"ratio to mlm_nsp {t / base:.2f}")
-        if args.gpu:
+        if args.gpu and flops:
             peak = next((v for k, v in PEAK_BF16.items() if k in where), None)
             line += f"  {flops / t / 1e12:6.1f} TFLOP/s" + (f", MFU {100 * flops / t / peak:.1f}%" if peak else "")
         print(line)

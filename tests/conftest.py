@@ -63,6 +63,9 @@ def demo_config(tmp_path: Path, **overrides) -> dict:
         for key, value in source.items():
             if key != "kind" and isinstance(value, str):
                 source[key] = str(REPO / value)
+    embeddings = cfg.get("analysis", {}).get("embeddings", {}).get("source")
+    if embeddings and embeddings.get("data_dir", "").startswith("../shared/data"):
+        embeddings["data_dir"] = str(SHARED_DATA / embeddings["data_dir"][len("../shared/data/"):])
     for key, value in overrides.items():
         section = cfg
         *parents, last = key.split(".")

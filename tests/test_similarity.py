@@ -48,3 +48,58 @@ def test_sample_sentences(tmp_path):
     assert len(a) == 10 and a == sample_sentences(str(tmp_path / "h.txt"), 10, seed=1)
     assert len(sample_sentences(str(tmp_path / "h.txt"), 1000, seed=1)) == 85
     assert not math.isnan(len(a))
+
+
+def test_anisotropy_is_the_mean_cosine_across_sentences(demo_data, tokenizer):
+    """Against a loop over every pair of tokens from different sentences, per layer."""
+    from transformers import AutoModel
+
+    from tacl.analysis.similarity import layer_similarities
+
+    sentences = ["The cat sat on the mat.", "A much longer sentence, with several more tokens in it, here.", "Hi."]
+    _, anisotropy = layer_similarities(str(demo_data["start"]), sentences, batch=2, device="cpu")
+    model = AutoModel.from_pretrained(demo_data["start"]).eval()
+    with torch.no_grad():
+        layers = [model(**tokenizer(s, return_tensors="pt"), output_hidden_states=True).hidden_states[1:]
+                  for s in sentences]
+    for k in range(len(anisotropy)):
+        vectors = [(a, v) for a in range(3) for v in layers[a][k][0]]
+        cross = [float(torch.nn.functional.cosine_similarity(u, v, dim=0))
+                 for i, (a, u) in enumerate(vectors) for b, v in vectors[i + 1:] if a != b]
+        assert anisotropy[k] == pytest.approx(sum(cross) / len(cross), rel=1e-6)
+
+
+def test_sentence_embedding_scores_against_loops():
+    import numpy as np
+    from scipy.stats import rankdata
+
+    from tacl.analysis.embeddings import cluster_scores, sts_spearman
+
+    rng = np.random.default_rng(0)
+    a, b, gold = rng.normal(size=(20, 6)), rng.normal(size=(20, 6)), rng.uniform(0, 5, 20)
+    cosines = [float(a[i] @ b[i] / np.linalg.norm(a[i]) / np.linalg.norm(b[i])) for i in range(20)]
+    r1, r2 = rankdata(cosines), rankdata(gold)
+    pearson_of_ranks = float(np.corrcoef(r1, r2)[0, 1])
+    assert sts_spearman(a, b, gold) == pytest.approx(pearson_of_ranks, rel=1e-9)
+    centres = np.array([[10.0, 0, 0], [0, 10.0, 0], [0, 0, 10.0]])
+    points = np.concatenate([c + rng.normal(scale=0.1, size=(15, 3)) for c in centres])
+    labels = [str(k) for k in range(3) for _ in range(15)]
+    assert cluster_scores(points, labels) == {"ari": 1.0, "ami": 1.0}
+    shuffled = cluster_scores(points, list(rng.permutation(labels)))
+    assert abs(shuffled["ari"]) < 0.2 and abs(shuffled["ami"]) < 0.2
+
+
+@pytest.mark.slow
+def test_minilm_mean_pooling_on_sts_b_dev(tmp_path):
+    """A check of the evaluation on a well-known model: all-MiniLM-L6-v2 (PyPI package), whose published
+    STS-B figure is in the 0.8s, with mean pooling on 300 STS-B dev pairs from ../shared/data."""
+    from conftest import MINILM, SHARED_DATA
+    from tacl.analysis.embeddings import prepare, run_embeddings
+
+    if not (SHARED_DATA / "glue" / "STS-B").is_dir():
+        pytest.skip("../shared/data/glue/STS-B is not here")
+    prepare({"kind": "tsv", "data_dir": str(SHARED_DATA / "glue")}, "sst2", 300, 200, 0, str(tmp_path / "data.json"))
+    result = run_embeddings(MINILM, str(tmp_path / "data.json"), str(tmp_path / "minilm.json"), "minilm", "cpu")
+    assert result["sts_pairs"] == 300 and result["labelled"] == 200 and result["cluster_task"] == "sst2"
+    assert 0.78 < result["mean"]["sts_spearman"] < 0.92, result
+    assert result["cls"]["sts_spearman"] < result["mean"]["sts_spearman"], "the model was trained with mean pooling"

@@ -3,6 +3,7 @@
 
 localrules:
     similarity_plot,  # a few seconds of plotting: not worth a queue wait
+    embeddings_data,  # reads the GLUE source (the Hub on the login node)
 
 
 rule similarity:
@@ -46,3 +47,42 @@ rule similarity_plot:
         CONDA_ENV
     shell:
         "python -m tacl analysis plot --inputs {input} --out {output} > {log} 2>&1"
+
+
+rule embeddings_data:
+    output:
+        f"{R}/analysis/embeddings_data.json",
+    log:
+        f"{LOGS}/analysis/embeddings_data.log",
+    conda:
+        CONDA_ENV
+    params:
+        source=lambda w: json.dumps(embeddings_source()),
+        task=config["analysis"]["embeddings"]["cluster_task"],
+        pairs=config["analysis"]["embeddings"]["max_pairs"],
+        sentences=config["analysis"]["embeddings"]["max_sentences"],
+    shell:
+        "python -m tacl analysis embeddings-data --source {params.source:q} --cluster-task {params.task}"
+        " --max-pairs {params.pairs} --max-sentences {params.sentences} --out {output} > {log} 2>&1"
+
+
+rule embeddings:
+    input:
+        model=f"{MODELS}/{{model}}",
+        data=f"{R}/analysis/embeddings_data.json",
+    output:
+        f"{R}/analysis/embeddings/{{model}}.json",
+    log:
+        f"{LOGS}/analysis/embeddings-{{model}}.log",
+    benchmark:
+        f"{BENCH}/analysis/embeddings-{{model}}.tsv"
+    conda:
+        CONDA_ENV
+    resources:
+        runtime=60,
+        mem_mb=16000,
+    params:
+        device=config["device"],
+    shell:
+        "python -m tacl analysis embeddings --model {input.model} --name {wildcards.model} --data {input.data}"
+        " --device {params.device} --out {output} > {log} 2>&1"

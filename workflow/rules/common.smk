@@ -149,6 +149,34 @@ def finetune_models():
     return config["finetune"]["models"] or config["pretrain"]["objectives"]
 
 
+def contrastive_tasks():
+    """The GLUE classification tasks of the contrastive fine-tunes (finetune.contrastive)."""
+    c = config["finetune"]["contrastive"]
+    if not c["forms"]:
+        return []
+    if c["tasks"] is None:
+        return [t for t in config["finetune"]["tasks"] if t in GLUE_TASKS and t != "stsb"]
+    bad = [t for t in c["tasks"] if t not in GLUE_TASKS or t == "stsb"]
+    if bad:
+        raise WorkflowError(
+            f"finetune.contrastive.tasks: {', '.join(bad)}: contrastive fine-tuning needs a GLUE "
+            "classification task (stsb is a regression task)"
+        )
+    return list(c["tasks"])
+
+
+def contrastive_models():
+    """MODEL+FORM for every model and contrastive form: their own rows in the tables."""
+    return [f"{m}+{f}" for m in finetune_models() for f in config["finetune"]["contrastive"]["forms"]]
+
+
+def embeddings_source():
+    """The GLUE source of the sentence-embedding evaluation (analysis.embeddings.source, else the fine-tunes')."""
+    source = dict(config["analysis"]["embeddings"]["source"] or config["finetune"]["glue_source"])
+    source.setdefault("cache_dir", f"{config['resources_dir']}/datasets")
+    return source
+
+
 def task_family(task):
     if task in GLUE_TASKS:
         return "glue"
@@ -184,12 +212,19 @@ def task_seeds(task):
 
 
 def expected_runs():
-    return [
+    plain = [
         {"model": m, "task": t, "seed": s}
         for m in finetune_models()
         for t in config["finetune"]["tasks"]
         for s in task_seeds(t)
     ]
+    contrastive = [
+        {"model": m, "task": t, "seed": s}
+        for m in contrastive_models()
+        for t in contrastive_tasks()
+        for s in task_seeds(t)
+    ]
+    return plain + contrastive
 
 
 def finetune_outputs():
@@ -203,17 +238,21 @@ def report_outputs():
 def report_args(wildcards=None, input=None):
     """Arguments of `tacl report`, shared by the rule and the onerror handler."""
     similarity = [f"{R}/analysis/similarity/{m}.json" for m in finetune_models()]
+    embeddings = [f"{R}/analysis/embeddings/{m}.json" for m in finetune_models()]
     args = [
         "--results",
         R,
         "--models",
         *finetune_models(),
+        *contrastive_models(),
         "--tasks",
         *config["finetune"]["tasks"],
         "--expected",
         json.dumps(expected_runs()),
         "--similarity",
         *[p for p in similarity if os.path.exists(p)],
+        "--embeddings",
+        *[p for p in embeddings if os.path.exists(p)],
         "--out",
         REPORT,
     ]

@@ -11,6 +11,7 @@ rule report:
         runs=finetune_outputs(),
         similarity=expand(f"{R}/analysis/similarity/{{model}}.json", model=finetune_models()),
         similarity_png=f"{REPORT}/self_similarity.png",
+        embeddings=expand(f"{R}/analysis/embeddings/{{model}}.json", model=finetune_models()),
     output:
         report(
             multiext(f"{REPORT}/glue_dev", ".md", ".csv", ".tex"),
@@ -35,6 +36,18 @@ rule report:
             category="Tables",
             subcategory="Differences beyond seed noise",
             caption="../report/differences.rst",
+        ),
+        report(
+            multiext(f"{REPORT}/embeddings", ".md", ".csv", ".tex"),
+            category="Tables",
+            subcategory="Sentence embeddings",
+            caption="../report/embeddings.rst",
+        ),
+        report(
+            multiext(f"{REPORT}/anisotropy", ".md", ".csv", ".tex"),
+            category="Tables",
+            subcategory="Anisotropy",
+            caption="../report/anisotropy.rst",
         ),
         report(f"{REPORT}/glue_dev.png", category="GLUE dev", caption="../report/glue_plot.rst"),
         md=report(f"{REPORT}/report.md", category="Tables", caption="../report/report_md.rst"),

@@ -22,6 +22,23 @@ def register(stages: argparse._SubParsersAction) -> None:
                    help="cuda: stop at once unless a GPU is usable (the config's `device`)")
     c.add_argument("--out", required=True)
     c.set_defaults(func=_similarity)
+    c = cmds.add_parser("embeddings-data", help="STS-B dev pairs and a labelled set, once (login node)")
+    c.add_argument("--source", required=True, help="a GLUE source as JSON (tsv folder or hf)")
+    c.add_argument("--cluster-task", default="sst2")
+    c.add_argument("--max-pairs", type=int, default=0, help="0 = all")
+    c.add_argument("--max-sentences", type=int, default=0, help="0 = all")
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--out", required=True)
+    c.set_defaults(func=_embeddings_data, online=True)
+    c = cmds.add_parser("embeddings", help="sentence embeddings of one model: STS-B Spearman, k-means ARI/AMI")
+    c.add_argument("--model", required=True)
+    c.add_argument("--name")
+    c.add_argument("--data", required=True, help="from `tacl analysis embeddings-data`")
+    c.add_argument("--max-len", type=int, default=128)
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--device", default="auto", choices=DEVICES)
+    c.add_argument("--out", required=True)
+    c.set_defaults(func=_embeddings)
     c = cmds.add_parser("plot", help="one line per model, layer on x")
     c.add_argument("--inputs", nargs="+", required=True)
     c.add_argument("--out", required=True)
@@ -41,3 +58,15 @@ def _plot(a: argparse.Namespace) -> None:
     from tacl.analysis.similarity import plot
 
     plot([json.loads(Path(p).read_text()) for p in a.inputs], a.out)
+
+
+def _embeddings_data(a: argparse.Namespace) -> None:
+    from tacl.analysis.embeddings import prepare
+
+    print(json.dumps(prepare(json.loads(a.source), a.cluster_task, a.max_pairs, a.max_sentences, a.seed, a.out)))
+
+
+def _embeddings(a: argparse.Namespace) -> None:
+    from tacl.analysis.embeddings import run_embeddings
+
+    print(json.dumps(run_embeddings(a.model, a.data, a.out, a.name, a.device, a.max_len, a.seed)))

@@ -13,6 +13,7 @@ def register(stages: argparse._SubParsersAction) -> None:
     p.add_argument("--tasks", nargs="*", default=[], help="the configured fine-tuning tasks")
     p.add_argument("--expected", default="[]", help="JSON list of {model, task, seed} the config asks for")
     p.add_argument("--similarity", nargs="*", default=[])
+    p.add_argument("--embeddings", nargs="*", default=[], help="analysis/embeddings/MODEL.json files")
     p.add_argument("--similarity-png")
     p.add_argument("--out", required=True)
     p.set_defaults(func=_report)
@@ -22,5 +23,5 @@ def _report(a: argparse.Namespace) -> None:
     from tacl.report.tables import build_report
 
     result = build_report(a.results, a.models, a.tasks, json.loads(a.expected), a.similarity, a.out,
-                          a.similarity_png)
+                          a.similarity_png, a.embeddings)
     print(json.dumps(result))

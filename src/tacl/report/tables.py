@@ -269,11 +269,27 @@ def status_table(long: pd.DataFrame, expected: list[dict[str, Any]]) -> tuple[pd
     return table, missing
 
 
-def similarity_table(paths: list[str]) -> pd.DataFrame:
+def similarity_table(paths: list[str], key: str = "self_similarity") -> pd.DataFrame:
+    """One row per model, one column per layer, of `key` (self_similarity or anisotropy)."""
     rows = []
     for p in paths:
         r = json.loads(Path(p).read_text())
-        rows.append({"model": r["model"], **{f"L{i}": f"{v:.3f}" for i, v in zip(r["layers"], r["self_similarity"])}})
+        if key in r:
+            rows.append({"model": r["model"], **{f"L{i}": f"{v:.3f}" for i, v in zip(r["layers"], r[key])}})
+    return pd.DataFrame(rows)
+
+
+def embeddings_table(paths: list[str]) -> pd.DataFrame:
+    rows = []
+    for p in paths:
+        r = json.loads(Path(p).read_text())
+        row = {"model": r["model"]}
+        for pooling, name in (("cls", "[CLS]"), ("mean", "mean")):
+            row[f"STS-B dev Spearman ({name})"] = f"{100 * r[pooling]['sts_spearman']:.1f}"
+        for pooling, name in (("cls", "[CLS]"), ("mean", "mean")):
+            row[f"{r['cluster_task']} k-means ARI / AMI ({name})"] = (f"{100 * r[pooling]['ari']:.1f} / "
+                                                                    f"{100 * r[pooling]['ami']:.1f}")
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -317,7 +333,8 @@ def glue_plot(summary: pd.DataFrame, models: list[str], tasks: list[str], out_pn
 
 
 def build_report(results_dir: str, models: list[str], tasks: list[str], expected: list[dict[str, Any]],
-                 similarity: list[str], out_dir: str, similarity_png: str | None = None) -> dict[str, Any]:
+                 similarity: list[str], out_dir: str, similarity_png: str | None = None,
+                 embeddings: list[str] | None = None) -> dict[str, Any]:
     """Every table and plot for the configured models and tasks; returns the runs found and missing."""
     out = Path(out_dir)
     long = collect(results_dir)
@@ -331,8 +348,11 @@ def build_report(results_dir: str, models: list[str], tasks: list[str], expected
     status, missing = status_table(long, expected)
     sim = similarity_table(similarity)
     diffs = differences_table(long, models)
+    anisotropy = similarity_table(similarity, "anisotropy")
+    sentence = embeddings_table(embeddings or [])
     tables = {"glue_dev": glue, "glue_published": glue_reference_table(refs), "squad_dev": squad,
-              "differences": diffs, "status": status, "self_similarity": sim}
+              "differences": diffs, "status": status, "self_similarity": sim, "anisotropy": anisotropy,
+              "embeddings": sentence}
     lines = [f"# Results ({results_dir})", "",
              "Our rows: dev-set scores x100, mean ± sample std over fine-tuning seeds, with the fine-tuning "
              "preset they used; '-' = no finished run. Published rows name their source and split.", ""]
@@ -360,9 +380,16 @@ def build_report(results_dir: str, models: list[str], tasks: list[str], expected
               "loss; none: the start model), on the headline number of each task: mean over fine-tuning seeds, "
               "95% t interval, paired by seed where both ran the same seeds (Welch otherwise). 'yes' = the "
               "interval excludes 0.", ""]
-    lines += ["## Self-similarity (lower = more distinguishable token vectors)", "", markdown(sim), ""]
+    lines += ["## Self-similarity (lower = more distinguishable token vectors)", "", markdown(sim), "",
+              "## Anisotropy (mean cosine between tokens of different sentences: self-similarity's baseline)", "",
+              markdown(anisotropy), ""]
     if similarity_png:
-        lines += [f"![self-similarity]({Path(similarity_png).name})", ""]
+        lines += [f"![self-similarity and anisotropy]({Path(similarity_png).name})", ""]
+    lines += ["## Sentence embeddings without fine-tuning (x100)", "", markdown(sentence), "",
+              "STS-B dev: Spearman of the cosine of the two sentences' embeddings with the gold scores. k-means: "
+              "the labelled set's sentences in k = #labels clusters, adjusted Rand index / adjusted mutual "
+              "information against the labels. [CLS]: the last layer's first vector; mean: its average over "
+              "the real tokens.", ""]
     lines += ["## Runs", "", markdown(status), ""]
     if missing:
         lines += [f"Missing or failed ({len(missing)}): " + ", ".join(missing), ""]
