@@ -304,3 +304,13 @@ def test_coco_lm_crop_view_is_a_contiguous_share_between_cls_and_sep():
             starts[b].add(body[0] - 1000 - 100 * b)
             assert (view[b, m + 2:] == 0).all() and (vtypes[b, m + 2:] == 0).all()
     assert starts[0] == {0, 1} and starts[1] == {0, 1} and starts[2] == {0}  # every start in [0, c - m] is drawn
+
+
+def test_coco_lm_samples_follow_the_auxiliary_distribution():
+    from tacl.objectives.coco_lm import sample_rows
+
+    probs = torch.tensor([[0.5, 0.0, 0.2, 0.3], [0.0, 0.0, 0.0, 1.0]])
+    draws = torch.stack([sample_rows(probs, torch.Generator().manual_seed(i)) for i in range(4000)])
+    share = torch.bincount(draws[:, 0], minlength=4).float() / 4000
+    assert (share - probs[0]).abs().max() < 0.03 and share[1] == 0
+    assert (draws[:, 1] == 3).all()

@@ -1,4 +1,5 @@
-# Analysis: layer-wise self-similarity of every model on held-out sentences, and one plot.
+# Analysis: layer-wise self-similarity and anisotropy of every model on held-out sentences, one plot, and
+# sentence embeddings without fine-tuning (STS-B dev, clustering of a labelled set).
 
 
 localrules:
@@ -7,11 +8,15 @@ localrules:
 
 
 rule similarity:
+    # one job per model for the representation analyses (the model is loaded once): self-similarity and
+    # anisotropy on held-out sentences, sentence embeddings on STS-B dev and the labelled set
     input:
         model=f"{MODELS}/{{model}}",
         heldout=f"{DATA}/heldout.txt",
+        embeddings_data=f"{R}/analysis/embeddings_data.json",
     output:
-        f"{R}/analysis/similarity/{{model}}.json",
+        similarity=f"{R}/analysis/similarity/{{model}}.json",
+        embeddings=f"{R}/analysis/embeddings/{{model}}.json",
     log:
         f"{LOGS}/analysis/similarity-{{model}}.log",
     benchmark:
@@ -29,7 +34,8 @@ rule similarity:
     shell:
         "python -m tacl analysis similarity --model {input.model} --name {wildcards.model}"
         " --heldout {input.heldout} --sentences {params.n} --seed {params.seed} --max-len {params.max_len}"
-        " --device {params.device} --out {output} > {log} 2>&1"
+        " --device {params.device} --out {output.similarity} --embeddings-data {input.embeddings_data}"
+        " --embeddings-out {output.embeddings} > {log} 2>&1"
 
 
 rule similarity_plot:
@@ -64,25 +70,3 @@ rule embeddings_data:
     shell:
         "python -m tacl analysis embeddings-data --source {params.source:q} --cluster-task {params.task}"
         " --max-pairs {params.pairs} --max-sentences {params.sentences} --out {output} > {log} 2>&1"
-
-
-rule embeddings:
-    input:
-        model=f"{MODELS}/{{model}}",
-        data=f"{R}/analysis/embeddings_data.json",
-    output:
-        f"{R}/analysis/embeddings/{{model}}.json",
-    log:
-        f"{LOGS}/analysis/embeddings-{{model}}.log",
-    benchmark:
-        f"{BENCH}/analysis/embeddings-{{model}}.tsv"
-    conda:
-        CONDA_ENV
-    resources:
-        runtime=60,
-        mem_mb=16000,
-    params:
-        device=config["device"],
-    shell:
-        "python -m tacl analysis embeddings --model {input.model} --name {wildcards.model} --data {input.data}"
-        " --device {params.device} --out {output} > {log} 2>&1"

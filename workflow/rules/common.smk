@@ -166,8 +166,15 @@ def contrastive_tasks():
 
 
 def contrastive_models():
-    """MODEL+FORM for every model and contrastive form: their own rows in the tables."""
-    return [f"{m}+{f}" for m in finetune_models() for f in config["finetune"]["contrastive"]["forms"]]
+    """MODEL+FORM for every contrastively fine-tuned model and form: their own rows in the tables."""
+    c = config["finetune"]["contrastive"]
+    models = c["models"] or finetune_models()
+    unknown = [m for m in models if m not in finetune_models()]
+    if unknown:
+        raise WorkflowError(
+            f"finetune.contrastive.models: {', '.join(unknown)} not among the fine-tuned models"
+        )
+    return [f"{m}+{f}" for m in models for f in c["forms"]]
 
 
 def embeddings_source():

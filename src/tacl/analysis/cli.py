@@ -6,6 +6,7 @@ import argparse
 import json
 
 from tacl.device import DEVICES
+from tacl.io import InputError
 
 
 def register(stages: argparse._SubParsersAction) -> None:
@@ -21,6 +22,8 @@ def register(stages: argparse._SubParsersAction) -> None:
     c.add_argument("--device", default="auto", choices=DEVICES,
                    help="cuda: stop at once unless a GPU is usable (the config's `device`)")
     c.add_argument("--out", required=True)
+    c.add_argument("--embeddings-data", help="also evaluate sentence embeddings on this (embeddings-data) file")
+    c.add_argument("--embeddings-out", help="where those results go")
     c.set_defaults(func=_similarity)
     c = cmds.add_parser("embeddings-data", help="STS-B dev pairs and a labelled set, once (login node)")
     c.add_argument("--source", required=True, help="a GLUE source as JSON (tsv folder or hf)")
@@ -50,6 +53,12 @@ def _similarity(a: argparse.Namespace) -> None:
 
     print(json.dumps(run_similarity(a.model, a.heldout, a.sentences, a.seed, a.out, a.max_len, a.name,
                                     a.device)))
+    if a.embeddings_data:
+        from tacl.analysis.embeddings import run_embeddings
+
+        if not a.embeddings_out:
+            raise InputError("--embeddings-data needs --embeddings-out")
+        print(json.dumps(run_embeddings(a.model, a.embeddings_data, a.embeddings_out, a.name, a.device)))
 
 
 def _plot(a: argparse.Namespace) -> None:

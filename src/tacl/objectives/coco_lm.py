@@ -63,6 +63,14 @@ def sequence_contrastive_loss(a: torch.Tensor, b: torch.Tensor, tau: float) -> t
     return loss, counts(sims.argmax(-1) == target, torch.ones_like(target, dtype=torch.bool))
 
 
+def sample_rows(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One draw per row of probs [K, V] by inverting the row's cumulative distribution with one uniform
+    number: K random numbers instead of torch.multinomial's K x V exponentials (41% of a CPU step)."""
+    cdf = probs.double().cumsum(-1)
+    u = torch.rand(len(probs), 1, generator=generator, device=probs.device, dtype=torch.float64) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u).squeeze(1).clamp(max=probs.shape[1] - 1)
+
+
 def crop_view(ids: torch.Tensor, token_type: torch.Tensor, attention: torch.Tensor, share: float, pad_id: int,
               generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(ids, token types, attention) of `[CLS] x[s+1 .. s+m] [SEP]` per row: the tokens between a row's
@@ -131,7 +139,7 @@ class COCOLM(torch.nn.Module):
         losses, metrics = {}, {}
         losses["aux_mlm"], metrics["aux_mlm_acc"] = mlm_loss(aux_logits, targets)
         with torch.no_grad():
-            samples = torch.multinomial(F.softmax(aux_logits.float(), -1), 1, generator=generator).squeeze(1)
+            samples = sample_rows(F.softmax(aux_logits.float(), -1), generator)
         clean = batch["clean_ids"]
         flat = clean.flatten()
         picked = torch.where(targets != IGNORE_INDEX, samples, flat.index_select(0, index))  # list padding: unchanged
