@@ -125,7 +125,8 @@ def test_demo_end_to_end_survives_a_kill(tmp_path):
     cfg = demo_config(tmp_path)
     # fine-tunes and similarity smaller than the demo's: this test is about the DAG, the chain and the kill
     # (SQuAD's jobs run in test_a_failed_task_never_blocks_the_other_tables)
-    cfg["finetune"].update(tasks=["qnli"], seeds_small=1, seeds_large=1)
+    cfg["pretrain"]["objectives"] = ["none", "mlm_nsp", "tacl", "taco"]  # (coco_lm: the byte-identical test)
+    cfg["finetune"].update(tasks=["qnli"], seeds_small=1, seeds_large=1, contrastive={"forms": []})
     cfg["finetune"]["hparams"]["glue"].update(max_train_examples=64, max_eval_examples=64, epochs=1)
     cfg["analysis"]["similarity_sentences"] = 50
     results = tmp_path / "results"
@@ -193,7 +194,7 @@ def test_a_failed_task_never_blocks_the_other_tables(tmp_path):
     what finished, listing the missing runs; rerunning after the fix does only the missing work."""
     cfg = demo_config(tmp_path)
     cfg["pretrain"]["objectives"] = ["none"]
-    cfg["finetune"].update(tasks=["qnli", "squad_v2"], seeds_small=1, seeds_large=1)
+    cfg["finetune"].update(tasks=["qnli", "squad_v2"], seeds_small=1, seeds_large=1, contrastive={"forms": []})
     cfg["finetune"]["hparams"]["glue"].update(max_train_examples=64, max_eval_examples=64, epochs=1)
     cfg["finetune"]["hparams"]["squad"].update(epochs=1)
     cfg["finetune"]["glue_source"]["data_dir"] = str(REPO / "examples/demo/glue")
@@ -229,17 +230,19 @@ def test_the_same_config_twice_gives_byte_identical_tables(tmp_path):
     for name in ("first", "second"):
         cfg = demo_config(tmp_path / name)
         cfg["data"]["max_lines"] = 3000
-        cfg["pretrain"].update(objectives=["none", "mlm_nsp"], steps=12, log_every=4)
+        cfg["pretrain"].update(objectives=["none", "coco_lm"], steps=12, log_every=4)
         cfg["pretrain"]["chunk"].update(runtime_minutes=30)
-        cfg["finetune"].update(tasks=["qnli"], seeds_small=2)
+        cfg["finetune"].update(tasks=["qnli"], seeds_small=2, contrastive={"forms": ["scl"], "models": ["coco_lm"]})
         cfg["finetune"]["hparams"]["glue"].update(max_train_examples=64, max_eval_examples=64, epochs=1)
         cfg["analysis"]["similarity_sentences"] = 20
         run_snakemake(tmp_path / name, cfg, "--cores", "2")
         runs.append(tmp_path / name / "results" / "report")
     csvs = sorted(p.name for p in runs[0].glob("*.csv"))
-    assert {"runs.csv", "summary.csv", "glue_dev.csv", "differences.csv", "self_similarity.csv"} <= set(csvs)
+    assert {"runs.csv", "summary.csv", "glue_dev.csv", "differences.csv", "self_similarity.csv", "anisotropy.csv",
+            "embeddings.csv"} <= set(csvs)
     assert csvs == sorted(p.name for p in runs[1].glob("*.csv"))
     for name in csvs:
         assert (runs[0] / name).read_bytes() == (runs[1] / name).read_bytes(), name
-    rows = (runs[0] / "runs.csv").read_text().splitlines()
-    assert len(rows) > 8 and "mlm_nsp,qnli,glue,standard,1,dev,accuracy," in "\n".join(rows)
+    rows = (runs[0] / "runs.csv").read_text()
+    assert "coco_lm,qnli,glue,standard,1,dev,accuracy," in rows and "coco_lm+scl,qnli,glue,standard,1,dev," in rows
+    assert "coco_lm" in (runs[0] / "embeddings.csv").read_text()
