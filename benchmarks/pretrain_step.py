@@ -330,7 +330,7 @@ def main() -> None:
     t_ref = time_reference(manifest, tokenizer, start, ENV.device, args.steps, global_batch, micro)
     base = results["mlm_nsp"][0]
     for objective, (t, tokens, flops) in results.items():
-        line = (f"   ours {objective:8s} {t * 1000:9.1f} ms/step {tokens / t:10.0f} tokens/s  "
+        line = (f"   ours {objective:10s} {t * 1000:9.1f} ms/step {tokens / t:10.0f} tokens/s  "
                 f"ratio to mlm_nsp {t / base:.2f}")
         if args.gpu and flops:
             peak = next((v for k, v in PEAK_BF16.items() if k in where), None)
