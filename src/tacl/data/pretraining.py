@@ -34,6 +34,10 @@ class Batching:
     group_by_length: bool = True
     pad_multiple: int = 8  # max_len: every sequence padded to max_len (the reference's way)
 
+    def width(self, lengths: np.ndarray) -> int:
+        """The padded width of a micro-batch: its longest sequence, rounded up to pad_multiple."""
+        return -(-int(lengths.max()) // self.pad_multiple) * self.pad_multiple
+
 
 class PretrainingData:
     def __init__(self, shards: ShardSet, spec: MaskingSpec, seed: int, batching: Batching):
@@ -78,8 +82,7 @@ class PretrainingData:
         epochs, index = self.locate(np.asarray(positions, dtype=np.int64))
         examples = [self.shards.example(int(i)) for i in index]
         lengths = np.array([len(e[0]) for e in examples], dtype=np.int64)
-        pad = self.batching.pad_multiple
-        width = -(-int(lengths.max()) // pad) * pad
+        width = self.batching.width(lengths)
         b = len(examples)
         clean = np.full((b, width), self.spec.pad_id, dtype=np.int64)
         token_type = np.zeros((b, width), dtype=np.int64)
@@ -179,7 +182,7 @@ def padding_fraction(data: PretrainingData, steps: int) -> float:
         for j in range(g // m):
             _, index = data.locate(data.micro_positions(step, j))
             lengths = data.shards.lengths(index)
-            width = -(-int(lengths.max()) // data.batching.pad_multiple) * data.batching.pad_multiple
+            width = data.batching.width(lengths)
             pad += width * len(lengths) - int(lengths.sum())
             real += int(lengths.sum())
     return pad / max(1, pad + real)
