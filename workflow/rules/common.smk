@@ -122,6 +122,12 @@ def chunk_resources():
     return resources
 
 
+def chunk_step_cap():
+    """The per-chunk step cap (pretrain.chunk.max_steps) as an argument of `tacl pretrain train`."""
+    cap = config["pretrain"]["chunk"]["max_steps"]
+    return f"--max-steps {cap}" if cap else ""
+
+
 def chunk_marker(objective, k):
     return f"{PRETRAIN}/{objective}/chunk-{k}.json"
 
@@ -175,6 +181,34 @@ def contrastive_models():
             f"finetune.contrastive.models: {', '.join(unknown)} not among the fine-tuned models"
         )
     return [f"{m}+{f}" for m in models for f in c["forms"]]
+
+
+def embeddings_enabled():
+    return config["analysis"]["embeddings"]["enabled"]
+
+
+def embeddings_files():
+    """The sentence-embedding evaluation's input and output of a similarity job, when it runs
+    (analysis.embeddings.enabled)."""
+    if not embeddings_enabled():
+        return {}, {}
+    return (
+        {"embeddings_data": f"{R}/analysis/embeddings_data.json"},
+        {"embeddings": f"{R}/analysis/embeddings/{{model}}.json"},
+    )
+
+
+def embeddings_outputs():
+    """Every model's sentence-embedding results, when that evaluation runs."""
+    if not embeddings_enabled():
+        return []
+    return [f"{R}/analysis/embeddings/{m}.json" for m in finetune_models()]
+
+
+def embeddings_args(wildcards, input, output):
+    if not embeddings_enabled():
+        return ""
+    return f"--embeddings-data {input.embeddings_data} --embeddings-out {output.embeddings}"
 
 
 def embeddings_source():
@@ -245,7 +279,6 @@ def report_outputs():
 def report_args(wildcards=None, input=None):
     """Arguments of `tacl report`, shared by the rule and the onerror handler."""
     similarity = [f"{R}/analysis/similarity/{m}.json" for m in finetune_models()]
-    embeddings = [f"{R}/analysis/embeddings/{m}.json" for m in finetune_models()]
     args = [
         "--results",
         R,
@@ -259,7 +292,8 @@ def report_args(wildcards=None, input=None):
         "--similarity",
         *[p for p in similarity if os.path.exists(p)],
         "--embeddings",
-        *[p for p in embeddings if os.path.exists(p)],
+        *[p for p in embeddings_outputs() if os.path.exists(p)],
+        *([] if embeddings_enabled() else ["--embeddings-disabled"]),
         "--out",
         REPORT,
     ]

@@ -1,5 +1,6 @@
 """`tacl submit ...`: run one stage on SLURM from the command line or a notebook, without Snakemake.
-`tacl pbs submit|status`: the submit and status commands of the PBS Pro profile (profiles/pbs)."""
+`tacl pbs submit|status`: the submit and status commands of the PBS Pro profile (profiles/pbs).
+`tacl profiles install`: `snakemake --profile slurm` / `--profile pbs` by name (tacl.cluster.profiles)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,11 @@ def register(stages: argparse._SubParsersAction) -> None:
     c.add_argument("--wait", action="store_true", help="wait for the final marker and print it")
     c.set_defaults(func=_pretrain)
 
+    p = stages.add_parser("profiles", help="the repository's Snakemake profiles, usable by name")
+    cmds = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    c = cmds.add_parser("install", help="link profiles/slurm and profiles/pbs into ~/.config/snakemake")
+    c.set_defaults(func=_profiles_install)
+
     p = stages.add_parser("pbs", help="PBS Pro submit/status commands for Snakemake's cluster-generic executor")
     cmds = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     c = cmds.add_parser("submit", help="qsub one Snakemake job script; prints the job id")
@@ -41,6 +47,12 @@ def register(stages: argparse._SubParsersAction) -> None:
     c = cmds.add_parser("status", help="running | success | failed, from qstat -x -f -F json")
     c.add_argument("job_id")
     c.set_defaults(func=_pbs_status)
+
+
+def _profiles_install(a: argparse.Namespace) -> int:
+    from tacl.cluster.profiles import main
+
+    return main()
 
 
 def _pbs_submit(a: argparse.Namespace) -> None:
