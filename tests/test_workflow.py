@@ -212,7 +212,8 @@ def test_demo_end_to_end_survives_a_kill(tmp_path, monkeypatch):
         markers = sorted((results / "pretrain" / objective).glob("chunk-*.json"),
                          key=lambda p: int(p.stem.split("-")[1]))
         chain = [json.loads(p.read_text()) for p in markers]
-        assert len(chain) >= 2, f"{objective}: pretrain.chunk.max_steps and the deadline make two chunks or more"
+        if objective not in killed_runs:  # (a killed chunk 0 reruns from its checkpoint and may finish)
+            assert len(chain) >= 2, f"{objective}: chunk.max_steps and the deadline make two chunks or more"
         assert [c["done"] for c in chain] == [False] * (len(chain) - 1) + [True]
         assert all(c["reason"] in ("deadline", "max_steps") for c in chain[:-1])
         assert all(c["steps_this_chunk"] <= cfg["pretrain"]["chunk"]["max_steps"] for c in chain)
