@@ -8,7 +8,7 @@ from __future__ import annotations
 import difflib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
@@ -111,3 +111,14 @@ def plan_errors(config: dict[str, Any]) -> list[str]:
         problems += [f"{key}: {value} tokens, but the start model has {positions} positions ({shape['key']})"
                      for key, value in lengths if value > positions]
     return problems
+
+
+def checked_config(config: dict[str, Any], schema: dict[str, Any], fill_defaults: Callable[[dict], Any]
+                   ) -> list[str]:
+    """Every problem of a config, for the Snakefile: the schema's (`config_errors`), else, with the defaults
+    filled in by `fill_defaults` (Snakemake's `validate`), what the keys say together (`plan_errors`)."""
+    problems = config_errors(config, schema)
+    if problems:
+        return problems
+    fill_defaults(config)
+    return plan_errors(config)

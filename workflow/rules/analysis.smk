@@ -11,12 +11,12 @@ rule similarity:
     # one job per model for the representation analyses (the model is loaded once): self-similarity and
     # anisotropy on held-out sentences, sentence embeddings on STS-B dev and the labelled set
     input:
+        **embeddings_files()[0],
         model=f"{MODELS}/{{model}}",
         heldout=f"{DATA}/heldout.txt",
-        **embeddings_files()[0],
     output:
-        similarity=f"{R}/analysis/similarity/{{model}}.json",
         **embeddings_files()[1],
+        similarity=f"{R}/analysis/similarity/{{model}}.json",
     log:
         f"{LOGS}/analysis/similarity-{{model}}.log",
     benchmark:
