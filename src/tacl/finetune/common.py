@@ -14,12 +14,12 @@ import numpy as np
 import torch
 
 from tacl.device import device_info, resolve_device
-from tacl.finetune import PRESETS
+from tacl.finetune import FAMILY_HPARAMS, PRESETS
 from tacl.io import InputError
 
 log = logging.getLogger("tacl.finetune")
 
-DEFAULT_HPARAMS = {"max_len": 128, "batch": 32, "lr": 2e-5, "epochs": 3, "grad_clip": 1.0, "eval_batch": 64}
+DEFAULT_HPARAMS = FAMILY_HPARAMS["glue"]
 
 
 def hyperparameters(defaults: dict[str, Any], preset: str, overrides: dict[str, Any]) -> dict[str, Any]:
