@@ -8,7 +8,8 @@ import pickle
 import pytest
 import yaml
 
-from tacl.cluster.preflight import JobRequest, parse_minutes, parse_partitions, problems
+from tacl.cluster.preflight import JobRequest, parse_partitions, problems
+from tacl.cluster.query import slurm_minutes, slurm_seconds
 from tacl.cluster.submit import PretrainRun, run_from_config
 from tacl.io import InputError
 
@@ -29,7 +30,10 @@ def test_scontrol_partitions_and_time_limits():
     assert parts["cpu"].max_minutes == 1440 and parts["cpu"].default and parts["cpu"].allow_accounts is None
     assert parts["gpu"].max_minutes == 1440 and parts["gpu"].allow_accounts == {"p123", "p456"}
     assert parts["long"].max_minutes is None
-    assert [parse_minutes(t) for t in ("60", "01:30:00", "00:00:30", "2-01:00:00")] == [60, 90, 1, 2940]
+    assert [slurm_minutes(t) for t in ("60", "01:30:00", "00:00:30", "2-01:00:00", "2-01")] == [60, 90, 1, 2940, 2940]
+    # squeue's %L (time left), as the trainer's deadline reads it
+    assert [slurm_seconds(t) for t in ("1-02:03:04", "02:03:04", "03:04", "UNLIMITED", "INVALID")] == [
+        93784, 7384, 184, None, None]
 
 
 def test_preflight_names_rule_and_key():
