@@ -578,3 +578,21 @@ def test_data_stage_through_cluster_generic_and_a_stand_in_pbs(tmp_path):
         rule = args[args.index("-N") + 1].split(".")[1]
         assert (tmp_path / "results/pbs-logs" / rule / f"{job_id}.OU").is_file()
     assert json.loads((tmp_path / "results/data/summary.json").read_text())["shards"] == 2
+
+
+def test_doctor_counts_gpus_given_as_uuids(monkeypatch):
+    """PBS on Supek sets CUDA_VISIBLE_DEVICES to GPU UUIDs: `tacl doctor` counts them as GPUs, and says so when
+    they name more GPUs than this node has (a UUID of another node's GPU)."""
+    from tacl import device
+
+    uuids = "GPU-8f6c2a31-5e0b-11ee-8c99-0242ac120002,GPU-1b0e77d2-5e0b-11ee-8c99-0242ac120002"
+    assert device.visible_gpus(uuids) == uuids.split(",")
+    assert device.visible_gpus("0, 1") == ["0", "1"] and device.visible_gpus(None) is None
+    monkeypatch.setattr(device, "cuda_problem", lambda: None)
+    monkeypatch.setattr(device, "device_info", lambda d=None: {"gpus": 2, "gpu": "NVIDIA A100-SXM4-40GB",
+                                                               "bf16": True})
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", uuids)
+    assert device.doctor()[1] == []
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", uuids + ",GPU-00000000-0000-0000-0000-000000000000")
+    assert device.doctor()[1] == ["CUDA_VISIBLE_DEVICES names 3 GPU(s) but torch sees 2: an index or UUID there is "
+                                  "not a GPU of this node (CUDA stops at the first it cannot find)"]

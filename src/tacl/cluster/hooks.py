@@ -118,7 +118,9 @@ def preflight(workflow: Any, pretrain: dict[str, Any], config_runtimes: dict[str
     which = scheduler(workflow)
     if which is None:
         return
-    problem = launcher_problem(which, launcher, pretrain["launcher"])
+    # (the launcher and the GPUs per node matter when a pretraining chunk is to run; queues for every rule)
+    chunks = any(job.name == "pretrain_chunk" for job in workflow.dag.needrun_jobs())
+    problem = launcher_problem(which, launcher, pretrain["launcher"]) if chunks else None
     found = [problem] if problem else []
     if which == "slurm":
         found += slurm_problems(workflow, pretrain, config_runtimes)
@@ -126,7 +128,8 @@ def preflight(workflow: Any, pretrain: dict[str, Any], config_runtimes: dict[str
         queues = cluster_queues()
         if queues is None:
             print("PBS preflight: queues not checked, `qstat -Qf` did not answer", file=sys.stderr)
-        found += pbs_problems(pbs_requests(workflow, config_runtimes), queues, pretrain["ranks_per_node"])
+        found += pbs_problems(pbs_requests(workflow, config_runtimes), queues,
+                              pretrain["ranks_per_node"] if chunks else None)
     if found:
         raise WorkflowError(f"{which.upper()} preflight: nothing was submitted.\n  " + "\n  ".join(found))
 

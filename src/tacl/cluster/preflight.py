@@ -154,11 +154,13 @@ def cluster_queues() -> dict[str, Queue] | None:
     return None if records is None else parse_queues(records)
 
 
-def pbs_problems(requests: list[PbsRequest], queues: dict[str, Queue] | None, ranks_per_node: int) -> list[str]:
-    """`queues` None: qstat did not answer, only what needs no server is checked."""
+def pbs_problems(requests: list[PbsRequest], queues: dict[str, Queue] | None,
+                 ranks_per_node: int | None) -> list[str]:
+    """`queues` None: qstat did not answer, only what needs no server is checked; `ranks_per_node` None: no
+    pretraining chunk is to run, its GPUs per node are not checked."""
     found = []
     for r in requests:
-        if r.rule == "pretrain_chunk" and r.ngpus and r.ngpus != ranks_per_node:
+        if r.rule == "pretrain_chunk" and ranks_per_node and r.ngpus and r.ngpus != ranks_per_node:
             found.append(f"rule pretrain_chunk: the profile gives each of its {r.nodes} node(s) {r.ngpus} GPU(s) "
                          f"(gpu under set-resources), but pretrain.ranks_per_node is {ranks_per_node} (one rank "
                          "per GPU); make them agree")
