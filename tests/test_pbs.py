@@ -9,6 +9,7 @@ tested for real, tests/test_slurm.py.)"""
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
 import signal
@@ -389,6 +390,7 @@ def test_queue_limits_and_pbs_preflight_messages():
         "rule pretrain_chunk: pretrain.launcher is auto (srun for pretrain.nodes > 1), which needs a SLURM job step; "
         "under PBS set pretrain.launcher to mpiexec (Cray PALS, as on Supek) or pbsdsh: one torchrun agent per node")
     assert launcher_problem("pbs", "mpiexec", "mpiexec") is None and launcher_problem("pbs", "torchrun", "auto") is None
+    assert launcher_problem("slurm", "srun", "auto") is None and launcher_problem("slurm", "torchrun", "torchrun") is None
     assert "under SLURM use srun" in launcher_problem("slurm", "pbsdsh", "pbsdsh")
 
 
@@ -428,20 +430,16 @@ python3 -c "import json,sys; j={{'job_state': sys.argv[1]}}; sys.argv[2] and j.u
 }
 
 
+@contextlib.contextmanager
 def with_env(env: dict[str, str]):
     """Set env for a block (Snakemake's subprocesses inherit os.environ)."""
-    import contextlib
-
-    @contextlib.contextmanager
-    def block():
-        old = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
-            yield
-        finally:
-            for k, v in old.items():
-                os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
-    return block()
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
 
 
 @pytest.mark.slow

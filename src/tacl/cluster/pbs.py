@@ -153,12 +153,19 @@ def job_status(job_id: str, exit_dir: str, say=None) -> str:
         status = status_of(record)
         _tell_comment(job_id, record, exit_dir, say)
         if status == "failed" and record.get("job_state") == "H":
-            deleted = subprocess.run(["qdel", job_id], capture_output=True, text=True, timeout=60).returncode == 0
+            deleted = _qdel(job_id)
             say(f"PBS job {job_id}: held by the system (Hold_Types {record.get('Hold_Types')}), which never "
                 f"releases it by itself: counted as failed{' and deleted (qdel)' if deleted else '; qdel failed'}")
     if status != "running":
         Path(exit_dir, f"{job_id}.comment").unlink(missing_ok=True)
     return status
+
+
+def _qdel(job_id: str) -> bool:
+    try:
+        return subprocess.run(["qdel", job_id], capture_output=True, text=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 
 def _tell_comment(job_id: str, record: dict[str, Any], exit_dir: str, say) -> None:
