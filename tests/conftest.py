@@ -98,6 +98,34 @@ def fresh_clone(where: Path) -> Path:
     return clone
 
 
+def write_nli_fixture(root: Path, rows: int = 48) -> Path:
+    """A GLUE-layout folder with MNLI (train, dev_matched, dev_mismatched) and RTE (train, dev) built from the
+    demo's QNLI sample, and QNLI itself (a link to the demo's): enough to run those tasks end to end (a
+    question and a sentence that answers it count as entailment). Its figures mean nothing."""
+    lines = (REPO / "examples/demo/glue/QNLI/train.tsv").read_text().splitlines()[1 : 2 * rows + 1]
+    qnli = [line.split("\t")[1:] for line in lines]
+    mnli_header = ("index promptID pairID genre sentence1_binary_parse sentence2_binary_parse sentence1_parse "
+                   "sentence2_parse sentence1 sentence2").split()
+
+    def mnli(part, dev):
+        out = ["\t".join(mnli_header + (["label1", "gold_label"] if not dev else ["gold_label"]))]
+        for i, (q, s, y) in enumerate(part):
+            label = "entailment" if y == "entailment" else "contradiction"
+            out.append("\t".join([str(i), str(i), f"{i}e", "fiction", "x", "y", "x", "y", s, q]
+                                  + ([label] if dev else [label, label])))
+        return out
+
+    rte = lambda part: ["index\tsentence1\tsentence2\tlabel"] + [f"{i}\t{s}\t{q}\t{y}" for i, (q, s, y) in enumerate(part)]
+    files = {"MNLI/train.tsv": mnli(qnli[:rows], False), "MNLI/dev_matched.tsv": mnli(qnli[rows:], True),
+             "MNLI/dev_mismatched.tsv": mnli(qnli[rows:], True),
+             "RTE/train.tsv": rte(qnli[rows:]), "RTE/dev.tsv": rte(qnli[:rows])}
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text("\n".join(text) + "\n")
+    (root / "QNLI").symlink_to(REPO / "examples/demo/glue/QNLI")
+    return root
+
+
 def snakemake_command(workdir: Path, config: dict | None, *args: str, bound: int | None = None,
                       repo: Path = REPO) -> tuple[list[str], dict]:
     """The command line (the workflow of `repo`); `bound` wraps it in `timeout -k 10 BOUND`, so a hung run fails
