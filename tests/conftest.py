@@ -55,6 +55,9 @@ def tokenizer_dir(tmp_path_factory, tokenizer) -> Path:
 def demo_config(tmp_path: Path, **overrides) -> dict:
     """The demo config with absolute paths and results under tmp_path."""
     cfg = yaml.safe_load(DEMO_CONFIG.read_text())
+    # tiny models only: the demo's real encoder (finetune.extra_models) costs a minute per fine-tune
+    # (test_demo_end_to_end_survives_a_kill keeps it), and one setting per task unless a test sweeps
+    cfg["finetune"].update(extra_models={}, sweep={})
     cfg["results_dir"] = str(tmp_path / "results")
     cfg["resources_dir"] = str(tmp_path / "resources")
     cfg["data"]["source"]["paths"] = [str(REPO / p) for p in cfg["data"]["source"]["paths"]]

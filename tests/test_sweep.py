@@ -107,3 +107,12 @@ def test_submissions_come_from_the_selected_setting(tmp_path):
         assert sorted(z.namelist()) == ["QNLI.tsv", "selection.json"]
         assert z.read("QNLI.tsv").decode().endswith("lr1e-4_b16_e1/seed1\n")
         assert json.loads(z.read("selection.json"))[0]["files"] == ["QNLI.tsv"]
+
+
+def test_selection_ranks_by_the_reports_headline_number():
+    from tacl.report.tables import HEADLINE
+
+    first = {}
+    for _, task, split, metric, _ in HEADLINE:
+        first.setdefault(task, (split, metric))  # (MNLI: matched first)
+    assert first == HEADLINE_DEV

@@ -264,6 +264,8 @@ def test_demo_end_to_end_survives_a_kill(tmp_path, monkeypatch):
     report = (results / "report" / "report.md").read_text()
     assert "## GLUE dev" in report and "Missing or failed" not in report
     assert "Not run: `analysis.embeddings.enabled: false`" in report
+    assert "| minilm " in report and (results / "models/minilm/config.json").is_file()  # finetune.extra_models
+    assert len(list(results.glob("finetune/minilm/qnli/lr*/seed0/metrics.json"))) == 2  # the demo's QNLI sweep
     run_snakemake(clone, cfg, "--report", str(clone / "report.html"), repo=clone)
     html = (clone / "report.html").read_text()
     assert "glue_dev.png" in html and "self_similarity.png" in html
