@@ -106,8 +106,9 @@ def clean_state_dict(state: dict[str, torch.Tensor], prefix: str = "model.") -> 
 
 
 def checkpoint_state_dict(checkpoint_root: str | os.PathLike, tag: str) -> dict[str, torch.Tensor]:
-    """fp32 weights from a DeepSpeed checkpoint: ZeRO 1-3 and bf16 from the optimizer's fp32 master copy,
-    ZeRO 0 in fp32 from the module itself."""
+    """fp32 weights from a DeepSpeed checkpoint: ZeRO 1-3 (fp32 or bf16) from the optimizer's fp32 master
+    copy, ZeRO 0 from the module itself, which is fp32 in both precisions (bf16 at ZeRO 0 trains fp32 weights
+    under autocast: tacl.pretrain.trainer). A ZeRO 0 module in bf16 has no fp32 masters to export: refused."""
     root = Path(checkpoint_root)
     files = os.listdir(root / tag)
     if any(f.endswith("optim_states.pt") for f in files):
@@ -117,4 +118,9 @@ def checkpoint_state_dict(checkpoint_root: str | os.PathLike, tag: str) -> dict[
     model_file = root / tag / "mp_rank_00_model_states.pt"
     if not model_file.is_file():
         raise InputError(f"{root / tag}: no DeepSpeed model states in this checkpoint")
-    return clean_state_dict(torch.load(model_file, map_location="cpu", weights_only=False)["module"])
+    module = torch.load(model_file, map_location="cpu", weights_only=False)["module"]
+    low = sorted(k for k, v in module.items() if v.is_floating_point() and v.dtype != torch.float32)
+    if low:
+        raise InputError(f"{model_file}: weights in {module[low[0]].dtype} ({low[0]}, ...), not the fp32 masters; "
+                         "exporting them would lose precision")
+    return clean_state_dict(module)
