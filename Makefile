@@ -5,7 +5,7 @@ PYTHON ?= python3
 BIN := $(VENV)/bin
 SNAKEMAKE_ARGS ?=
 
-.PHONY: demo test lint venv clean-demo
+.PHONY: demo test lint venv clean-demo profiles
 
 venv: $(VENV)/.installed
 
@@ -32,6 +32,11 @@ test: venv
 
 lint: venv
 	PATH=$(abspath $(BIN)):$$PATH snakemake --lint $(DEMO)
+
+# `snakemake --profile slurm` / `--profile pbs` by name: links profiles/slurm and profiles/pbs into
+# ~/.config/snakemake (a profile of your own of that name is left alone). Needs no environment.
+profiles:
+	PYTHONPATH=src $(PYTHON) -m tacl.cluster.profiles
 
 clean-demo:
 	rm -rf results/demo

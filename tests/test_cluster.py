@@ -8,7 +8,8 @@ import pickle
 import pytest
 import yaml
 
-from tacl.cluster.preflight import JobRequest, parse_minutes, parse_partitions, problems
+from tacl.cluster.preflight import JobRequest, parse_partitions, problems
+from tacl.cluster.query import slurm_minutes, slurm_seconds
 from tacl.cluster.submit import PretrainRun, run_from_config
 from tacl.io import InputError
 
@@ -29,7 +30,10 @@ def test_scontrol_partitions_and_time_limits():
     assert parts["cpu"].max_minutes == 1440 and parts["cpu"].default and parts["cpu"].allow_accounts is None
     assert parts["gpu"].max_minutes == 1440 and parts["gpu"].allow_accounts == {"p123", "p456"}
     assert parts["long"].max_minutes is None
-    assert [parse_minutes(t) for t in ("60", "01:30:00", "00:00:30", "2-01:00:00")] == [60, 90, 1, 2940]
+    assert [slurm_minutes(t) for t in ("60", "01:30:00", "00:00:30", "2-01:00:00", "2-01")] == [60, 90, 1, 2940, 2940]
+    # squeue's %L (time left), as the trainer's deadline reads it
+    assert [slurm_seconds(t) for t in ("1-02:03:04", "02:03:04", "03:04", "UNLIMITED", "INVALID")] == [
+        93784, 7384, 184, None, None]
 
 
 def test_preflight_names_rule_and_key():
@@ -157,3 +161,25 @@ def test_ci_profile_passes_the_slurm_plugin_and_bad_resources_name_the_rule(tmp_
                                          "is not allowed in the 'slurm_extra' parameter")
     assert bad["problems"][2] == ("rule pretrain_chunk: the profile gives each of its 1 node(s) 4 GPU(s) (gres "
                                   "gpu:4), but pretrain.ranks_per_node is 2 (one rank per GPU); make them agree")
+
+
+def test_hooks_know_the_scheduler_and_print_the_summary(tmp_path):
+    """What the Snakefile's onstart and onsuccess call (tacl.cluster.hooks): which scheduler the run submits to,
+    from the executor and its submit command, and the data summary line."""
+    import json
+    from types import SimpleNamespace as NS
+
+    from tacl.cluster.hooks import data_summary, scheduler
+
+    def workflow(plugin, submit_cmd=None):
+        return NS(executor_plugin=plugin and NS(name=plugin), executor_settings=NS(submit_cmd=submit_cmd))
+
+    assert scheduler(workflow("slurm")) == "slurm"
+    assert scheduler(workflow("cluster-generic", "python -m tacl pbs submit --queue {resources.pbs_queue}")) == "pbs"
+    assert scheduler(workflow("cluster-generic", "sbatch --parsable")) is None
+    assert scheduler(workflow("local")) is None and scheduler(workflow(None)) is None
+    path = tmp_path / "summary.json"
+    assert data_summary(str(path), "results/demo") is None
+    path.write_text(json.dumps({"documents": 3, "sentences": 40, "examples": 12, "tokens": 900, "shards": 2}))
+    assert data_summary(str(path), "results/demo") == ("summary (results/demo): 3 documents, 40 sentences, 12 NSP "
+                                                       "examples, 900 tokens in 2 shards")

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SHARED_DATA
+from conftest import SHARED_DATA, needs_shared
 from tacl.data.clean import clean_corpus
 from tacl.data.download import download_corpus
 from tacl.data.sources import read_wikiextractor
 
-pytestmark = pytest.mark.skipif(not (SHARED_DATA / "wikipedia").is_dir(), reason="../shared/data is not here")
+pytestmark = needs_shared("wikipedia")
 
 
 def bytes_read() -> int:

@@ -6,12 +6,13 @@ import json
 import pytest
 import torch
 
-from conftest import MINILM, REPO, SHARED_DATA
+from conftest import MINILM, REPO, SHARED_DATA, needs_shared
 from tacl.io import InputError
 
 pytestmark = pytest.mark.slow
 
 
+@needs_shared("glue", "SST-2")
 def test_small_model_learns_sst2_and_writes_a_submission(tmp_path):
     """all-MiniLM-L6-v2 (22M parameters, from PyPI) on 800 real SST-2 training sentences (a seeded sample of
     ../shared/data, through the hparams every fine-tune job has): dev accuracy on 400 dev sentences clearly

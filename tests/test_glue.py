@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SHARED_DATA
+from conftest import SHARED_DATA, needs_shared
 from tacl.finetune import glue
 from tacl.finetune.glue import TASKS, Example
 from tacl.io import InputError
@@ -239,9 +239,8 @@ def test_pair_tasks_with_index_column(tmp_path, task, dir_name, header, labels):
 
 @pytest.mark.parametrize("task, dev_count, test_count", [
     ("sst2", 872, 1821), ("mrpc", 408, 1725), ("rte", 277, 3000), ("wnli", 71, 146), ("qnli", 5463, 5463)])
+@needs_shared("glue")
 def test_real_glue_files(task, dev_count, test_count):
-    if not GLUE_DATA.is_dir():
-        pytest.skip(f"{GLUE_DATA} not present")
     spec = TASKS[task]
     dev = glue.read_split(task, str(GLUE_DATA), "dev")
     assert len(dev) == dev_count
@@ -255,9 +254,8 @@ def test_real_glue_files(task, dev_count, test_count):
     assert len({e.guid for e in test}) == test_count
 
 
+@needs_shared("glue", "MRPC")
 def test_real_mrpc_first_row():
-    if not (GLUE_DATA / "MRPC").is_dir():
-        pytest.skip("MRPC not present")
     first = glue.read_split("mrpc", str(GLUE_DATA), "dev")[0]
     assert first.label == "1"
     assert first.text_a.startswith("He said the foodservice pie business")

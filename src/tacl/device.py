@@ -161,6 +161,14 @@ def device_info(device: torch.device | None = None) -> dict[str, Any]:
     return info
 
 
+def visible_gpus(value: str | None) -> list[str] | None:
+    """CUDA_VISIBLE_DEVICES as its entries: indices ("0,1") or GPU / MIG UUIDs ("GPU-8f6c2a..,GPU-..", as PBS
+    sets them on Supek; torch takes both); None when unset."""
+    if value is None:
+        return None
+    return [entry.strip() for entry in value.split(",") if entry.strip()]
+
+
 def doctor(requested: str = "auto") -> tuple[dict[str, Any], list[str]]:
     """(facts, problems) for `tacl doctor`: device facts, and what would stop a GPU job here."""
     import torch
@@ -175,6 +183,10 @@ def doctor(requested: str = "auto") -> tuple[dict[str, Any], list[str]]:
     problems = []
     if reason and problem:
         problems.append(f"a GPU was asked for ({reason}) but none is usable: {problem}")
+    visible = visible_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"))
+    if problem is None and visible is not None and len(visible) != facts["gpus"]:
+        problems.append(f"CUDA_VISIBLE_DEVICES names {len(visible)} GPU(s) but torch sees {facts['gpus']}: an index "
+                        "or UUID there is not a GPU of this node (CUDA stops at the first it cannot find)")
     if problem is None and not facts.get("bf16"):
         problems.append(f"{facts['gpu']} has no bf16: set pretrain.precision / finetune.precision to fp32")
     if torch.version.cuda and problem and "too old" in problem:

@@ -11,12 +11,12 @@ rule similarity:
     # one job per model for the representation analyses (the model is loaded once): self-similarity and
     # anisotropy on held-out sentences, sentence embeddings on STS-B dev and the labelled set
     input:
+        **embeddings_files()[0],
         model=f"{MODELS}/{{model}}",
         heldout=f"{DATA}/heldout.txt",
-        embeddings_data=f"{R}/analysis/embeddings_data.json",
     output:
+        **embeddings_files()[1],
         similarity=f"{R}/analysis/similarity/{{model}}.json",
-        embeddings=f"{R}/analysis/embeddings/{{model}}.json",
     log:
         f"{LOGS}/analysis/similarity-{{model}}.log",
     benchmark:
@@ -31,11 +31,11 @@ rule similarity:
         seed=config["analysis"]["similarity_seed"],
         max_len=config["analysis"]["similarity_max_len"],
         device=config["device"],
+        embeddings=embeddings_args,
     shell:
         "python -m tacl analysis similarity --model {input.model} --name {wildcards.model}"
         " --heldout {input.heldout} --sentences {params.n} --seed {params.seed} --max-len {params.max_len}"
-        " --device {params.device} --out {output.similarity} --embeddings-data {input.embeddings_data}"
-        " --embeddings-out {output.embeddings} > {log} 2>&1"
+        " --device {params.device} --out {output.similarity} {params.embeddings} > {log} 2>&1"
 
 
 rule similarity_plot:

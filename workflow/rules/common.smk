@@ -88,18 +88,25 @@ def launcher():
         return "srun" if p["nodes"] > 1 else "torchrun"
     if p["launcher"] == "torchrun" and p["nodes"] > 1:
         raise WorkflowError(
-            "pretrain.launcher: torchrun starts ranks on one node; use srun for pretrain.nodes > 1"
+            "pretrain.launcher: torchrun starts ranks on one node; use srun (SLURM) or mpiexec / pbsdsh"
+            " (PBS) for pretrain.nodes > 1"
         )
     return p["launcher"]
 
 
 def chunk_launch():
     """The command prefix and rank argument of a chunk: srun starts one task per rank, torchrun (via
-    `--nproc`) forks the ranks of one node."""
+    `--nproc`) forks the ranks of one node, `tacl pbs launch` one torchrun agent per node of a PBS job."""
     p = config["pretrain"]
     if launcher() == "srun":
         ranks = p["nodes"] * p["ranks_per_node"]
         return f"srun --ntasks={ranks} --ntasks-per-node={p['ranks_per_node']} --kill-on-bad-exit=1", ""
+    if launcher() in ("mpiexec", "pbsdsh"):
+        return (
+            f"python -m tacl pbs launch --starter {launcher()} --nodes {p['nodes']}"
+            f" --ranks-per-node {p['ranks_per_node']} --state-dir {R}/pbs-launch --",
+            "",
+        )
     return "", f"--nproc {p['ranks_per_node']}"
 
 
@@ -108,7 +115,8 @@ def chunk_resources():
     (partition, GPUs per node as `gres: gpu:N`, memory, --signal) serves one node and several. torchrun:
     one task on one node with every rank's CPUs. srun: pretrain.ranks_per_node tasks on each node, each
     with pretrain.cpus_per_rank CPUs, and the job's command runs in the batch step (`mpi`), so that its own
-    srun starts the ranks."""
+    srun starts the ranks. Under PBS (torchrun, mpiexec, pbsdsh) cpus_per_task is per node, as the
+    profile's gpu and mem_mb are."""
     p = config["pretrain"]
     resources = {"runtime": math.ceil(p["chunk"]["runtime_minutes"]), "mem_mb": 32000, "nodes": p["nodes"]}
     if launcher() == "srun":
@@ -120,6 +128,12 @@ def chunk_resources():
     else:
         resources["cpus_per_task"] = p["cpus_per_rank"] * p["ranks_per_node"]
     return resources
+
+
+def chunk_step_cap():
+    """The per-chunk step cap (pretrain.chunk.max_steps) as an argument of `tacl pretrain train`."""
+    cap = config["pretrain"]["chunk"]["max_steps"]
+    return f"--max-steps {cap}" if cap else ""
 
 
 def chunk_marker(objective, k):
@@ -175,6 +189,34 @@ def contrastive_models():
             f"finetune.contrastive.models: {', '.join(unknown)} not among the fine-tuned models"
         )
     return [f"{m}+{f}" for m in models for f in c["forms"]]
+
+
+def embeddings_enabled():
+    return config["analysis"]["embeddings"]["enabled"]
+
+
+def embeddings_files():
+    """The sentence-embedding evaluation's input and output of a similarity job, when it runs
+    (analysis.embeddings.enabled)."""
+    if not embeddings_enabled():
+        return {}, {}
+    return (
+        {"embeddings_data": f"{R}/analysis/embeddings_data.json"},
+        {"embeddings": f"{R}/analysis/embeddings/{{model}}.json"},
+    )
+
+
+def embeddings_outputs():
+    """Every model's sentence-embedding results, when that evaluation runs."""
+    if not embeddings_enabled():
+        return []
+    return [f"{R}/analysis/embeddings/{m}.json" for m in finetune_models()]
+
+
+def embeddings_args(wildcards, input, output):
+    if not embeddings_enabled():
+        return ""
+    return f"--embeddings-data {input.embeddings_data} --embeddings-out {output.embeddings}"
 
 
 def embeddings_source():
@@ -245,7 +287,6 @@ def report_outputs():
 def report_args(wildcards=None, input=None):
     """Arguments of `tacl report`, shared by the rule and the onerror handler."""
     similarity = [f"{R}/analysis/similarity/{m}.json" for m in finetune_models()]
-    embeddings = [f"{R}/analysis/embeddings/{m}.json" for m in finetune_models()]
     args = [
         "--results",
         R,
@@ -259,7 +300,8 @@ def report_args(wildcards=None, input=None):
         "--similarity",
         *[p for p in similarity if os.path.exists(p)],
         "--embeddings",
-        *[p for p in embeddings if os.path.exists(p)],
+        *[p for p in embeddings_outputs() if os.path.exists(p)],
+        *([] if embeddings_enabled() else ["--embeddings-disabled"]),
         "--out",
         REPORT,
     ]
@@ -281,105 +323,30 @@ def partial_report():
         print(f"\nsome jobs failed, and the partial report failed too:\n{proc.stderr[-2000:]}")
 
 
-def _resource_text(resource):
-    """A resource as text (a fixed value, or a profile expression with $VARIABLES expanded)."""
-    if resource is None:
-        return None
-    if not resource.is_evaluable():
-        return None if resource.value is None else str(resource.value)
-    if isinstance(resource.raw, str):
-        return os.path.expandvars(resource.raw).strip("'\"")
-    return None
-
-
-def _slurm_runtime(spec):
-    if spec.name == "pretrain_chunk":
-        return math.ceil(config["pretrain"]["chunk"]["runtime_minutes"]), "pretrain.chunk.runtime_minutes"
-    if spec.name == "finetune":
-        return max(task_runtime(t) for t in config["finetune"]["tasks"]), "finetune.runtime_minutes"
-    runtime = _resource_text(spec.resources.get("runtime"))
-    key = f"the runtime of rule {spec.name} (set-resources in the profile)"
-    return (int(runtime) if runtime and runtime.isdigit() else None), key
-
-
-def submission_problems():
-    """One job of every rule that will run on the cluster, through the SLURM plugin's own checks and sbatch
-    line (tacl.cluster.sbatch); with TACL_SBATCH_PREVIEW=FILE the lines go to FILE as JSON and nothing is
-    submitted."""
-    from tacl.cluster.sbatch import SubmissionError, geometry_problem, sbatch_line
-
-    lines, found, seen = {}, [], set()
-    for job in sorted(workflow.dag.needrun_jobs(), key=lambda j: j.name):
-        if job.name in seen or job.is_local or job.is_group():
-            continue
-        seen.add(job.name)
-        try:
-            lines[job.name] = sbatch_line(
-                job,
-                job.resources.get("slurm_account"),
-                job.resources.get("slurm_partition"),
-                workflow.executor_settings,
-            )
-        except SubmissionError as e:
-            found.append(str(e))
-        if job.name == "pretrain_chunk":
-            p = config["pretrain"]
-            problem = geometry_problem(job, p["nodes"], p["ranks_per_node"])
-            if problem:
-                found.append(problem)
-    preview = os.environ.get("TACL_SBATCH_PREVIEW")
-    if preview:
-        with open(preview, "w") as f:
-            json.dump({"sbatch": lines, "problems": found}, f, indent=1)
-        raise WorkflowError(
-            f"TACL_SBATCH_PREVIEW: the sbatch line of every rule is in {preview}; nothing was submitted"
+def config_runtimes():
+    """The rules whose runtime the config sets: (minutes, key), for the preflight's messages."""
+    runtimes = {
+        "pretrain_chunk": (
+            math.ceil(config["pretrain"]["chunk"]["runtime_minutes"]),
+            "pretrain.chunk.runtime_minutes",
         )
-    return found
+    }
+    if config["finetune"]["tasks"]:
+        longest = max(task_runtime(t) for t in config["finetune"]["tasks"])
+        runtimes["finetune"] = (longest, "finetune.runtime_minutes")
+    return runtimes
 
 
-def slurm_preflight():
-    """Before the first sbatch: the plugin accepts every rule's resources, partitions exist, runtimes fit
-    their limits, placeholders are filled."""
-    plugin = getattr(workflow, "executor_plugin", None)
-    if plugin is None or plugin.name != "slurm":
-        return
-    from tacl.cluster.preflight import JobRequest, cluster_partitions, problems
+def cluster_preflight():
+    """onstart: the checks of the scheduler in use, before the first submission (tacl.cluster.hooks)."""
+    from tacl.cluster.hooks import preflight
 
-    found = submission_problems()
-    partitions = cluster_partitions()
-    if partitions is None:
-        print(
-            "SLURM preflight: partitions not checked, `scontrol show partition` did not answer",
-            file=sys.stderr,
-        )
-        if found:
-            raise WorkflowError("SLURM preflight: nothing was submitted.\n  " + "\n  ".join(found))
-        return
-    requests = []
-    for spec in list(workflow.rules):
-        if spec.norun or spec.name in workflow._localrules:
-            continue
-        runtime, key = _slurm_runtime(spec)
-        requests.append(
-            JobRequest(
-                spec.name,
-                _resource_text(spec.resources.get("slurm_partition")),
-                runtime,
-                _resource_text(spec.resources.get("slurm_account")),
-                key,
-            )
-        )
-    found += problems(requests, partitions)
-    if found:
-        raise WorkflowError("SLURM preflight: nothing was submitted.\n  " + "\n  ".join(found))
+    preflight(workflow, config["pretrain"], config_runtimes(), launcher())
 
 
 def print_summary():
-    path = f"{DATA}/summary.json"
-    if os.path.exists(path):
-        with open(path) as f:
-            s = json.load(f)
-        print(
-            f"\nsummary ({R}): {s['documents']} documents, {s['sentences']} sentences, "
-            f"{s['examples']} NSP examples, {s['tokens']} tokens in {s['shards']} shards"
-        )
+    from tacl.cluster.hooks import data_summary
+
+    line = data_summary(f"{DATA}/summary.json", R)
+    if line:
+        print(f"\n{line}")

@@ -48,13 +48,14 @@ checkpoint pretrain_chunk:
         settings=lambda w: train_settings(w.objective),
         runtime=config["pretrain"]["chunk"]["runtime_minutes"],
         margin=config["pretrain"]["chunk"]["margin_minutes"],
+        max_steps=chunk_step_cap(),
         launch=chunk_launch()[0],
         nproc=chunk_launch()[1],
     shell:
         "{params.launch} python -m tacl pretrain train --run-dir {params.run_dir} --start-model {input.start}"
         " --manifest {input.manifest} --settings {params.settings:q} --chunk {wildcards.chunk}"
         " --marker {output} --runtime-minutes {params.runtime} --margin-minutes {params.margin}"
-        " {params.nproc} > {log} 2>&1"
+        " {params.max_steps} {params.nproc} > {log} 2>&1"
 
 
 rule export_model:

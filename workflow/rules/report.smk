@@ -11,7 +11,7 @@ rule report:
         runs=finetune_outputs(),
         similarity=expand(f"{R}/analysis/similarity/{{model}}.json", model=finetune_models()),
         similarity_png=f"{REPORT}/self_similarity.png",
-        embeddings=expand(f"{R}/analysis/embeddings/{{model}}.json", model=finetune_models()),
+        embeddings=embeddings_outputs(),
     output:
         report(
             multiext(f"{REPORT}/glue_dev", ".md", ".csv", ".tex"),

@@ -1,78 +1,106 @@
-"""PBS Pro (Supek's scheduler) for snakemake-executor-plugin-cluster-generic: submit, status, deadline.
+"""PBS Pro (Supek's scheduler) for snakemake-executor-plugin-cluster-generic: the profile's submit and
+status commands (profiles/pbs).
 
-- `tacl cluster pbs-submit ... JOBSCRIPT` (the profile's submit command): `qsub -q QUEUE -l select=1:ngpus=
-  ..:ncpus=..:mem=..mb -l walltime=HH:MM:SS -N NAME -j oe -o LOGDIR/ -V JOBSCRIPT`, prints the job id.
-- `tacl cluster pbs-status JOBID` (the status command): `qstat -x -f -F json JOBID` -> running | success |
-  failed (finished with Exit_status 0 or not; a job PBS no longer knows counts as failed, so that a rerun
-  goes on from the newest checkpoint).
-- `pbs_time_left()`: a pretraining chunk inside a PBS job reads its own walltime and start time
-  (Resource_List.walltime, stime of $PBS_JOBID) and stops before the limit: PBS sends SIGTERM at the limit
-  and SIGKILL after its kill delay, with no advance signal like SLURM's --signal.
+- `tacl pbs submit ... JOBSCRIPT`: wraps Snakemake's job script in one that leaves its exit status in
+  `EXIT_DIR/<jobid>.exit` (written atomically by the job itself on exit) and exports TACL_REQUIRE_GPU=1
+  when the rule asks for GPUs, then `qsub -q QUEUE -l select=N:ncpus=..:mem=..mb[:ngpus=..][:mpiprocs=1]
+  [-l place=scatter:excl] -l walltime=HH:MM:SS -N tacl.RULE -j oe -o LOGDIR/ -S /bin/bash -V`, with the
+  `BASH_FUNC_*` variables that `module` leaves kept out of what -V exports; prints the job id.
+- `tacl pbs status JOBID`: running | success | failed, from `qstat -x -f -F json` (its text form when the
+  JSON is broken), else from the job's exit file when PBS no longer knows the job (job history is off by
+  default; kept job_history_duration when on): failed only when neither knows how a finished job ended.
+  A changed `comment` goes to stderr; a system hold (which never ends by itself) counts as failed and
+  the held job is deleted.
 
 No PBS server installs from Debian or PyPI: tests/test_pbs.py checks these on qstat/qsub outputs in PBS
-Pro's documented formats. Ranks of a chunk start with torchrun on the one node of the job.
+Pro's documented formats, and through a stand-in qsub/qstat that runs jobs here.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
+import shlex
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from tacl.io import InputError
+from tacl.cluster.query import format_walltime, qstat_job
+from tacl.io import InputError, write_text_atomic
 
-RUNNING_STATES = set("QRHWTEBSMU")  # queued, running, held, waiting, transit, exiting, array begun, suspended, ...
-_WALLTIME = re.compile(r"^(?:(\d+):)?(?:(\d+):)?(\d+)$")
+# Q queued, R running, H held, W waiting (execution time), T transit, E exiting, B array begun, S/U
+# suspended, M moved; F finished and X finished subjob carry Exit_status
+RUNNING_STATES = set("QRHWTEBSMU")
+FINISHED_STATES = set("FX")
+SYSTEM_HOLDS = set("sp")  # Hold_Types: s system (e.g. too many failed attempts to run), p bad password
 _JOB_NAME = re.compile(r"[^A-Za-z0-9_.-]")
-
-
-def parse_walltime(text: str | int) -> int:
-    """PBS durations ("23:30:00", "90:00", "3600") in seconds."""
-    if isinstance(text, int):
-        return text
-    m = _WALLTIME.match(str(text).strip())
-    if not m:
-        raise ValueError(f"not a PBS walltime: {text!r}")
-    hours, minutes, seconds = (int(x) if x else 0 for x in m.groups())
-    if m.group(2) is None and m.group(1) is not None:  # "MM:SS"
-        hours, minutes = 0, hours
-    return hours * 3600 + minutes * 60 + seconds
-
-
-def format_walltime(minutes: float) -> str:
-    total = int(round(minutes * 60))
-    return f"{total // 3600:02d}:{total % 3600 // 60:02d}:{total % 60:02d}"
 
 
 def qsub_command(jobscript: str, queue: str, ngpus: int, ncpus: int, mem_mb: int, runtime_minutes: float,
                  name: str, log_dir: str, project: str | None = None, nodes: int = 1) -> list[str]:
-    """The qsub command line of one Snakemake job (one chunk of PBS's `select`, on one node)."""
+    """The qsub command line of one Snakemake job: `nodes` chunks of PBS's `select`, each with ncpus, mem
+    and ngpus of one node; on several nodes one MPI process per node (one torchrun agent each, see
+    tacl.cluster.launch) on nodes of its own."""
     if not queue or "$" in queue:
         raise InputError(f"PBS queue {queue!r}: set pbs_queue in profiles/pbs/config.yaml or export the variable "
                          "it names (TACL_PBS_CPU_QUEUE / TACL_PBS_GPU_QUEUE)")
-    if nodes != 1:
-        raise InputError(f"rule {name}: {nodes} nodes asked for, but under PBS a job runs on one node (its ranks "
-                         "start with torchrun there): set pretrain.nodes to 1")
-    if min(ngpus, ncpus - 1, mem_mb - 1, runtime_minutes) < 0:
-        raise InputError(f"rule {name}: ngpus {ngpus}, ncpus {ncpus}, mem_mb {mem_mb}, runtime {runtime_minutes} "
-                         "(need ncpus, mem_mb >= 1, ngpus, runtime >= 0)")
-    select = f"1:ncpus={ncpus}:mem={mem_mb}mb" + (f":ngpus={ngpus}" if ngpus else "")
-    cmd = ["qsub", "-q", queue, "-l", f"select={select}", "-l", f"walltime={format_walltime(runtime_minutes)}",
-           "-N", _JOB_NAME.sub("_", f"tacl.{name}")[:230], "-j", "oe", "-o", str(Path(log_dir)) + "/", "-V"]
+    if min(ngpus, ncpus - 1, mem_mb - 1, runtime_minutes, nodes - 1) < 0:
+        raise InputError(f"rule {name}: nodes {nodes}, ngpus {ngpus}, ncpus {ncpus}, mem_mb {mem_mb}, runtime "
+                         f"{runtime_minutes} (need nodes, ncpus, mem_mb >= 1, ngpus, runtime >= 0)")
+    select = f"{nodes}:ncpus={ncpus}:mem={mem_mb}mb" + (f":ngpus={ngpus}" if ngpus else "")
+    place = []
+    if nodes > 1:
+        select += ":mpiprocs=1"
+        place = ["-l", "place=scatter:excl"]
+    cmd = ["qsub", "-q", queue, "-l", f"select={select}", *place, "-l",
+           f"walltime={format_walltime(runtime_minutes)}", "-N", _JOB_NAME.sub("_", f"tacl.{name}")[:230],
+           "-j", "oe", "-o", str(Path(log_dir)) + "/", "-S", "/bin/bash", "-V"]
     if project:
         cmd += ["-P", project]
     return cmd + [jobscript]
 
 
-def submit(args: list[str]) -> str:
-    """Run qsub; its job id ("1234.pbs01")."""
+def job_script(snakemake_script: str, exit_dir: str, require_gpu: bool) -> str:
+    """The script PBS runs: Snakemake's job script (which changes to the workflow's directory itself; PBS
+    starts jobs in $HOME) after an EXIT trap that writes its exit status to EXIT_DIR/$PBS_JOBID.exit by
+    a rename, so that a reader never sees half a file. SIGTERM (the walltime limit, qdel) ends it with
+    143 once the running command has stopped; only SIGKILL leaves no file."""
+    exit_dir = shlex.quote(str(Path(exit_dir).resolve()))
+    lines = [
+        "#!/bin/bash",
+        "# tacl pbs submit: the exit status of this job goes to the exit directory below, for `tacl pbs status`",
+        f"tacl_exit_dir={exit_dir}",
+        "tacl_exit() {",
+        '    tacl_status=$?',
+        '    mkdir -p "$tacl_exit_dir"',
+        '    printf \'%s\\n\' "$tacl_status" > "$tacl_exit_dir/.$PBS_JOBID.exit.$$" &&',
+        '        mv -f "$tacl_exit_dir/.$PBS_JOBID.exit.$$" "$tacl_exit_dir/$PBS_JOBID.exit"',
+        "}",
+        "trap tacl_exit EXIT",
+        "trap 'exit 143' TERM",
+    ]
+    if require_gpu:  # the job asked PBS for GPUs: it must not fall back to the CPU (tacl.device)
+        lines.append("export TACL_REQUIRE_GPU=1")
+    return "\n".join(lines) + "\n# Snakemake's job script:\n" + snakemake_script
+
+
+def exported_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """qsub's environment, which -V copies into the job: without the `BASH_FUNC_*` functions of `module`,
+    which PBS Pro 2022 prints as invalid JSON (OpenPBS #2541) and a job does not need."""
+    env = os.environ if environ is None else environ
+    return {k: v for k, v in env.items() if not k.startswith("BASH_FUNC_")}
+
+
+def submit(args: list[str], exit_dir: str, require_gpu: bool) -> str:
+    """Wrap the job script (the last argument), run qsub; its job id ("1234.pbs01")."""
+    jobscript = Path(args[-1])
+    wrapper = jobscript.with_name(jobscript.name + ".pbs")
+    wrapper.write_text(job_script(jobscript.read_text(), exit_dir, require_gpu))
     Path(args[args.index("-o") + 1]).mkdir(parents=True, exist_ok=True)
-    out = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    Path(exit_dir).mkdir(parents=True, exist_ok=True)
+    out = subprocess.run([*args[:-1], str(wrapper)], capture_output=True, text=True, timeout=120,
+                         env=exported_env())
     if out.returncode != 0:
         raise InputError(f"qsub failed ({out.returncode}): {out.stderr.strip() or out.stdout.strip()}")
     job_id = out.stdout.strip().splitlines()[-1].strip() if out.stdout.strip() else ""
@@ -81,72 +109,84 @@ def submit(args: list[str]) -> str:
     return job_id
 
 
-def qstat_job(job_id: str, history: bool = True) -> dict[str, Any] | None:
-    """`qstat [-x] -f -F json JOBID`'s record of the job; None when PBS does not know it."""
-    cmd = ["qstat", *(["-x"] if history else []), "-f", "-F", "json", job_id]
-    for attempt in range(3):
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-        if out.returncode == 0:
-            return job_record(out.stdout, job_id)
-        if "Unknown Job Id" in out.stderr or "Job has finished" in out.stderr:
-            return None
-        time.sleep(2 * (attempt + 1))  # the server may be busy: ask again
-    raise RuntimeError(f"qstat failed for {job_id}: {out.stderr.strip()}")
+def exit_file(exit_dir: str, job_id: str) -> Path | None:
+    """The job's exit file; named by $PBS_JOBID, which may spell the server differently than qsub did."""
+    path = Path(exit_dir) / f"{job_id}.exit"
+    if path.is_file():
+        return path
+    return next(Path(exit_dir).glob(f"{job_id.split('.')[0]}.*.exit"), None)
 
 
-def job_record(qstat_json: str, job_id: str) -> dict[str, Any] | None:
-    jobs = json.loads(qstat_json).get("Jobs", {})
-    if job_id in jobs:
-        return jobs[job_id]
-    short = job_id.split(".")[0]
-    return next((v for k, v in jobs.items() if k.split(".")[0] == short), None)
+def read_exit(exit_dir: str, job_id: str) -> int | None:
+    path = exit_file(exit_dir, job_id)
+    if path is None:
+        return None
+    text = path.read_text().strip()
+    return int(text) if text.lstrip("-").isdigit() else None
 
 
-def status_of(record: dict[str, Any] | None) -> str:
-    """running | success | failed, for cluster-generic."""
+def status_of(record: dict[str, Any] | None, exit_status: int | None = None) -> str:
+    """running | success | failed, for cluster-generic, from qstat's record of the job, or (None: PBS no
+    longer knows it) from the exit status the job left."""
     if record is None:
-        return "failed"  # PBS forgot the job: it is not running; a rerun goes on from the newest checkpoint
-    state = record.get("job_state", "")
-    if state == "F":
-        return "success" if int(record.get("Exit_status", 1)) == 0 else "failed"
+        return "failed" if exit_status is None else ("success" if exit_status == 0 else "failed")
+    state = str(record.get("job_state", ""))
+    if state in FINISHED_STATES:
+        return "success" if str(record.get("Exit_status", "1")).strip() == "0" else "failed"
+    if state == "H" and SYSTEM_HOLDS & set(str(record.get("Hold_Types", ""))):
+        return "failed"  # a system hold never ends by itself
     return "running" if state in RUNNING_STATES else "failed"
 
 
-def _ctime(text: str | int) -> float:
-    """PBS times in qstat's JSON: ctime strings ("Tue Nov 24 10:00:00 2026", server local time) or epochs."""
-    if isinstance(text, (int, float)):
-        return float(text)
-    return time.mktime(time.strptime(text.strip(), "%a %b %d %H:%M:%S %Y"))
+def job_status(job_id: str, exit_dir: str, say=None) -> str:
+    """The status command: qstat first, the exit file when PBS no longer knows the job. `say` (stderr)
+    gets the job's comment when it changed since the last check, and why a job counts as failed."""
+    say = say or (lambda text: print(text, file=sys.stderr))
+    record = qstat_job(job_id)
+    if record is None:
+        code = read_exit(exit_dir, job_id)
+        status = status_of(None, code)
+        if code is None:
+            say(f"PBS job {job_id}: qstat no longer knows it (job history off, or older than "
+                f"job_history_duration) and it left no exit status in {exit_dir}: counted as failed")
+    else:
+        status = status_of(record)
+        _tell_comment(job_id, record, exit_dir, say)
+        if status == "failed" and record.get("job_state") == "H":
+            deleted = _qdel(job_id)
+            say(f"PBS job {job_id}: held by the system (Hold_Types {record.get('Hold_Types')}), which never "
+                f"releases it by itself: counted as failed{' and deleted (qdel)' if deleted else '; qdel failed'}")
+    if status != "running":
+        Path(exit_dir, f"{job_id}.comment").unlink(missing_ok=True)
+    return status
 
 
-def end_of(record: dict[str, Any]) -> float | None:
-    """Unix time at which PBS ends a running job: start time + walltime limit."""
-    walltime = record.get("Resource_List", {}).get("walltime")
-    start = record.get("stime")
-    if walltime is None or start is None:
-        return None
-    return _ctime(start) + parse_walltime(walltime)
-
-
-def pbs_time_left() -> float | None:
-    """Seconds this PBS job has left ($PBS_JOBID), or None outside PBS or when qstat does not answer."""
-    job_id = os.environ.get("PBS_JOBID")
-    if not job_id:
-        return None
+def _qdel(job_id: str) -> bool:
     try:
-        record = qstat_job(job_id, history=False)
-    except (OSError, RuntimeError, subprocess.TimeoutExpired, ValueError):
-        return None
-    end = end_of(record) if record else None
-    return None if end is None else end - time.time()
+        return subprocess.run(["qdel", job_id], capture_output=True, text=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 
-def status_main(job_id: str) -> int:
+def _tell_comment(job_id: str, record: dict[str, Any], exit_dir: str, say) -> None:
+    """Print the job's comment ("Not Running: Insufficient amount of resource: ngpus", "job held, too many
+    failed attempts to run", ...) when it differs from the one printed last for this job."""
+    comment = " ".join(str(record.get("comment", "")).split())
+    if not comment:
+        return
+    seen = Path(exit_dir, f"{job_id}.comment")
+    if seen.is_file() and seen.read_text() == comment:
+        return
+    say(f"PBS job {job_id} ({record.get('Job_Name', '?')}, state {record.get('job_state', '?')}): {comment}")
+    write_text_atomic(seen, comment)
+
+
+def status_main(job_id: str, exit_dir: str) -> int:
     try:
-        print(status_of(qstat_job(job_id)))
+        print(job_status(job_id, exit_dir))
     except (OSError, RuntimeError, subprocess.TimeoutExpired) as e:
         # cluster-generic stops the whole workflow on a failing status command: say "running" and let the
         # next poll ask again
-        print(f"tacl cluster pbs-status: {e}", file=sys.stderr)
+        print(f"tacl pbs status: {e}", file=sys.stderr)
         print("running")
     return 0

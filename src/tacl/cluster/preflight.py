@@ -1,14 +1,20 @@
-"""Checks that stop a SLURM run before the first sbatch, with one message per problem naming the config
-key or profile entry to change: a partition that does not exist, a runtime over the partition's limit,
-an account placeholder that was never filled in, an account the partition does not allow."""
+"""Checks that stop a run before the first submission, with one message per problem naming the rule and
+the config key or profile entry to change, on plain data (tacl.cluster.hooks gathers it from Snakemake).
+
+SLURM (`scontrol show partition`): a partition that does not exist, a runtime over the partition's
+limit, an account placeholder that was never filled in, an account the partition does not allow.
+PBS Pro (`qstat -Qf`): a queue that does not exist or is disabled, a runtime over the queue's walltime
+limit, GPUs outside the queue's limits, GPUs per node other than pretrain.ranks_per_node, a queue
+placeholder never filled in. Either: a launcher of the other scheduler.
+"""
 
 from __future__ import annotations
 
-import re
 import subprocess
 from dataclasses import dataclass
+from typing import Any
 
-_TIME = re.compile(r"^(?:(\d+)-)?(\d+):(\d+):(\d+)$")
+from tacl.cluster.query import format_walltime, parse_walltime, qstat_queues, slurm_minutes
 
 
 @dataclass(frozen=True)
@@ -28,17 +34,6 @@ class JobRequest:
     runtime_key: str  # config key that sets the runtime, for the message
 
 
-def parse_minutes(text: str) -> int | None:
-    """SLURM time limits: "UNLIMITED", "1-00:00:00", "01:00:00", "60" (minutes)."""
-    if text in ("UNLIMITED", "INFINITE", "NONE"):
-        return None
-    m = _TIME.match(text)
-    if m:
-        days, hours, minutes, seconds = (int(x) if x else 0 for x in m.groups())
-        return days * 1440 + hours * 60 + minutes + (seconds > 0)
-    return int(text) if text.isdigit() else None
-
-
 def parse_partitions(scontrol_output: str) -> dict[str, Partition]:
     """`scontrol show partition -o`: one partition per line, KEY=VALUE fields."""
     parts = {}
@@ -49,7 +44,7 @@ def parse_partitions(scontrol_output: str) -> dict[str, Partition]:
         accounts = fields.get("AllowAccounts", "ALL")
         parts[fields["PartitionName"]] = Partition(
             name=fields["PartitionName"],
-            max_minutes=parse_minutes(fields.get("MaxTime", "UNLIMITED")),
+            max_minutes=slurm_minutes(fields.get("MaxTime", "UNLIMITED")),
             allow_accounts=None if accounts == "ALL" else frozenset(accounts.split(",")),
             default=fields.get("Default") == "YES",
         )
@@ -91,4 +86,107 @@ def problems(requests: list[JobRequest], partitions: dict[str, Partition]) -> li
             found.append(f"rule {r.rule}: partition {name!r} accepts only accounts "
                          f"{', '.join(sorted(part.allow_accounts))}, not {r.account or '(none)'}; set "
                          "slurm_account in the profile")
+    return found
+
+
+# -- which launcher runs under which scheduler -------------------------------------------------------------
+
+SLURM_LAUNCHERS = ("torchrun", "srun")
+PBS_LAUNCHERS = ("torchrun", "mpiexec", "pbsdsh")
+
+
+def launcher_problem(scheduler: str, launcher: str, configured: str) -> str | None:
+    """pretrain.launcher (as configured; `launcher` as resolved from auto) against the scheduler in use."""
+    allowed = SLURM_LAUNCHERS if scheduler == "slurm" else PBS_LAUNCHERS
+    if launcher in allowed:
+        return None
+    how = f"{configured} (srun for pretrain.nodes > 1)" if configured == "auto" else configured
+    if scheduler == "slurm":
+        return (f"rule pretrain_chunk: pretrain.launcher is {how}, which starts torchrun agents on the nodes of "
+                "a PBS job; under SLURM use srun (several nodes) or torchrun (one node)")
+    return (f"rule pretrain_chunk: pretrain.launcher is {how}, which needs a SLURM job step; under PBS set "
+            "pretrain.launcher to mpiexec (Cray PALS, as on Supek) or pbsdsh: one torchrun agent per node")
+
+
+# -- PBS Pro ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Queue:
+    name: str
+    enabled: bool
+    max_walltime: int | None  # seconds; None = no limit
+    max_ngpus: int | None
+    min_ngpus: int | None
+
+
+@dataclass(frozen=True)
+class PbsRequest:
+    rule: str
+    queue: str | None
+    runtime: int | None  # minutes
+    runtime_key: str  # config key or profile entry that sets the runtime, for the message
+    ngpus: int  # per node
+    nodes: int
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def parse_queues(records: dict[str, dict[str, Any]]) -> dict[str, Queue]:
+    """Queues from `qstat -Qf -F json`'s "Queue" object or its text form (tacl.cluster.query)."""
+    queues = {}
+    for name, q in records.items():
+        most, least = q.get("resources_max") or {}, q.get("resources_min") or {}
+        walltime = most.get("walltime")
+        queues[name] = Queue(name=name, enabled=str(q.get("enabled", "True")).lower() == "true",
+                             max_walltime=None if walltime is None else parse_walltime(walltime),
+                             max_ngpus=_int(most.get("ngpus")), min_ngpus=_int(least.get("ngpus")))
+    return queues
+
+
+def cluster_queues() -> dict[str, Queue] | None:
+    records = qstat_queues()
+    return None if records is None else parse_queues(records)
+
+
+def pbs_problems(requests: list[PbsRequest], queues: dict[str, Queue] | None,
+                 ranks_per_node: int | None) -> list[str]:
+    """`queues` None: qstat did not answer, only what needs no server is checked; `ranks_per_node` None: no
+    pretraining chunk is to run, its GPUs per node are not checked."""
+    found = []
+    for r in requests:
+        if r.rule == "pretrain_chunk" and ranks_per_node and r.ngpus and r.ngpus != ranks_per_node:
+            found.append(f"rule pretrain_chunk: the profile gives each of its {r.nodes} node(s) {r.ngpus} GPU(s) "
+                         f"(gpu under set-resources), but pretrain.ranks_per_node is {ranks_per_node} (one rank "
+                         "per GPU); make them agree")
+        if not r.queue or "$" in r.queue:
+            found.append(f"rule {r.rule}: pbs_queue is {r.queue!r}: export the variable or write the queue into "
+                         "the profile (profiles/pbs/config.yaml)")
+            continue
+        if queues is None:
+            continue
+        q = queues.get(r.queue)
+        if q is None:
+            found.append(f"rule {r.rule}: queue {r.queue!r} does not exist on this PBS server (queues: "
+                         f"{', '.join(sorted(queues))}); set pbs_queue in the profile")
+            continue
+        if not q.enabled:
+            found.append(f"rule {r.rule}: queue {r.queue!r} does not take jobs (enabled = False); set pbs_queue "
+                         "in the profile")
+        if r.runtime and q.max_walltime is not None and 60 * r.runtime > q.max_walltime:
+            found.append(f"rule {r.rule}: runtime {r.runtime} min is over the {format_walltime(q.max_walltime / 60)} "
+                         f"walltime limit of queue {r.queue!r} (resources_max.walltime); lower {r.runtime_key}")
+        total = r.ngpus * r.nodes
+        if q.max_ngpus is not None and total > q.max_ngpus:
+            found.append(f"rule {r.rule}: {total} GPU(s) asked for, over the {q.max_ngpus} of queue {r.queue!r} "
+                         "(resources_max.ngpus); lower gpu in the profile or pretrain.nodes")
+        if q.min_ngpus is not None and total < q.min_ngpus:
+            found.append(f"rule {r.rule}: queue {r.queue!r} takes jobs with at least {q.min_ngpus} GPU(s) "
+                         f"(resources_min.ngpus), the rule asks for {total}; set its pbs_queue or gpu in the "
+                         "profile")
     return found

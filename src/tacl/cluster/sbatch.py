@@ -1,8 +1,8 @@
 """What a Snakemake job would hand to sbatch, built by snakemake-executor-plugin-slurm's own functions.
 
 `sbatch_line` runs the plugin's checks (`validate_slurm_extra`, the GRES/GPU and MPI task checks) and
-builds its sbatch command line for one job, without submitting anything. The preflight (workflow/rules/
-common.smk) runs it for one job of every rule before the first submission, so a profile the plugin would
+builds its sbatch command line for one job, without submitting anything. The preflight (tacl.cluster.hooks)
+runs it for one job of every rule before the first submission, so a profile the plugin would
 refuse fails at once, naming the rule and the resource; `TACL_SBATCH_PREVIEW=FILE` writes the lines to FILE
 and stops there (what the tests read, and a way to see what each rule would ask the cluster for).
 """

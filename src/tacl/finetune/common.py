@@ -21,13 +21,13 @@ import numpy as np
 import torch
 
 from tacl.device import device_info, fast_fp32_matmul, resolve_device
-from tacl.finetune import PRESETS
+from tacl.finetune import FAMILY_HPARAMS, PRESETS
 from tacl.io import InputError
 from tacl.objectives import in_fp32, sdpa_mask
 
 log = logging.getLogger("tacl.finetune")
 
-DEFAULT_HPARAMS = {"max_len": 128, "batch": 32, "lr": 2e-5, "epochs": 3, "grad_clip": 1.0, "eval_batch": 64}
+DEFAULT_HPARAMS = FAMILY_HPARAMS["glue"]
 LOG_EVERY = 200  # steps between log lines with the mean training loss (the only time it is read)
 TASK_HEADS = ("classifier", "qa_outputs")  # the Hugging Face task models' heads, run in fp32
 

@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from tacl.finetune.common import DEFAULT_HPARAMS, Run, hyperparameters, load_task_model, predict, train
+from tacl.finetune import FAMILY_HPARAMS
+from tacl.finetune.common import Run, hyperparameters, load_task_model, predict, train
 from tacl.finetune.sequence import subset
 from tacl.hub import resolve_pretrained
 from tacl.io import InputError, write_json_atomic
@@ -98,8 +99,7 @@ def finetune_ner(model_dir: str, data_dir: str, hparams: dict[str, Any], seed: i
     from tacl.pretrain.model import ATTENTION
 
     model_dir = resolve_pretrained(model_dir)
-    hp = hyperparameters({**DEFAULT_HPARAMS, "max_len": 256, "lr": 5e-5, "supervised_tacl": False, "tacl_tau": 0.1,
-                          "tacl_weight": 1.0}, preset, hparams)
+    hp = hyperparameters(FAMILY_HPARAMS["ner"], preset, hparams)
     started = time.time()
     run = Run.detect(precision, device)  # a job that asked for a GPU and has none stops here
     data = {s: read_conll(Path(data_dir) / f) for s, f in SPLITS.items()}

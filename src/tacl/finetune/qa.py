@@ -10,14 +10,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tacl.finetune import squad
+from tacl.finetune import FAMILY_HPARAMS, squad
 from tacl.finetune.common import Run, hyperparameters, load_task_model, predict, train
 from tacl.finetune.sequence import subset
 from tacl.hub import resolve_pretrained
 from tacl.io import InputError, write_json_atomic, write_text_atomic
 
-SQUAD_HPARAMS = {"max_len": 384, "doc_stride": 128, "max_query_len": 64, "batch": 12, "lr": 3e-5, "epochs": 2,
-                 "grad_clip": 1.0, "eval_batch": 64, "n_best": 20, "max_answer_len": 30}
+SQUAD_HPARAMS = FAMILY_HPARAMS["squad"]
 
 
 def load_examples(version: str, split: str, source: dict[str, Any]) -> list[squad.SquadExample]:

@@ -1,38 +1,14 @@
-"""When must a chunk stop? The earliest of: an explicit deadline, SLURM's or PBS's own end time for this job,
-the runtime the rule gave; and at once when SIGUSR1, SIGUSR2 or SIGTERM arrives (saved at the next step
-boundary)."""
+"""When must a chunk stop? The earliest of: an explicit deadline, SLURM's or PBS's own end time for this job
+(asked through tacl.cluster.query, the floor of tacl.cluster that stages may use), the runtime the rule
+gave; and at once when SIGUSR1, SIGUSR2 or SIGTERM arrives (saved at the next step boundary)."""
 
 from __future__ import annotations
 
-import os
-import re
 import signal
-import subprocess
 import time
 from dataclasses import dataclass, field
 
-_LEFT = re.compile(r"^(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)$")
-
-
-def parse_time_left(text: str) -> float | None:
-    """squeue's %L ("1-02:03:04", "02:03:04", "03:04"); None for UNLIMITED / NOT_SET / INVALID."""
-    m = _LEFT.match(text.strip())
-    if not m:
-        return None
-    days, hours, minutes, seconds = (int(x) if x else 0 for x in m.groups())
-    return days * 86400 + hours * 3600 + minutes * 60 + seconds
-
-
-def slurm_time_left() -> float | None:
-    job = os.environ.get("SLURM_JOB_ID")
-    if not job:
-        return None
-    try:
-        out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%L"], capture_output=True, text=True,
-                             timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return parse_time_left(out.splitlines()[0]) if out.strip() else None
+from tacl.cluster.query import time_left
 
 
 def end_time(start: float, deadline: float | None = None, runtime_minutes: float | None = None) -> float | None:
@@ -42,11 +18,9 @@ def end_time(start: float, deadline: float | None = None, runtime_minutes: float
         candidates.append(deadline)
     if runtime_minutes:
         candidates.append(start + 60.0 * runtime_minutes)
-    from tacl.cluster.pbs import pbs_time_left
-
-    for left in (slurm_time_left(), pbs_time_left()):
-        if left is not None:
-            candidates.append(time.time() + left)
+    left = time_left()
+    if left is not None:
+        candidates.append(time.time() + left)
     return min(candidates) if candidates else None
 
 

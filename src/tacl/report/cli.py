@@ -14,6 +14,8 @@ def register(stages: argparse._SubParsersAction) -> None:
     p.add_argument("--expected", default="[]", help="JSON list of {model, task, seed} the config asks for")
     p.add_argument("--similarity", nargs="*", default=[])
     p.add_argument("--embeddings", nargs="*", default=[], help="analysis/embeddings/MODEL.json files")
+    p.add_argument("--embeddings-disabled", action="store_true",
+                   help="the sentence-embedding evaluation is off (analysis.embeddings.enabled: false)")
     p.add_argument("--similarity-png")
     p.add_argument("--out", required=True)
     p.set_defaults(func=_report)
@@ -23,5 +25,5 @@ def _report(a: argparse.Namespace) -> None:
     from tacl.report.tables import build_report
 
     result = build_report(a.results, a.models, a.tasks, json.loads(a.expected), a.similarity, a.out,
-                          a.similarity_png, a.embeddings)
+                          a.similarity_png, a.embeddings, not a.embeddings_disabled)
     print(json.dumps(result))

@@ -279,6 +279,11 @@ def similarity_table(paths: list[str], key: str = "self_similarity") -> pd.DataF
     return pd.DataFrame(rows)
 
 
+EMBEDDINGS_OFF = ("Not run: `analysis.embeddings.enabled: false` in the config. Set it to true to evaluate "
+                  "sentence embeddings (STS-B dev and `analysis.embeddings.cluster_task` dev from "
+                  "`analysis.embeddings.source`; the demo ships neither).")
+
+
 def embeddings_table(paths: list[str]) -> pd.DataFrame:
     rows = []
     for p in paths:
@@ -334,7 +339,7 @@ def glue_plot(summary: pd.DataFrame, models: list[str], tasks: list[str], out_pn
 
 def build_report(results_dir: str, models: list[str], tasks: list[str], expected: list[dict[str, Any]],
                  similarity: list[str], out_dir: str, similarity_png: str | None = None,
-                 embeddings: list[str] | None = None) -> dict[str, Any]:
+                 embeddings: list[str] | None = None, embeddings_enabled: bool = True) -> dict[str, Any]:
     """Every table and plot for the configured models and tasks; returns the runs found and missing."""
     out = Path(out_dir)
     long = collect(results_dir)
@@ -385,16 +390,21 @@ def build_report(results_dir: str, models: list[str], tasks: list[str], expected
               markdown(anisotropy), ""]
     if similarity_png:
         lines += [f"![self-similarity and anisotropy]({Path(similarity_png).name})", ""]
-    lines += ["## Sentence embeddings without fine-tuning (x100)", "", markdown(sentence), "",
-              "STS-B dev: Spearman of the cosine of the two sentences' embeddings with the gold scores. k-means: "
-              "the labelled set's sentences in k = #labels clusters, adjusted Rand index / adjusted mutual "
-              "information against the labels. [CLS]: the last layer's first vector; mean: its average over "
-              "the real tokens.", ""]
+    if embeddings_enabled:
+        lines += ["## Sentence embeddings without fine-tuning (x100)", "", markdown(sentence), "",
+                  "STS-B dev: Spearman of the cosine of the two sentences' embeddings with the gold scores. "
+                  "k-means: the labelled set's sentences in k = #labels clusters, adjusted Rand index / adjusted "
+                  "mutual information against the labels. [CLS]: the last layer's first vector; mean: its "
+                  "average over the real tokens.", ""]
+    else:
+        lines += ["## Sentence embeddings without fine-tuning", "", EMBEDDINGS_OFF, ""]
     lines += ["## Runs", "", markdown(status), ""]
     if missing:
         lines += [f"Missing or failed ({len(missing)}): " + ", ".join(missing), ""]
     for name, df in tables.items():
         write_table(df, out / name)
+    if not embeddings_enabled:
+        write_text_atomic(out / "embeddings.md", EMBEDDINGS_OFF + "\n")
     glue_plot(summary, models, glue_tasks, out / "glue_dev.png")
     write_text_atomic(out / "report.md", "\n".join(lines))
     return {"runs": int(long[["model", "task", "seed"]].drop_duplicates().shape[0]) if not long.empty else 0,

@@ -1,0 +1,144 @@
+"""What the Snakefile's onstart and onsuccess handlers run (workflow/rules/common.smk only wires them).
+
+`preflight()`, before the first submission: under SLURM (executor slurm) the plugin's own checks and
+sbatch line for one job of every rule (tacl.cluster.sbatch; TACL_SBATCH_PREVIEW=FILE writes them to FILE
+and submits nothing) and the partition checks; under PBS Pro (cluster-generic with `tacl pbs submit`)
+the queue checks; under either, the launcher. Each problem is one line naming the rule and the key; any
+problem stops the run with all of them. `data_summary()`: the line printed after a successful run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+from snakemake.exceptions import WorkflowError
+
+from tacl.cluster.preflight import (JobRequest, PbsRequest, cluster_partitions, cluster_queues, launcher_problem,
+                                    pbs_problems, problems)
+
+
+def scheduler(workflow: Any) -> str | None:
+    """slurm | pbs | None (local, or another executor): what this run submits to."""
+    plugin = getattr(workflow, "executor_plugin", None)
+    if plugin is None:
+        return None
+    if plugin.name == "slurm":
+        return "slurm"
+    submit_cmd = getattr(getattr(workflow, "executor_settings", None), "submit_cmd", None) or ""
+    if plugin.name == "cluster-generic" and "tacl pbs submit" in " ".join(submit_cmd.split()):
+        return "pbs"
+    return None
+
+
+def resource_text(resource: Any) -> str | None:
+    """A rule's resource as text: a fixed value, or a profile expression with $VARIABLES expanded (None for
+    a function of the wildcards)."""
+    if resource is None:
+        return None
+    if not resource.is_evaluable():
+        return None if resource.value is None else str(resource.value)
+    if isinstance(resource.raw, str):
+        return os.path.expandvars(resource.raw).strip("'\"")
+    return None
+
+
+def _int_resource(spec: Any, name: str, default: int) -> int:
+    text = resource_text(spec.resources.get(name))
+    return int(text) if text and text.isdigit() else default
+
+
+def rule_runtime(spec: Any, config_runtimes: dict[str, tuple[int, str]]) -> tuple[int | None, str]:
+    """(minutes, the key that sets them): the config's for the rules it times, else the profile's."""
+    if spec.name in config_runtimes:
+        return config_runtimes[spec.name]
+    runtime = resource_text(spec.resources.get("runtime"))
+    key = f"the runtime of rule {spec.name} (set-resources in the profile)"
+    return (int(runtime) if runtime and runtime.isdigit() else None), key
+
+
+def cluster_rules(workflow: Any) -> list[Any]:
+    return [spec for spec in workflow.rules if not spec.norun and spec.name not in workflow._localrules]
+
+
+def sbatch_problems(workflow: Any, pretrain: dict[str, Any]) -> list[str]:
+    """One job of every rule that will run on the cluster, through the SLURM plugin's own checks and sbatch
+    line; with TACL_SBATCH_PREVIEW=FILE the lines go to FILE as JSON and nothing is submitted."""
+    from tacl.cluster.sbatch import SubmissionError, geometry_problem, sbatch_line
+
+    lines, found, seen = {}, [], set()
+    for job in sorted(workflow.dag.needrun_jobs(), key=lambda j: j.name):
+        if job.name in seen or job.is_local or job.is_group():
+            continue
+        seen.add(job.name)
+        try:
+            lines[job.name] = sbatch_line(job, job.resources.get("slurm_account"),
+                                          job.resources.get("slurm_partition"), workflow.executor_settings)
+        except SubmissionError as e:
+            found.append(str(e))
+        if job.name == "pretrain_chunk":
+            problem = geometry_problem(job, pretrain["nodes"], pretrain["ranks_per_node"])
+            if problem:
+                found.append(problem)
+    preview = os.environ.get("TACL_SBATCH_PREVIEW")
+    if preview:
+        with open(preview, "w") as f:
+            json.dump({"sbatch": lines, "problems": found}, f, indent=1)
+        raise WorkflowError(f"TACL_SBATCH_PREVIEW: the sbatch line of every rule is in {preview}; nothing was "
+                            "submitted")
+    return found
+
+
+def slurm_problems(workflow: Any, pretrain: dict[str, Any], config_runtimes: dict[str, tuple[int, str]]) -> list[str]:
+    found = sbatch_problems(workflow, pretrain)
+    partitions = cluster_partitions()
+    if partitions is None:
+        print("SLURM preflight: partitions not checked, `scontrol show partition` did not answer", file=sys.stderr)
+        return found
+    requests = []
+    for spec in cluster_rules(workflow):
+        runtime, key = rule_runtime(spec, config_runtimes)
+        requests.append(JobRequest(spec.name, resource_text(spec.resources.get("slurm_partition")), runtime,
+                                   resource_text(spec.resources.get("slurm_account")), key))
+    return found + problems(requests, partitions)
+
+
+def pbs_requests(workflow: Any, config_runtimes: dict[str, tuple[int, str]]) -> list[PbsRequest]:
+    return [PbsRequest(spec.name, resource_text(spec.resources.get("pbs_queue")),
+                       *rule_runtime(spec, config_runtimes), _int_resource(spec, "gpu", 0),
+                       _int_resource(spec, "nodes", 1))
+            for spec in cluster_rules(workflow)]
+
+
+def preflight(workflow: Any, pretrain: dict[str, Any], config_runtimes: dict[str, tuple[int, str]],
+              launcher: str) -> None:
+    """Before the first submission: WorkflowError listing every problem found (nothing submitted)."""
+    which = scheduler(workflow)
+    if which is None:
+        return
+    # (the launcher and the GPUs per node matter when a pretraining chunk is to run; queues for every rule)
+    chunks = any(job.name == "pretrain_chunk" for job in workflow.dag.needrun_jobs())
+    problem = launcher_problem(which, launcher, pretrain["launcher"]) if chunks else None
+    found = [problem] if problem else []
+    if which == "slurm":
+        found += slurm_problems(workflow, pretrain, config_runtimes)
+    else:
+        queues = cluster_queues()
+        if queues is None:
+            print("PBS preflight: queues not checked, `qstat -Qf` did not answer", file=sys.stderr)
+        found += pbs_problems(pbs_requests(workflow, config_runtimes), queues,
+                              pretrain["ranks_per_node"] if chunks else None)
+    if found:
+        raise WorkflowError(f"{which.upper()} preflight: nothing was submitted.\n  " + "\n  ".join(found))
+
+
+def data_summary(path: str, results: str) -> str | None:
+    """The data stage's summary as one line, once it exists."""
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        s = json.load(f)
+    return (f"summary ({results}): {s['documents']} documents, {s['sentences']} sentences, {s['examples']} NSP "
+            f"examples, {s['tokens']} tokens in {s['shards']} shards")

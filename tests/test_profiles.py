@@ -1,0 +1,61 @@
+"""`snakemake --profile slurm` / `--profile pbs` by name, as the README types them, after `tacl profiles install`."""
+
+import os
+import subprocess
+import sys
+
+from conftest import REPO, fresh_clone
+from tacl.cluster.profiles import install_profiles
+
+
+def test_install_links_is_harmless_twice_and_leaves_a_foreign_profile_alone(tmp_path):
+    config_dir = tmp_path / "snakemake"
+    done, refused = install_profiles(REPO, ("slurm", "pbs"), config_dir)
+    assert refused == [] and len(done) == 2
+    assert (config_dir / "slurm").resolve() == REPO / "profiles" / "slurm"
+    assert (config_dir / "pbs" / "config.yaml").read_text() == (REPO / "profiles/pbs/config.yaml").read_text()
+    done, refused = install_profiles(REPO, ("slurm", "pbs"), config_dir)
+    assert refused == [] and all(line.endswith("(already there)") for line in done)
+
+    (config_dir / "slurm").unlink()
+    (config_dir / "slurm").mkdir()
+    (config_dir / "slurm" / "config.yaml").write_text("executor: slurm\njobs: 3\n")  # the user's own
+    (config_dir / "pbs").unlink()
+    (config_dir / "pbs").symlink_to(tmp_path)  # a link somewhere else
+    done, refused = install_profiles(REPO, ("slurm", "pbs"), config_dir)
+    assert done == [] and len(refused) == 2
+    assert "slurm is a profile of your own: left alone" in refused[0] and "--profile " in refused[0]
+    assert f"pbs is a link to {tmp_path}: left alone" in refused[1]
+    assert (config_dir / "slurm" / "config.yaml").read_text() == "executor: slurm\njobs: 3\n"
+    assert os.readlink(config_dir / "pbs") == str(tmp_path)
+
+
+def test_named_profiles_dry_run_from_a_fresh_clone(tmp_path):
+    """In a fresh clone, with HOME a new folder: `tacl profiles install`, then `snakemake --profile slurm -n`
+    and `--profile pbs -n` on the demo config, typed as the README types them, from the clone's root."""
+    clone = fresh_clone(tmp_path / "user")
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("XDG_CONFIG_HOME", "TACL_SHARED_DATA")}
+    env.update(HOME=str(home), PYTHONPATH=str(clone / "src"),
+               PATH=f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}")
+
+    def run(*cmd):
+        return subprocess.run(cmd, cwd=clone, env=env, capture_output=True, text=True, timeout=300)
+
+    installed = run(sys.executable, "-m", "tacl", "profiles", "install")
+    assert installed.returncode == 0, installed.stderr
+    assert (home / ".config" / "snakemake" / "slurm").resolve() == clone / "profiles" / "slurm"
+    for name in ("slurm", "pbs"):
+        proc = run("snakemake", "--profile", name, "-n", "--configfile", "examples/demo/config.yaml",
+                   "--replace-workflow-config")
+        log = proc.stdout + proc.stderr
+        assert proc.returncode == 0, log[-3000:]
+        assert "pretrain_chunk" in log and "This was a dry-run" in log
+    again = run(sys.executable, "-m", "tacl", "profiles", "install")
+    assert again.returncode == 0 and "already there" in again.stdout
+    (home / ".config" / "snakemake" / "pbs").unlink()
+    (home / ".config" / "snakemake" / "pbs").mkdir()
+    (home / ".config" / "snakemake" / "pbs" / "config.yaml").write_text("jobs: 1\n")
+    refused = run(sys.executable, "-m", "tacl", "profiles", "install")
+    assert refused.returncode == 1 and "pbs is a profile of your own: left alone" in refused.stderr
