@@ -53,10 +53,10 @@ def env():
     os.environ.update(saved)
 
 
-def start(demo_data, tmp_path, env, objective, zero_stage=0, precision="fp32", steps=STEPS):
+def start(demo_data, tmp_path, env, objective, zero_stage=0, precision="fp32", steps=STEPS, **settings):
     s = TrainSettings(objective=objective, steps=steps, global_batch=8, micro_batch=4, lr=2e-3, seed=3, max_len=64,
                       zero_stage=zero_stage, precision=precision, loader_workers=0, device="cpu",
-                      log_every=1, objective_params={"aux_layers": 1} if objective == "coco_lm" else {})
+                      log_every=1, objective_params={"aux_layers": 1} if objective == "coco_lm" else {}, **settings)
     run = tmp_path / f"{objective}-{zero_stage}-{precision}"
     chunk = _setup(ChunkArgs(str(run), str(demo_data["start"]), str(demo_data["manifest"]), s,
                              tensorboard=False), env, RunLock(run))
@@ -222,10 +222,12 @@ def test_deepspeed_skipping_a_non_finite_step_stops_the_run_naming_it(demo_data,
     assert chunk.step == 2 and chunk.scheduler.last_epoch == lr_steps and chunk.engine.skipped_steps == 1
 
 
-def test_a_non_finite_gradient_at_zero_0_stops_at_the_next_log_or_save(demo_data, tmp_path, env):
-    """ZeRO 0 (the trainer clips): the first non-finite step is noted on the device, without a host read in
-    the step, and named when the trainer next reads (a log line) or would save."""
-    chunk, batches = start(demo_data, tmp_path, env, "mlm_nsp", precision="bf16", steps=4)
+@pytest.mark.parametrize("grad_clip", [1.0, 0.0])
+def test_a_non_finite_gradient_at_zero_0_stops_at_the_next_log_or_save(demo_data, tmp_path, env, grad_clip):
+    """ZeRO 0 (the trainer clips, or only measures the norm without clipping): the first non-finite step is
+    noted on the device, without a host read in the step, and named when the trainer next reads (a log line)
+    or would save."""
+    chunk, batches = start(demo_data, tmp_path, env, "mlm_nsp", precision="bf16", steps=4, grad_clip=grad_clip)
     inject_inf(chunk, 2)
     for _ in range(3):
         step(chunk, batches, env, SyncGuard("cpu"))

@@ -120,8 +120,9 @@ def universal_fp32_state_dict(checkpoint_root: Path, tag: str) -> dict[str, torc
 
 def checkpoint_state_dict(checkpoint_root: str | os.PathLike, tag: str) -> dict[str, torch.Tensor]:
     """fp32 weights from a DeepSpeed checkpoint: ZeRO 1-3 (fp32 or bf16) from the optimizer's fp32 master
-    copy (`universal_fp32_state_dict` for BF16_Optimizer's), ZeRO 0 from the module itself, which is fp32 in both precisions (bf16 at ZeRO 0 trains fp32 weights
-    under autocast: tacl.pretrain.trainer). A ZeRO 0 module in bf16 has no fp32 masters to export: refused."""
+    copy (`universal_fp32_state_dict` for BF16_Optimizer's), ZeRO 0 from the module itself, which is fp32 in
+    both precisions (bf16 at ZeRO 0 trains fp32 weights under autocast: tacl.pretrain.trainer). A ZeRO 0
+    module in bf16 has no fp32 masters to export: refused."""
     root = Path(checkpoint_root)
     files = os.listdir(root / tag)
     if any(f.endswith("optim_states.pt") for f in files):

@@ -201,7 +201,7 @@ class Chunk:
     accumulation: int
     generator: torch.Generator  # the objective's random draws (TACO pairs), on the device
     autocast: bool = False  # bf16 at ZeRO 0: the forward under torch.autocast
-    clip: float = 0.0  # clip the gradient here (ZeRO 0), not in DeepSpeed
+    clip: float | None = None  # ZeRO 0: the trainer clips to this (0: no clipping), not DeepSpeed
     step: int = 0
     tokens: int = 0  # tokens trained on by all ranks, up to the last time they were summed
     skipped: int = 0  # DeepSpeed's count of skipped (non-finite) steps, as last seen
@@ -297,7 +297,7 @@ def _setup(args: ChunkArgs, env: DistEnv, lock: RunLock) -> Chunk:
         config=ds_config(s, accumulation, bf16, cpu, universal=universal is not None))
     autocast = uses_autocast(s, bf16)
     chunk = Chunk(args, env, engine, scheduler, teacher, data, accumulation, torch.Generator(device=env.device),
-                  autocast=autocast, clip=s.grad_clip if s.zero_stage == 0 else 0.0,
+                  autocast=autocast, clip=s.grad_clip if s.zero_stage == 0 else None,
                   nonfinite=torch.full((), -1, dtype=torch.long, device=env.device) if s.zero_stage == 0 else None)
     if tag is not None:
         state = checkpoint.load(engine, run_dir, tag, env, universal)
@@ -357,7 +357,7 @@ def optimizer_step(chunk: Chunk, batches: Iterator[dict[str, Any]], meter: Meter
         with torch.autocast(env.device.type, dtype=torch.bfloat16, enabled=chunk.autocast):
             loss, losses, metrics = engine(batch, chunk.teacher, chunk.generator)
         engine.backward(loss)  # (the last micro-batch's backward all-reduces the gradient)
-        if chunk.clip and a == chunk.accumulation - 1:
+        if chunk.clip is not None and a == chunk.accumulation - 1:
             _clip(chunk)
         engine.step()
         meter.add({"loss": loss, **losses}, metrics, chunk.accumulation)
@@ -369,10 +369,13 @@ def optimizer_step(chunk: Chunk, batches: Iterator[dict[str, Any]], meter: Meter
 
 
 def _clip(chunk: Chunk) -> None:
-    """ZeRO 0: clip the gradient to grad_clip (PyTorch's clip_grad_norm_, all on the device) and note the
-    first step whose norm is not finite, without reading it."""
-    norm = torch.nn.utils.clip_grad_norm_([p for p in chunk.engine.module.parameters() if p.grad is not None],
-                                          chunk.clip)
+    """ZeRO 0: clip the gradient to grad_clip (PyTorch's clip_grad_norm_, all on the device; grad_clip 0: only
+    its norm) and note the first step whose norm is not finite, without reading it."""
+    params = [p for p in chunk.engine.module.parameters() if p.grad is not None]
+    if chunk.clip:
+        norm = torch.nn.utils.clip_grad_norm_(params, chunk.clip)
+    else:
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
     first = chunk.nonfinite
     chunk.nonfinite = torch.where(~torch.isfinite(norm) & (first < 0), chunk.step + 1, first)
 
