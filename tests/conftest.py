@@ -55,6 +55,9 @@ def tokenizer_dir(tmp_path_factory, tokenizer) -> Path:
 def demo_config(tmp_path: Path, **overrides) -> dict:
     """The demo config with absolute paths and results under tmp_path."""
     cfg = yaml.safe_load(DEMO_CONFIG.read_text())
+    # tiny models only: the demo's real encoder (finetune.extra_models) costs a minute per fine-tune
+    # (test_demo_end_to_end_survives_a_kill keeps it), and one setting per task unless a test sweeps
+    cfg["finetune"].update(extra_models={}, sweep={})
     cfg["results_dir"] = str(tmp_path / "results")
     cfg["resources_dir"] = str(tmp_path / "resources")
     cfg["data"]["source"]["paths"] = [str(REPO / p) for p in cfg["data"]["source"]["paths"]]
@@ -96,6 +99,34 @@ def fresh_clone(where: Path) -> Path:
     clone = where / "clone"
     subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True, capture_output=True)
     return clone
+
+
+def write_nli_fixture(root: Path, rows: int = 48) -> Path:
+    """A GLUE-layout folder with MNLI (train, dev_matched, dev_mismatched) and RTE (train, dev) built from the
+    demo's QNLI sample, and QNLI itself (a link to the demo's): enough to run those tasks end to end (a
+    question and a sentence that answers it count as entailment). Its figures mean nothing."""
+    lines = (REPO / "examples/demo/glue/QNLI/train.tsv").read_text().splitlines()[1 : 2 * rows + 1]
+    qnli = [line.split("\t")[1:] for line in lines]
+    mnli_header = ("index promptID pairID genre sentence1_binary_parse sentence2_binary_parse sentence1_parse "
+                   "sentence2_parse sentence1 sentence2").split()
+
+    def mnli(part, dev):
+        out = ["\t".join(mnli_header + (["label1", "gold_label"] if not dev else ["gold_label"]))]
+        for i, (q, s, y) in enumerate(part):
+            label = "entailment" if y == "entailment" else "contradiction"
+            out.append("\t".join([str(i), str(i), f"{i}e", "fiction", "x", "y", "x", "y", s, q]
+                                  + ([label] if dev else [label, label])))
+        return out
+
+    rte = lambda part: ["index\tsentence1\tsentence2\tlabel"] + [f"{i}\t{s}\t{q}\t{y}" for i, (q, s, y) in enumerate(part)]
+    files = {"MNLI/train.tsv": mnli(qnli[:rows], False), "MNLI/dev_matched.tsv": mnli(qnli[rows:], True),
+             "MNLI/dev_mismatched.tsv": mnli(qnli[rows:], True),
+             "RTE/train.tsv": rte(qnli[rows:]), "RTE/dev.tsv": rte(qnli[:rows])}
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text("\n".join(text) + "\n")
+    (root / "QNLI").symlink_to(REPO / "examples/demo/glue/QNLI")
+    return root
 
 
 def snakemake_command(workdir: Path, config: dict | None, *args: str, bound: int | None = None,

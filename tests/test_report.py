@@ -11,8 +11,11 @@ from tacl.report.tables import (HEADLINE, build_report, collect, differences_tab
                                 glue_reference_table, interval, reference_numbers, summarise)
 
 
-def write_run(root, model, task, seed, family, dev, test=None, preset="reference"):
-    d = root / "finetune" / model / task / f"seed{seed}"
+S = "lr2e-5_b32_e3"  # the setting of the fixture's runs
+
+
+def write_run(root, model, task, seed, family, dev, test=None, preset="reference", setting=S):
+    d = root / "finetune" / model / task / setting / f"seed{seed}"
     d.mkdir(parents=True)
     m = {"task": task, "family": family, "seed": seed, "preset": preset, "dev": dev}
     if test:
@@ -46,13 +49,13 @@ def test_summary_mean_and_sample_std(tree):
 
 
 def test_tables_files_and_missing_runs(tree):
-    expected = [{"model": m, "task": t, "seed": k} for m in ("none", "tacl") for t in ("rte", "mrpc")
+    expected = [{"model": m, "task": t, "setting": S, "seed": k} for m in ("none", "tacl") for t in ("rte", "mrpc")
                 for k in range(3)]
     out = tree / "report"
     result = build_report(str(tree), ["none", "tacl"], ["rte", "mrpc", "mnli", "squad_v2", "conll2003"], expected,
                           [], str(out))
-    assert set(result["missing"]) == {"none/rte/seed1", "none/rte/seed2", "none/mrpc/seed0", "none/mrpc/seed1",
-                                      "none/mrpc/seed2", "tacl/mrpc/seed2"}
+    assert set(result["missing"]) == {f"{run}/{S}/seed{k}" for run, k in [
+        ("none/rte", 1), ("none/rte", 2), ("none/mrpc", 0), ("none/mrpc", 1), ("none/mrpc", 2), ("tacl/mrpc", 2)]}
     glue = pd.read_csv(out / "glue_dev.csv").set_index("model")
     assert glue.loc["tacl", "RTE (acc, dev)"] == "83.3 ± 3.1"
     assert glue.loc["tacl", "MRPC (F1/acc, dev)"] == "89.0 ± 1.4 / 85.0 ± 1.4"
@@ -115,3 +118,28 @@ def test_differences_beyond_seed_noise(tmp_path):
     low, high = interval(None, [1.0, 2.0, 3.0], [0.0, 0.5])[1:]
     welch = stats.ttest_ind([1.0, 2.0, 3.0], [0.0, 0.5], equal_var=False).confidence_interval(0.95)
     assert (low, high) == pytest.approx((welch.low, welch.high))
+
+
+def test_headline_rows_use_the_selected_setting(tree):
+    """A second RTE setting for tacl with a better mean (86, 88 against 83.3): the GLUE table, the summary and
+    the differences use it alone; the sweep table lists both; the status names it."""
+    for seed, acc in enumerate([0.86, 0.88]):
+        write_run(tree, "tacl", "rte", seed, "glue", {"dev": {"accuracy": acc, "main": acc}}, setting="lr5e-5_b32_e3")
+    write_run(tree, "none", "rte", 1, "glue", {"dev": {"accuracy": 0.72, "main": 0.72}}, setting="lr5e-5_b32_e3")
+    out = tree / "report"
+    expected = [{"model": "tacl", "task": "rte", "setting": s, "seed": k} for s in (S, "lr5e-5_b32_e3")
+                for k in range(3)]
+    build_report(str(tree), ["none", "tacl"], ["rte"], expected, [], str(out))
+    glue = pd.read_csv(out / "glue_dev.csv").set_index("model")
+    assert glue.loc["tacl", "RTE (acc, dev)"] == "87.0 ± 1.4"
+    assert glue.loc["none", "RTE (acc, dev)"] == "72.0", "none: 72 (one seed) beats 70"
+    sweep = pd.read_csv(out / "sweep.csv", dtype=str)
+    rows = sweep[(sweep.model == "tacl") & (sweep.task == "rte")].set_index("setting")
+    assert rows.loc[S, "mean ± std"] == "83.3 ± 3.1" and rows.loc["lr5e-5_b32_e3", "selected"] == "yes"
+    status = pd.read_csv(out / "status.csv").set_index(["model", "task"])
+    assert status.loc[("tacl", "rte"), "selected setting"] == "lr5e-5_b32_e3"
+    assert status.loc[("tacl", "rte"), "finished"] == "5/6"
+    diffs = pd.read_csv(out / "differences.csv", dtype=str)
+    row = diffs[(diffs.model == "tacl") & (diffs.vs == "none") & (diffs.task == "RTE")].iloc[0]
+    assert row["mean difference"] == "+15.00" and row["seeds"] == "2 vs 1"
+    assert "optimistic as estimates of dev itself" in (out / "report.md").read_text()

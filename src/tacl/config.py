@@ -70,11 +70,11 @@ def start_model_shape(config: dict[str, Any]) -> dict[str, Any] | None:
             "key": f"model ({config['model']})"}
 
 
-def plan_errors(config: dict[str, Any]) -> list[str]:
+def plan_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
     """What is wrong in a schema-valid config (defaults filled in) that needs no data to find: one line per
     problem, naming the key. The Snakefile raises these before anything runs (dry runs included); the jobs
     keep their own checks as a second line."""
-    problems = []
+    problems = finetune_errors(config, schema)
     p = config["pretrain"]
     trained = [o for o in p["objectives"] if o != "none"]
     if trained:
@@ -121,4 +121,26 @@ def checked_config(config: dict[str, Any], schema: dict[str, Any], fill_defaults
     if problems:
         return problems
     fill_defaults(config)
-    return plan_errors(config)
+    return plan_errors(config, schema)
+
+
+def finetune_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
+    """The fine-tuning plan: sweeps, intermediate-task starts and extra models name tasks and models that
+    exist."""
+    ft = config["finetune"]
+    tasks = ft["tasks"]
+    problems = []
+    for target, source in ft["start_from"].items():
+        key = f"finetune.start_from.{target}"
+        if target not in tasks:
+            problems.append(f"{key}: {target} is not among finetune.tasks")
+        if source not in tasks:
+            problems.append(f"{key}: {source} is not among finetune.tasks, so there is no fine-tune to start from")
+        elif source == target or source in ft["start_from"]:
+            problems.append(f"{key}: {source} must be a task that starts from the pretrained model itself")
+    problems += [f"finetune.sweep.tasks.{task}: {task} is not among finetune.tasks"
+                 for task in ft["sweep"].get("tasks") or {} if task not in tasks]
+    objectives = schema["properties"]["pretrain"]["properties"]["objectives"]["items"]["enum"]
+    problems += [f"finetune.extra_models.{name}: {name} is an objective's name; give the model another"
+                 for name in ft["extra_models"] if name in objectives]
+    return problems

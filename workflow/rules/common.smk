@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 
+from tacl.finetune.sweep import parse_setting, task_settings
 from tacl.pretrain.settings import PARAMS_SECTION
 
 # Every job runs `python -m tacl` from this checkout's src/ (installed or not, venv or --sdm conda).
@@ -159,8 +160,18 @@ def final_chunk(wildcards):
     )
 
 
-def finetune_models():
+def pretrained_models():
+    """The objectives whose exported models are fine-tuned and compared."""
     return config["finetune"]["models"] or config["pretrain"]["objectives"]
+
+
+def extra_models():
+    """finetune.extra_models: fine-tuned as they are, each its own row."""
+    return list(config["finetune"]["extra_models"])
+
+
+def finetune_models():
+    return pretrained_models() + extra_models()
 
 
 def contrastive_tasks():
@@ -260,28 +271,86 @@ def task_seeds(task):
     return range(ft["seeds_large"] if task in ft["large_tasks"] else ft["seeds_small"])
 
 
+def settings_of(task):
+    """The task's fine-tuning settings (finetune.sweep), by name (tacl.finetune.sweep)."""
+    ft = config["finetune"]
+    return task_settings(task, task_family(task), ft["hparams"], ft["sweep"], ft["preset"])
+
+
+def setting_hparams(task, setting):
+    """One job's hparams: the config's for the task, the setting's values over them."""
+    return {**task_hparams(task), **parse_setting(setting, config["finetune"]["preset"])}
+
+
+def tasks_of(model):
+    """The tasks a model is fine-tuned on: every task, or for MODEL+FORM the contrastive tasks."""
+    return contrastive_tasks() if "+" in model else list(config["finetune"]["tasks"])
+
+
+def model_tasks():
+    """(model, task) of every fine-tune."""
+    return [(m, t) for m in finetune_models() + contrastive_models() for t in tasks_of(m)]
+
+
 def expected_runs():
-    plain = [
-        {"model": m, "task": t, "seed": s}
-        for m in finetune_models()
-        for t in config["finetune"]["tasks"]
+    return [
+        {"model": m, "task": t, "setting": setting, "seed": s}
+        for m, t in model_tasks()
+        for setting in settings_of(t)
         for s in task_seeds(t)
     ]
-    contrastive = [
-        {"model": m, "task": t, "seed": s}
-        for m in contrastive_models()
-        for t in contrastive_tasks()
-        for s in task_seeds(t)
-    ]
-    return plain + contrastive
+
+
+def run_dir(run):
+    return f"{FINETUNE}/{run['model']}/{run['task']}/{run['setting']}/seed{run['seed']}"
 
 
 def finetune_outputs():
-    return [f"{FINETUNE}/{r['model']}/{r['task']}/seed{r['seed']}/metrics.json" for r in expected_runs()]
+    return [f"{run_dir(r)}/metrics.json" for r in expected_runs()]
+
+
+def selection_file(model, task):
+    return f"{FINETUNE}/{model}/{task}/selected.json"
+
+
+def selection_inputs(wildcards):
+    """Every run of one (model, task): the selection reads them all."""
+    return [
+        f"{run_dir({'model': wildcards.model, 'task': wildcards.task, 'setting': setting, 'seed': s})}/metrics.json"
+        for setting in settings_of(wildcards.task)
+        for s in task_seeds(wildcards.task)
+    ]
+
+
+def start_source(task):
+    """The task whose selected fine-tune starts this task's runs (finetune.start_from), or None."""
+    return config["finetune"]["start_from"].get(task)
+
+
+def finetune_start(wildcards):
+    """What a fine-tune starts from: the exported model, or (finetune.start_from) the selection of the same
+    model's source task, whose best run's weights the job then loads."""
+    base = wildcards.model.split("+")[0]  # MODEL+FORM: a contrastive fine-tune of MODEL
+    source = start_source(wildcards.task)
+    if source is None:
+        return {"model": f"{MODELS}/{base}"}
+    return {"selected": selection_file(base, source)}
+
+
+def start_args(wildcards, input):
+    if "selected" in input.keys():
+        return f"--start-selection {input.selected}"
+    return f"--model {input.model}"
+
+
+def keeps_weights(task):
+    """The source tasks of finetune.start_from keep their fine-tuned weights."""
+    return task in config["finetune"]["start_from"].values()
 
 
 def report_outputs():
-    return [f"{REPORT}/report.md", f"{REPORT}/self_similarity.png"]
+    zips = [f"{REPORT}/submissions/{m}.zip" for m in finetune_models() + contrastive_models()]
+    return [f"{REPORT}/report.md", f"{REPORT}/self_similarity.png", *zips]
 
 
 def report_args(wildcards=None, input=None):

@@ -1,8 +1,11 @@
-# Fine-tunes: data fetched or checked once per task (login node), then one job per (model, task, seed).
+# Fine-tunes: data fetched or checked once per task (login node), then one job per (model, task, setting,
+# seed), then the setting selected on dev per (model, task).
 
 
 localrules:
     prepare_task,
+    select_setting,
+    submissions,
 
 
 rule prepare_task:
@@ -20,18 +23,20 @@ rule prepare_task:
 
 
 rule finetune:
+    # one (model, task, setting, seed); the setting's name carries its values (tacl.finetune.sweep)
     input:
-        model=lambda w: f"{MODELS}/{w.model.split('+')[0]}",  # MODEL+FORM: a contrastive fine-tune of MODEL
+        unpack(finetune_start),
         data=f"{R}/finetune_data/{{task}}.json",
     output:
-        f"{FINETUNE}/{{model}}/{{task}}/seed{{seed}}/metrics.json",
+        f"{FINETUNE}/{{model}}/{{task}}/{{setting}}/seed{{seed}}/metrics.json",
     log:
-        f"{LOGS}/finetune/{{model}}/{{task}}/seed{{seed}}.log",
+        f"{LOGS}/finetune/{{model}}/{{task}}/{{setting}}/seed{{seed}}.log",
     benchmark:
-        f"{BENCH}/finetune/{{model}}/{{task}}/seed{{seed}}.tsv"
+        f"{BENCH}/finetune/{{model}}/{{task}}/{{setting}}/seed{{seed}}.tsv"
     wildcard_constraints:
         seed=r"\d+",
-        model=r"[a-z_]+(\+(kl|scl))?",
+        model=r"[a-z][a-z0-9_]*(\+(kl|scl))?",
+        setting=r"lr[^/]+",
     conda:
         CONDA_ENV
     resources:
@@ -40,14 +45,47 @@ rule finetune:
     params:
         family=lambda w: task_family(w.task),
         source=lambda w: json.dumps(task_source(w.task)),
-        hparams=lambda w: json.dumps(task_hparams(w.task)),
+        hparams=lambda w: json.dumps(setting_hparams(w.task, w.setting)),
         precision=config["finetune"]["precision"],
         device=config["device"],
         preset=config["finetune"]["preset"],
         contrastive=lambda w: f"--contrastive {w.model.split('+')[1]}" if "+" in w.model else "",
-        out=lambda w: f"{FINETUNE}/{w.model}/{w.task}/seed{w.seed}",
+        start=start_args,
+        keep=lambda w: "--save-model" if keeps_weights(w.task) else "",
+        out=lambda w: f"{FINETUNE}/{w.model}/{w.task}/{w.setting}/seed{w.seed}",
     shell:
-        "python -m tacl finetune {params.family} --model {input.model} --task {wildcards.task}"
+        "python -m tacl finetune {params.family} {params.start} --task {wildcards.task}"
         " --seed {wildcards.seed} --source {params.source:q} --hparams {params.hparams:q}"
         " --precision {params.precision} --device {params.device} --preset {params.preset} {params.contrastive}"
-        " --out {params.out} > {log} 2>&1"
+        " {params.keep} --out {params.out} > {log} 2>&1"
+
+
+rule select_setting:
+    # for each (model, task): the setting with the best mean dev score over seeds (a task that starts from
+    # another's selected fine-tune, finetune.start_from, waits for it)
+    input:
+        selection_inputs,
+    output:
+        f"{FINETUNE}/{{model}}/{{task}}/selected.json",
+    log:
+        f"{LOGS}/finetune/{{model}}/{{task}}/select.log",
+    wildcard_constraints:
+        model=r"[a-z][a-z0-9_]*(\+(kl|scl))?",
+    conda:
+        CONDA_ENV
+    shell:
+        "python -m tacl finetune select --task {wildcards.task} --runs {input} --out {output} > {log} 2>&1"
+
+
+rule submissions:
+    # one zip per model: the GLUE test-server files and SQuAD predictions of each task's selected setting
+    input:
+        lambda w: [selection_file(w.model, t) for t in tasks_of(w.model)],
+    output:
+        f"{REPORT}/submissions/{{model}}.zip",
+    log:
+        f"{LOGS}/finetune/{{model}}/submissions.log",
+    conda:
+        CONDA_ENV
+    shell:
+        "python -m tacl finetune submissions --selections {input} --out {output} > {log} 2>&1"

@@ -6,6 +6,7 @@
 localrules:
     init_model,
     export_start,
+    extra_model,
 
 
 rule init_model:
@@ -96,3 +97,20 @@ rule export_start:
     shell:
         "python -m tacl pretrain export --start-model {input.start} --out {output.model}"
         " --summary {output.summary} > {log} 2>&1"
+
+
+rule extra_model:
+    # finetune.extra_models: a model fine-tuned as it is (fetched on the login node like the start model)
+    output:
+        directory(f"{MODELS}/{{model}}"),
+    log:
+        f"{LOGS}/pretrain/extra-{{model}}.log",
+    wildcard_constraints:
+        model="|".join(extra_models()) or "(?!)",
+    conda:
+        CONDA_ENV
+    params:
+        source=lambda w: config["finetune"]["extra_models"][w.model],
+    shell:
+        "python -m tacl pretrain init-model --model {params.source:q} --tokenizer {params.source:q}"
+        " --out {output} > {log} 2>&1"

@@ -114,7 +114,7 @@ def plot(results: list[dict[str, Any]], out_png: str) -> None:
 
     from tacl.io import atomic_path
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(9, 4))
     for k, r in enumerate(results):
         color = f"C{k}"
         ax.plot(r["layers"], r["self_similarity"], marker="o", color=color, label=f"{r['model']} self-similarity")
@@ -127,8 +127,8 @@ def plot(results: list[dict[str, Any]], out_png: str) -> None:
     ax.set_title(f"Same sentence (solid) and different sentences (dashed), {results[0]['sentences']} held-out "
                  "sentences" if results else "", fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, borderaxespad=0.0)  # beside the curves
     fig.tight_layout()
     with atomic_path(out_png) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
+        fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
     plt.close(fig)

@@ -53,6 +53,43 @@ def prepare(task: str, source: dict[str, Any], out_json: str) -> dict[str, Any]:
     empty = [s for s, n in sizes.items() if n == 0]
     if empty:
         raise InputError(f"finetune task {task}: empty split(s) {empty}")
-    record = {"task": task, "family": fam, "source": source, "splits": sizes}
+    record = {"task": task, "family": fam, "source": source, "splits": sizes, "baseline": baseline(task, source)}
     write_json_atomic(out_json, record)
     return record
+
+
+def baseline(task: str, source: dict[str, Any]) -> dict[str, Any] | None:
+    """Chance, from the task's own files, scored like a fine-tune: GLUE classification predicts the
+    majority class of train for every dev example (ties: the first label), STS-B the mean train score (a
+    constant has no correlation: 0, as the metrics define it); SQuAD 2.0 answers nothing (the share of
+    unanswerable questions). None where chance scores 0 by definition (SQuAD 1.1, NER entity F1)."""
+    from collections import Counter
+
+    fam = family(task)
+    if fam == "glue":
+        from tacl.finetune import glue
+        from tacl.finetune.sequence import load_examples
+
+        spec = glue.TASKS[task]
+        labels = [e.label for e in load_examples(task, "train", source)]
+        if spec.is_regression:
+            constant, name = sum(map(float, labels)) / len(labels), "constant: the mean train score"
+        else:
+            counts = Counter(labels)
+            constant = max(spec.labels, key=lambda label: counts[label])  # (max keeps the first of equals)
+            name = f"majority class of train ({constant})"
+            constant = glue.label_id(task, constant)
+        dev = {}
+        for split in spec.dev_splits:
+            refs = [float(e.label) if spec.is_regression else glue.label_id(task, e.label)
+                    for e in load_examples(task, split, source)]
+            dev[split] = glue.metrics(task, [constant] * len(refs), refs)
+        return {"name": name, "dev": dev}
+    if task == "squad_v2":
+        from tacl.finetune import squad
+        from tacl.finetune.qa import load_examples as load_squad
+
+        examples = load_squad(SQUAD_TASKS[task], "dev", source)
+        scores = squad.evaluate(examples, {ex.id: "" for ex in examples}, version_2=True)
+        return {"name": "no answer to any question", "dev": {"dev": {"exact": scores["exact"], "f1": scores["f1"]}}}
+    return None

@@ -14,7 +14,7 @@ from tacl.finetune.common import DEFAULT_HPARAMS, Run, hyperparameters, load_tas
 from tacl.finetune.contrastive import DEFAULTS as CONTRASTIVE_DEFAULTS
 from tacl.finetune.contrastive import FORMS, contrastive_loss
 from tacl.hub import resolve_pretrained
-from tacl.io import InputError, write_json_atomic
+from tacl.io import InputError, atomic_path, write_json_atomic
 
 
 def load_examples(task: str, split: str, source: dict[str, Any]) -> list[glue.Example]:
@@ -53,7 +53,11 @@ def encode(tokenizer: Any, task: str, examples: list[glue.Example], max_len: int
 
 def finetune_glue(model_dir: str, task: str, source: dict[str, Any], hparams: dict[str, Any], seed: int,
                   out_dir: str, precision: str = "auto", device: str = "auto",
-                  preset: str = "standard", contrastive: str | None = None) -> dict[str, Any]:
+                  preset: str = "standard", contrastive: str | None = None, start_from: str | None = None,
+                  save_model: bool = False) -> dict[str, Any]:
+    """One fine-tune. `start_from` names where `model_dir` came from (another task's fine-tune,
+    TASK:SETTING/seedN; recorded); `save_model` keeps the fine-tuned encoder, without its task head, in
+    OUT/model, so that another task can start from it."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     if task not in glue.TASKS:
@@ -107,8 +111,12 @@ def finetune_glue(model_dir: str, task: str, source: dict[str, Any], hparams: di
         path = out / "submission" / spec.submission_files[split]
         glue.write_submission(task, split, [e.guid for e in examples], predictions(examples), str(path))
         submissions[split] = str(path)
+    if save_model:
+        with atomic_path(out / "model") as tmp:
+            model.base_model.save_pretrained(str(tmp))
+            tokenizer.save_pretrained(str(tmp))
     summary = {"task": task, "family": "glue", "model": model_dir, "seed": seed, "preset": preset,
-               "contrastive": contrastive, "hparams": hp,
+               "contrastive": contrastive, "start_from": start_from, "hparams": hp,
                "dev": results,
                "submission": submissions, "train": record, "device": run.describe(), "bf16": run.bf16,
                "wall_s": round(time.time() - started, 1)}

@@ -21,10 +21,11 @@ from __future__ import annotations
 import itertools
 import math
 import re
+from pathlib import Path
 from typing import Any
 
 from tacl.finetune import FAMILY_HPARAMS, PRESETS
-from tacl.io import InputError
+from tacl.io import InputError, read_json
 
 SWEEP_KEYS = ("lr", "batch", "epochs", "warmup_ratio", "weight_decay")
 GRIDS = {
@@ -43,12 +44,16 @@ _NAME = re.compile(r"lr(?P<lr>[^_]+)_b(?P<batch>\d+)_e(?P<epochs>[^_]+)(?:_wu(?P
 
 
 def number(x: float) -> str:
-    """A short, exact text for a number: 3e-05 -> 3e-5, 0.001 -> 0.001, 3.0 -> 3."""
-    text = repr(float(x)) if not float(x).is_integer() else str(int(x))
-    m = re.fullmatch(r"(-?[\d.]+)e([+-])0*(\d+)", text)
-    if m:
-        text = f"{m.group(1)}e{'-' if m.group(2) == '-' else ''}{m.group(3)}"
-    return text
+    """A short text that reads back as exactly the same float: 3e-05 -> 3e-5, 1e-4 -> 1e-4, 0.06 -> 0.06,
+    3.0 -> 3 (small values in e-notation, from the shortest repr, so nothing is rounded)."""
+    x = float(x)
+    if x.is_integer():
+        return str(int(x))
+    if abs(x) < 0.01:
+        from decimal import Decimal
+
+        return f"{Decimal(repr(x)).normalize():e}"
+    return repr(x)
 
 
 def setting_name(values: dict[str, Any], preset: str) -> str:
@@ -82,9 +87,9 @@ def task_grid(task: str, family: str, hparams: dict[str, Any], sweep: dict[str, 
     """The lists whose product is the task's settings."""
     base = base_hparams(family, hparams, task, preset)
     grid = {k: [base[k]] for k in SWEEP_KEYS}
-    grid.update(GRIDS[sweep.get("grid", "reference")].get(family, {}))
-    grid.update(sweep.get(family) or {})
-    grid.update((sweep.get("tasks") or {}).get(task) or {})
+    for lists in (GRIDS[sweep.get("grid", "reference")].get(family), sweep.get(family),
+                  (sweep.get("tasks") or {}).get(task)):
+        grid.update({k: v for k, v in (lists or {}).items() if v is not None})  # (None: the schema's "not given")
     return grid
 
 
@@ -134,3 +139,12 @@ def select(task: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
 def _rank(score: float) -> float:
     """Sort key: higher scores first, equal to 1e-9 counted equal, NaN last."""
     return math.inf if math.isnan(score) else -round(score, 9)
+
+
+def select_runs(task: str, metrics_files: list[str]) -> dict[str, Any]:
+    """`select` over finished runs, read from their metrics.json (RUN/SETTING/seedN/metrics.json)."""
+    runs = []
+    for path in metrics_files:
+        m = read_json(path)
+        runs.append({"setting": Path(path).parents[1].name, "seed": m["seed"], "score": headline(task, m)})
+    return select(task, runs)

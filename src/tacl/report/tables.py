@@ -21,6 +21,7 @@ from typing import Any
 
 import pandas as pd
 
+from tacl.finetune.sweep import HEADLINE_DEV, select
 from tacl.io import atomic_path, write_text_atomic
 
 # (column label, task, split, metrics shown) of the GLUE dev table; GLUE scores are fractions, shown x100
@@ -72,22 +73,72 @@ def reference_numbers() -> pd.DataFrame:
         return pd.read_csv(f)
 
 
+LONG_COLUMNS = ["model", "task", "setting", "family", "preset", "start", "seed", "split", "metric", "value"]
+
+
 def collect(results_dir: str | Path) -> pd.DataFrame:
-    """Long table: model, task, family, preset, seed, split, metric, value (percent)."""
+    """Long table of every finished run (finetune/MODEL/TASK/SETTING/seedN/metrics.json): model, task,
+    setting, family, preset, start (the task it started from, or ""), seed, split, metric, value (percent)."""
     rows = []
-    for path in sorted(Path(results_dir, "finetune").glob("*/*/seed*/metrics.json")):
+    for path in sorted(Path(results_dir, "finetune").glob("*/*/*/seed*/metrics.json")):
         m = json.loads(path.read_text())
-        model = path.parents[2].name
+        run = {"model": path.parents[3].name, "task": m["task"], "setting": path.parents[1].name,
+               "family": m["family"], "preset": m.get("preset", "standard"),
+               "start": (m.get("start_from") or "").split(":")[0], "seed": m["seed"]}
         scale = 100.0 if m["family"] in PERCENT_FAMILIES else 1.0
         for section in ("dev", "test"):
             for split, metrics in m.get(section, {}).items():
                 for metric, value in metrics.items():
                     if isinstance(value, (int, float)) and not isinstance(value, bool) and metric != "examples" \
                             and not metric.endswith(("_total", "_thresh")):
-                        rows.append({"model": model, "task": m["task"], "family": m["family"],
-                                     "preset": m.get("preset", "standard"), "seed": m["seed"], "split": split,
-                                     "metric": metric, "value": float(value) * scale})
-    return pd.DataFrame(rows, columns=["model", "task", "family", "preset", "seed", "split", "metric", "value"])
+                        rows.append({**run, "split": split, "metric": metric, "value": float(value) * scale})
+    return pd.DataFrame(rows, columns=LONG_COLUMNS)
+
+
+def selections(long: pd.DataFrame) -> dict[tuple[str, str], dict[str, Any]]:
+    """(model, task) -> the setting selected on dev (tacl.finetune.sweep.select) among the finished runs."""
+    out = {}
+    if long.empty:
+        return out
+    for (model, task), part in long.groupby(["model", "task"], sort=True):
+        split, metric = HEADLINE_DEV[task]
+        scores = part[(part.split == split) & (part.metric == metric)]
+        runs = [{"setting": r.setting, "seed": int(r.seed), "score": r.value} for r in scores.itertuples()]
+        if runs:
+            out[(model, task)] = select(task, runs)
+    return out
+
+
+def selected(long: pd.DataFrame, chosen: dict[tuple[str, str], dict[str, Any]]) -> pd.DataFrame:
+    """The runs of the selected setting of each (model, task): what the headline tables show."""
+    if long.empty:
+        return long
+    keep = [chosen.get((r.model, r.task), {}).get("setting") == r.setting for r in long.itertuples()]
+    return long[keep]
+
+
+def sweep_table(long: pd.DataFrame, chosen: dict[tuple[str, str], dict[str, Any]]) -> pd.DataFrame:
+    """Every setting of every (model, task): the headline dev number's mean ± std over seeds, and which
+    setting was selected."""
+    rows = []
+    for (model, task), choice in chosen.items():
+        for setting, s in choice["settings"].items():
+            std = f" ± {s['std']:.1f}" if len(s["seeds"]) > 1 and not math.isnan(s["std"]) else ""
+            rows.append({"model": model, "task": task, "setting": setting,
+                         "dev": f"{choice['split']} {choice['metric']}", "mean ± std": f"{s['mean']:.1f}{std}",
+                         "seeds": len(s["seeds"]), "selected": "yes" if setting == choice["setting"] else ""})
+    return pd.DataFrame(rows, columns=["model", "task", "setting", "dev", "mean ± std", "seeds", "selected"])
+
+
+def baselines(results_dir: str | Path, tasks: list[str]) -> dict[str, dict[str, Any]]:
+    """task -> chance as `tacl finetune prepare` scored it from the task's own files (finetune_data)."""
+    out = {}
+    for task in tasks:
+        path = Path(results_dir, "finetune_data", f"{task}.json")
+        record = json.loads(path.read_text()) if path.is_file() else {}
+        if record.get("baseline"):
+            out[task] = record["baseline"]
+    return out
 
 
 def summarise(long: pd.DataFrame) -> pd.DataFrame:
@@ -138,17 +189,32 @@ def presets(long: pd.DataFrame, model: str, tasks: set[str]) -> str:
     return ", ".join(names) or "-"
 
 
-def glue_table(summary: pd.DataFrame, long: pd.DataFrame, models: list[str], tasks: list[str]) -> pd.DataFrame:
+def _started(long: pd.DataFrame, model: str, task: str) -> str:
+    """' (from MNLI)' where the shown runs of (model, task) started from another task's fine-tune."""
+    starts = set(long[(long.model == model) & (long.task == task)]["start"]) - {""} if not long.empty else set()
+    return f" (from {', '.join(sorted(starts)).upper()})" if starts else ""
+
+
+def glue_table(summary: pd.DataFrame, long: pd.DataFrame, models: list[str], tasks: list[str],
+               chance: dict[str, dict[str, Any]] | None = None) -> pd.DataFrame:
+    """Our rows (the selected setting of each task), then the chance row computed from the task files."""
     columns = [c for c in GLUE_COLUMNS if c[1] in tasks]
     table = []
     for model in models:
         row = {"model": model, "source": OURS, "preset": presets(long, model, {c[1] for c in columns})}
         for label, task, split, metrics in columns:
-            row[label] = _cell(summary, model, task, split, metrics)
+            row[label] = _cell(summary, model, task, split, metrics) + _started(long, model, task)
         means = headline_means(summary, model)
         avg = glue_average(means)
         have = sum(label in means for label in GLUE_AVERAGE_LABELS)
         row["GLUE avg (dev)"] = f"{avg:.1f}" if avg is not None else f"- ({have}/9 numbers)"
+        table.append(row)
+    if chance and any(c[1] in chance for c in columns):
+        row = {"model": "majority class / constant", "source": "chance (train and dev files)", "preset": "-"}
+        for label, task, split, metrics in columns:
+            scores = chance.get(task, {}).get("dev", {}).get(split)
+            row[label] = " / ".join(f"{100 * scores[m]:.1f}" for m in metrics) if scores else "-"
+        row["GLUE avg (dev)"] = "-"
         table.append(row)
     return pd.DataFrame(table)
 
@@ -173,13 +239,18 @@ def glue_reference_table(refs: pd.DataFrame) -> pd.DataFrame:
 
 
 def squad_table(summary: pd.DataFrame, long: pd.DataFrame, models: list[str], refs: pd.DataFrame,
-                tasks: list[str]) -> pd.DataFrame:
+                tasks: list[str], chance: dict[str, dict[str, Any]] | None = None) -> pd.DataFrame:
     columns = [c for c in SQUAD_COLUMNS if c[1] in tasks]
     rows = []
     for model in models:
         rows.append({"model": model, "source": OURS, "split": "dev",
                      "preset": presets(long, model, {c[1] for c in columns}),
                      **{label: _cell(summary, model, task, "dev", [metric]) for label, task, metric in columns}})
+    if chance and "squad_v2" in chance:
+        scores = chance["squad_v2"]["dev"]["dev"]
+        rows.append({"model": "no answer to any question", "source": "chance (dev file)", "split": "dev",
+                     "preset": "-", **{label: f"{scores[metric]:.1f}" if task == "squad_v2" and metric in scores
+                                       else "-" for label, task, metric in columns}})
     ref = refs[refs.task.isin(tasks) & (refs.split == "dev")]
     for (source, model), part in ref.groupby(["source", "model"], sort=False):
         row = {"model": model, "source": source, "split": "dev", "preset": "-"}
@@ -253,19 +324,24 @@ def ner_table(summary: pd.DataFrame, long: pd.DataFrame, models: list[str]) -> p
                           "CoNLL-2003 F1 (test)": _cell(summary, m, "conll2003", "test", ["f1"])} for m in models])
 
 
-def status_table(long: pd.DataFrame, expected: list[dict[str, Any]]) -> tuple[pd.DataFrame, list[str]]:
-    """Finished seeds per (model, task) against what the config asks for, and the missing runs."""
-    done = {(r.model, r.task, int(r.seed)) for r in long[["model", "task", "seed"]].drop_duplicates().itertuples()}
+def status_table(long: pd.DataFrame, expected: list[dict[str, Any]],
+                 chosen: dict[tuple[str, str], dict[str, Any]] | None = None) -> tuple[pd.DataFrame, list[str]]:
+    """Finished runs (settings x seeds) per (model, task) against what the config asks for, the setting
+    selected on dev, and the missing runs."""
+    done = {(r.model, r.task, r.setting, int(r.seed))
+            for r in long[["model", "task", "setting", "seed"]].drop_duplicates().itertuples()}
     counts: dict[tuple[str, str], list[int]] = {}
     missing = []
     for e in expected:
         key = (e["model"], e["task"])
         counts.setdefault(key, [0, 0])[1] += 1
-        if (e["model"], e["task"], int(e["seed"])) in done:
+        if (e["model"], e["task"], e["setting"], int(e["seed"])) in done:
             counts[key][0] += 1
         else:
-            missing.append(f"{e['model']}/{e['task']}/seed{e['seed']}")
-    table = pd.DataFrame([{"model": m, "task": t, "finished": f"{a}/{b}"} for (m, t), (a, b) in counts.items()])
+            missing.append(f"{e['model']}/{e['task']}/{e['setting']}/seed{e['seed']}")
+    table = pd.DataFrame([{"model": m, "task": t, "finished": f"{a}/{b}",
+                           "selected setting": (chosen or {}).get((m, t), {}).get("setting", "-")}
+                          for (m, t), (a, b) in counts.items()])
     return table, missing
 
 
@@ -342,30 +418,44 @@ def build_report(results_dir: str, models: list[str], tasks: list[str], expected
                  embeddings: list[str] | None = None, embeddings_enabled: bool = True) -> dict[str, Any]:
     """Every table and plot for the configured models and tasks; returns the runs found and missing."""
     out = Path(out_dir)
-    long = collect(results_dir)
+    every = collect(results_dir)
+    chosen = selections(every)
+    long = selected(every, chosen)  # the headline tables and the differences: the selected settings
     summary = summarise(long)
     refs = reference_numbers()
-    write_text_atomic(out / "runs.csv", long.to_csv(index=False))
+    chance = baselines(results_dir, tasks)
+    write_text_atomic(out / "runs.csv", every.to_csv(index=False))
     write_text_atomic(out / "summary.csv", summary.to_csv(index=False))
     glue_tasks = [t for t in tasks if t in {c[1] for c in GLUE_COLUMNS}]
-    glue = glue_table(summary, long, models, glue_tasks)
-    squad = squad_table(summary, long, models, refs, tasks)
-    status, missing = status_table(long, expected)
+    glue = glue_table(summary, long, models, glue_tasks, chance)
+    squad = squad_table(summary, long, models, refs, tasks, chance)
+    status, missing = status_table(every, expected, chosen)
     sim = similarity_table(similarity)
     diffs = differences_table(long, models)
     anisotropy = similarity_table(similarity, "anisotropy")
     sentence = embeddings_table(embeddings or [])
+    sweep = sweep_table(every, chosen)
     tables = {"glue_dev": glue, "glue_published": glue_reference_table(refs), "squad_dev": squad,
               "differences": diffs, "status": status, "self_similarity": sim, "anisotropy": anisotropy,
-              "embeddings": sentence}
+              "embeddings": sentence, "sweep": sweep}
+    several = sweep.groupby(["model", "task"]).size().max() > 1 if not sweep.empty else False
     lines = [f"# Results ({results_dir})", "",
              "Our rows: dev-set scores x100, mean ± sample std over fine-tuning seeds, with the fine-tuning "
-             "preset they used; '-' = no finished run. Published rows name their source and split.", ""]
+             "preset they used; '-' = no finished run. Published rows name their source and split.", "",
+             "Each (model, task) shows the fine-tuning setting with the best mean dev score over seeds (named in "
+             "'Runs' and 'Fine-tuning settings'). " + (
+                 "Scores selected on dev are optimistic as estimates of dev itself, as in the papers (BERT "
+                 "chose its learning rate on dev the same way)." if several else
+                 "Every task ran one setting here (finetune.sweep), so nothing was selected."), ""]
     if glue_tasks:
         lines += ["## GLUE dev", "", markdown(glue), "",
                   "GLUE avg (dev): as BERT and TaCL compute theirs, the mean of nine numbers (CoLA MCC, SST-2 acc, "
                   "MRPC F1, STS-B Spearman, QQP F1, MNLI-m and MNLI-mm acc, QNLI acc, RTE acc; WNLI left out), "
-                  "shown only when all nine are there.", "", "![GLUE dev](glue_dev.png)", "",
+                  "shown only when all nine are there. The chance row predicts the majority class of train "
+                  "(STS-B: the mean train score, whose correlation is 0) for every dev example." + (
+                      " '(from MNLI)': those runs started from the model's selected MNLI fine-tune, its best "
+                      "seed (finetune.start_from), not from the pretrained model."
+                      if (long.start != "").any() else ""), "", "![GLUE dev](glue_dev.png)", "",
                   "## Published GLUE numbers (test server: not comparable one-to-one with dev scores)", "",
                   markdown(tables["glue_published"]), "",
                   "The TaCL paper's own GLUE figures are its averages (BERT-base 79.6, TaCL 81.2). The nine "
@@ -377,6 +467,7 @@ def build_report(results_dir: str, models: list[str], tasks: list[str], expected
                   "example's default that the reference ran, scored by the official definitions; this is what "
                   "the paper reports. The best EM/F1 at the threshold tuned on dev itself can only be higher "
                   "and are not comparable with published numbers.", ""]
+    lines += ["## Fine-tuning settings (headline dev number per setting)", "", markdown(sweep), ""]
     if "conll2003" in tasks:
         tables["ner"] = ner_table(summary, long, models)
         lines += ["## CoNLL-2003 NER (entity F1, seqeval)", "", markdown(tables["ner"]), ""]
