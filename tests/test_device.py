@@ -68,3 +68,55 @@ def test_gpu_jobs_stop_within_seconds_on_a_cpu_machine(demo_data, tmp_path):
     proc = run_tacl("doctor", "--device", "cuda", check=False)
     assert proc.returncode == 1 and "problem: a GPU was asked for" in proc.stdout
     assert json.loads(proc.stdout[: proc.stdout.rindex("}") + 1])["gpus"] == 0
+
+
+def test_a_rank_that_sees_only_its_own_gpu_uses_it(monkeypatch):
+    """A site that binds one GPU per task (--gpus-per-task=1, --gpu-bind=single) shows each rank one device:
+    ranks 1..3 use cuda:0 instead of stopping; with every GPU visible, rank r uses GPU r."""
+    from tacl.device import rank_gpu
+
+    assert [rank_gpu(r, 1) for r in range(4)] == [0, 0, 0, 0]
+    assert [rank_gpu(r, 4) for r in range(4)] == [0, 1, 2, 3]
+    assert rank_gpu(3, 2) == "rank 3 on this node needs GPU 3, 2 visible"
+    monkeypatch.setattr("tacl.device.cuda_problem", lambda: None)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert resolve_device("cuda", local_rank=3) == torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device("cuda", local_rank=1) == torch.device("cuda", 1)
+    with pytest.raises(DeviceError, match="rank 3 on this node needs GPU 3, 2 visible"):
+        resolve_device("cuda", local_rank=3)
+
+
+def test_dense_bf16_peak_by_exact_model():
+    """Names as torch.cuda.get_device_name() gives them; a model not known exactly has no peak (and no MFU)."""
+    from tacl.device import dense_bf16_peak
+
+    peaks = {"NVIDIA A100-SXM4-40GB": 312, "NVIDIA A100 80GB PCIe": 312, "NVIDIA H100 80GB HBM3": 989,
+             "NVIDIA H100 PCIe": 756, "NVIDIA H100 NVL": 835, "NVIDIA H200": 989, "NVIDIA GH200 480GB": 989,
+             "NVIDIA H100": None, "NVIDIA H200 NVL": None, "NVIDIA L40S": None, "Tesla V100-SXM2-32GB": None}
+    assert {name: dense_bf16_peak(name) and dense_bf16_peak(name) / 1e12 for name in peaks} == peaks
+
+
+def test_gloo_interface_across_nodes(monkeypatch):
+    """gloo listens on the address the host name resolves to; where that is loopback (Debian's 127.0.1.1) and
+    the run spans nodes, the interface on the route to the master is chosen, or the run stops naming
+    GLOO_SOCKET_IFNAME."""
+    from tacl.pretrain import distributed
+    from tacl.pretrain.distributed import configure_gloo, gloo_interface
+
+    assert distributed.interface_addresses()["lo"] == "127.0.0.1"  # this machine's own, read from the kernel
+    interfaces = {"lo": "127.0.0.1", "eth0": "10.0.0.5", "ib0": "192.168.1.5"}
+    assert gloo_interface("n1", "127.0.1.1", "192.168.1.2", "192.168.1.5", interfaces) == "ib0"
+    with pytest.raises(InputError, match=r"this host's name \(n0\) resolves to 127.0.1.1, .* set GLOO_SOCKET_IFNAME "
+                                         r"to the network interface .* \(this host has: eth0 10.0.0.5, ib0 "
+                                         r"192.168.1.5\)"):
+        gloo_interface("n0", "127.0.1.1", "127.0.1.1", "127.0.0.1", interfaces)  # the master's own node
+    monkeypatch.setattr(distributed, "_address", lambda host: {"MASTER": "192.168.1.2"}.get(host, "127.0.1.1"))
+    monkeypatch.setattr(distributed, "route_address", lambda master: "192.168.1.5")
+    monkeypatch.setattr(distributed, "interface_addresses", lambda: interfaces)
+    env = {"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "MASTER"}
+    assert configure_gloo(env) == "ib0" and env["GLOO_SOCKET_IFNAME"] == "ib0"
+    assert configure_gloo({**env, "GLOO_SOCKET_IFNAME": "eth0"}) is None  # the user's choice stands
+    assert configure_gloo({**env, "LOCAL_WORLD_SIZE": "8"}) is None  # one node: loopback is fine
+    monkeypatch.setattr(distributed, "_address", lambda host: "10.0.0.5")
+    assert configure_gloo(dict(env)) is None  # the host name resolves to a reachable address

@@ -64,8 +64,19 @@ def cuda_problem() -> str | None:
     return None
 
 
+def rank_gpu(local_rank: int, visible: int) -> int | str:
+    """The index of this rank's GPU among the `visible` ones, or why there is none: GPU <local_rank> when the
+    node's GPUs are all visible, GPU 0 when exactly one is (a site that binds one GPU per task, e.g.
+    `--gpus-per-task=1` or `--gpu-bind=single`, shows each rank only its own)."""
+    if visible == 1:
+        return 0
+    if local_rank < visible:
+        return local_rank
+    return f"rank {local_rank} on this node needs GPU {local_rank}, {visible} visible"
+
+
 def resolve_device(requested: str = "auto", local_rank: int = 0) -> torch.device:
-    """The device of this process: cuda:<local_rank> where a GPU is usable, else the CPU, unless a GPU was
+    """The device of this process: its GPU (`rank_gpu`) where a GPU is usable, else the CPU, unless a GPU was
     asked for: then DeviceError, naming what this process saw."""
     import torch
 
@@ -73,16 +84,44 @@ def resolve_device(requested: str = "auto", local_rank: int = 0) -> torch.device
     if requested == "cpu":
         return torch.device("cpu")
     problem = cuda_problem()
-    if problem is None and local_rank >= torch.cuda.device_count():
-        problem = f"rank {local_rank} on this node needs GPU {local_rank}, {torch.cuda.device_count()} visible"
     if problem is None:
-        return torch.device("cuda", local_rank)
+        index = rank_gpu(local_rank, torch.cuda.device_count())
+        if isinstance(index, int):
+            return torch.device("cuda", index)
+        problem = index
     if reason:
         raise DeviceError(f"a GPU was asked for ({reason}) but none is usable: {problem}; "
                           f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')}, "
                           f"torch {torch.__version__} built for CUDA {torch.version.cuda}. "
                           "Run `tacl doctor` on this node for details.")
     return torch.device("cpu")
+
+
+def fast_fp32_matmul(device: torch.device) -> None:
+    """On a GPU, fp32 matmuls (the contrastive losses' similarity matrices, fine-tuning in fp32) run on the
+    tensor cores in TF32 (10-bit mantissa, fp32 range and accumulation), as PyTorch did by default from 1.7
+    to 1.11, the reference's time; PyTorch >= 1.12 computes them in full fp32, about 8x slower on an A100.
+    The CPU is left alone."""
+    import torch
+
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+
+# Dense (no sparsity) bf16 tensor-core peaks in TFLOP/s, by the model in the device name (NVIDIA's data sheets).
+# Order matters: the specific names first. A GPU not listed has no known peak (no MFU is computed for it).
+BF16_PEAKS = (("H100 NVL", 835.0), ("H100 PCIe", 756.0), ("H100 SXM", 989.0), ("H100 80GB HBM3", 989.0),
+              ("GH200", 989.0), ("H200 NVL", None), ("H200", 989.0), ("A100", 312.0))
+
+
+def dense_bf16_peak(gpu_name: str) -> float | None:
+    """The GPU's dense bf16 peak in FLOP/s from its exact model (`torch.cuda.get_device_name()`), or None when
+    the model is not known exactly (e.g. an H100 whose name says neither SXM, PCIe nor NVL)."""
+    for model, peak in BF16_PEAKS:
+        if model in gpu_name:
+            return None if peak is None else peak * 1e12
+    return None
 
 
 def _driver_version() -> str | None:
@@ -111,7 +150,9 @@ def device_info(device: torch.device | None = None) -> dict[str, Any]:
         props = torch.cuda.get_device_properties(device.index if device is not None and device.index is not None
                                                  else 0)
         nccl = torch.cuda.nccl.version() if hasattr(torch.cuda, "nccl") else None
+        peak = dense_bf16_peak(props.name)
         info.update(gpu=props.name, gpus=count, gpu_memory_gib=round(props.total_memory / 2**30, 1),
+                    bf16_peak_tflops=peak / 1e12 if peak else None,
                     capability=f"{props.major}.{props.minor}", bf16=torch.cuda.is_bf16_supported(),
                     nccl=".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl,
                     driver=_driver_version())

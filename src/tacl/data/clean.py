@@ -26,7 +26,6 @@ import multiprocessing as mp
 import re
 from typing import Any, Iterable, Iterator
 
-import blingfire
 import numpy as np
 
 from tacl.data.sources import Article, iter_articles
@@ -82,6 +81,8 @@ def split_like_reference(paragraph: str) -> list[str]:
 def _split(paragraph: str, splitter: str) -> list[str]:
     if splitter == "regex":
         return split_like_reference(paragraph)
+    import blingfire  # (only here: a node that splits with `regex` needs no blingfire installed)
+
     return blingfire.text_to_sentences(paragraph).split("\n")
 
 

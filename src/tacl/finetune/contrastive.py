@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from tacl.objectives import in_fp32
+
 FORMS = ("kl", "scl")
 DEFAULTS = {"contrastive_weight": 0.9, "contrastive_tau": 0.3}
 
@@ -24,6 +26,7 @@ def _similarities(cls: torch.Tensor, tau: float) -> torch.Tensor:
     return z @ z.T / tau
 
 
+@in_fp32
 def kl_contrastive_loss(cls: torch.Tensor, labels: torch.Tensor, tau: float) -> torch.Tensor:
     same = (labels[:, None] == labels[None, :]).float()
     target = same / same.sum(1, keepdim=True)
@@ -31,6 +34,7 @@ def kl_contrastive_loss(cls: torch.Tensor, labels: torch.Tensor, tau: float) -> 
     return (target * (torch.log(target.clamp(min=1e-12)) - log_p)).sum(1).mean()
 
 
+@in_fp32
 def supervised_contrastive_loss(cls: torch.Tensor, labels: torch.Tensor, tau: float) -> torch.Tensor:
     n = len(labels)
     eye = torch.eye(n, dtype=torch.bool, device=cls.device)

@@ -96,6 +96,7 @@ def finetune_ner(model_dir: str, data_dir: str, hparams: dict[str, Any], seed: i
     from transformers import AutoModelForTokenClassification, AutoTokenizer, BertModel
 
     from tacl.objectives.tacl import supervised_tacl_loss
+    from tacl.pretrain.model import ATTENTION
 
     model_dir = resolve_pretrained(model_dir)
     hp = hyperparameters(FAMILY_HPARAMS["ner"], preset, hparams)
@@ -112,7 +113,8 @@ def finetune_ner(model_dir: str, data_dir: str, hparams: dict[str, Any], seed: i
         label2id={t: i for i, t in enumerate(labels)})
     extra = None
     if hp["supervised_tacl"]:
-        teacher = BertModel.from_pretrained(model_dir, add_pooling_layer=False).to(run.device).eval()
+        teacher = BertModel.from_pretrained(model_dir, add_pooling_layer=False,
+                                            attn_implementation=ATTENTION).to(run.device).eval()
         teacher.requires_grad_(False)
 
         def extra(model, batch, outputs):

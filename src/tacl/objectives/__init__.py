@@ -15,11 +15,30 @@ shapes never depend on tensor values (fixed-shape gathers and ignore_index inste
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Any, Callable, TypeVar
 
 import torch
 
 OBJECTIVES = ("mlm_nsp", "tacl", "tacl_batch", "taco", "coco_lm")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def in_fp32(loss: F) -> F:
+    """Run a loss function in fp32 even inside torch.autocast: its floating-point tensor arguments are cast to
+    fp32 and autocast is off while it runs (under autocast, a `.float()` before a matmul does not stop the
+    matmul from running in bf16: the similarity logits of a contrastive loss would come out bf16)."""
+
+    def fp32(x: Any) -> Any:  # (float64 stays as it is)
+        return x.float() if isinstance(x, torch.Tensor) and x.dtype in (torch.bfloat16, torch.float16) else x
+
+    @functools.wraps(loss)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        device = next((x.device.type for x in (*args, *kwargs.values()) if isinstance(x, torch.Tensor)), "cpu")
+        with torch.autocast(device, enabled=False):
+            return loss(*map(fp32, args), **{k: fp32(v) for k, v in kwargs.items()})
+
+    return wrapper  # type: ignore[return-value]
 
 
 def counts(correct: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -33,12 +52,16 @@ def accuracy(pair: torch.Tensor) -> float:
     return correct / total if total else float("nan")
 
 
+def sdpa_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """A [B, L] padding mask as SDPA's 4-D boolean mask (True = attend): given a 2-D mask, transformers asks
+    `mask.all()` on every forward to decide whether it may drop it, a host-device sync."""
+    return attention_mask[:, None, None, :].bool()
+
+
 def encoder_inputs(batch: dict[str, torch.Tensor], ids: str = "input_ids") -> dict[str, torch.Tensor]:
-    """A BERT encoder's keyword arguments for this batch. The padding mask goes in as SDPA's 4-D boolean
-    mask (True = attend): given a 2-D mask, transformers asks `mask.all()` on every forward to decide
-    whether it may drop it, a host-device sync."""
+    """A BERT encoder's keyword arguments for this batch (the padding mask as `sdpa_mask`)."""
     return {"input_ids": batch[ids], "token_type_ids": batch["token_type_ids"],
-            "attention_mask": batch["attention_mask"][:, None, None, :].bool()}
+            "attention_mask": sdpa_mask(batch["attention_mask"])}
 
 
 def build_objective(name: str, params: dict[str, Any] | None = None):

@@ -26,10 +26,11 @@ import torch
 import torch.nn.functional as F
 
 from tacl.io import InputError
-from tacl.objectives import counts
+from tacl.objectives import counts, in_fp32
 from tacl.objectives.mlm_nsp import IGNORE_INDEX, mlm_loss
 
 
+@in_fp32
 def copy_loss(copy_logits: torch.Tensor, original: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, Any]:
     """BCE of the copy head over the valid positions: copy_logits [B, L] (logit of "this token is the
     original"), original [B, L] bool (the input token equals the clean one), valid [B, L] bool."""
@@ -38,6 +39,7 @@ def copy_loss(copy_logits: torch.Tensor, original: torch.Tensor, valid: torch.Te
     return loss, counts((copy_logits > 0) == original, valid)
 
 
+@in_fp32
 def corrective_lm_loss(lm_logits: torch.Tensor, copy_logits: torch.Tensor, corrupted: torch.Tensor,
                        targets: torch.Tensor) -> tuple[torch.Tensor, Any]:
     """L_LM over a fixed-length list of selected positions: lm_logits [K, V], copy_logits [K], corrupted [K]
@@ -54,6 +56,7 @@ def corrective_lm_loss(lm_logits: torch.Tensor, copy_logits: torch.Tensor, corru
     return loss, counts(lm_logits.argmax(-1) == targets, valid)
 
 
+@in_fp32
 def sequence_contrastive_loss(a: torch.Tensor, b: torch.Tensor, tau: float) -> tuple[torch.Tensor, Any]:
     """Symmetric InfoNCE on cosine similarity: a [B, H] ([CLS] of the corrupted sequences), b [B, H] ([CLS]
     of their cropped views); row i's positive is column i, the other columns its negatives."""

@@ -8,11 +8,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from tacl.objectives import counts, encoder_inputs
+from tacl.objectives import counts, encoder_inputs, in_fp32
 
 IGNORE_INDEX = -100
 
 
+@in_fp32
 def mlm_loss(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean cross-entropy over the selected positions; logits [N, V] for a fixed-length list of
     positions, targets [N] (IGNORE_INDEX for the padding entries of the list).
@@ -23,6 +24,7 @@ def mlm_loss(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor,
     return loss / valid.sum().clamp(min=1), counts(logits.argmax(-1) == targets, valid)
 
 
+@in_fp32
 def nsp_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Cross-entropy of the [CLS] classifier; label 1 = B is a random segment (BERT's convention)."""
     return F.cross_entropy(logits.float(), labels), counts(logits.argmax(-1) == labels,

@@ -15,12 +15,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from tacl.objectives import counts, encoder_inputs
+from tacl.objectives import counts, encoder_inputs, in_fp32
 from tacl.objectives.mlm_nsp import IGNORE_INDEX, mlm_nsp_terms
 
 _EXCLUDED = -1e9  # a logit that softmax turns into exactly 0 (-inf would make NaN gradients on empty rows)
 
 
+@in_fp32
 def tacl_loss(student: torch.Tensor, teacher: torch.Tensor, anchors: torch.Tensor, candidates: torch.Tensor,
               tau: float) -> tuple[torch.Tensor, torch.Tensor]:
     """student, teacher [B, L, H]; anchors [B, L] bool (the set M); candidates [B, L] bool (allowed j,
@@ -40,6 +41,7 @@ def tacl_loss(student: torch.Tensor, teacher: torch.Tensor, anchors: torch.Tenso
     return loss / anchors.sum().clamp(min=1), counts(logits.argmax(-1) == target, anchors)
 
 
+@in_fp32
 def tacl_batch_loss(student: torch.Tensor, teacher: torch.Tensor, index: torch.Tensor, targets: torch.Tensor,
                     candidates: torch.Tensor, tau: float) -> tuple[torch.Tensor, torch.Tensor]:
     """TaCL with cross-sequence negatives: the anchors are the fixed-length list of flat positions `index`

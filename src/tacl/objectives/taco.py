@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from tacl.objectives import counts, encoder_inputs
+from tacl.objectives import counts, encoder_inputs, in_fp32
 from tacl.objectives.mlm_nsp import IGNORE_INDEX, mlm_nsp_terms
 
 
@@ -40,7 +40,8 @@ def sample_taco_pairs(valid: torch.Tensor, window: int, k: int,
     device = valid.device
     pos = torch.arange(length, device=device)
     # positive: a random valid neighbour within the window ...
-    offsets = torch.tensor([o for o in range(-window, window + 1) if o != 0], device=device)
+    steps = torch.arange(1, window + 1, device=device)  # (made on the device: no copy from the host)
+    offsets = torch.cat([-steps.flip(0), steps])  # -w .. -1, 1 .. w
     cand = pos[:, None] + offsets  # [L, 2w]
     in_range = (cand >= 0) & (cand < length)
     cand = cand.clamp(0, length - 1)
@@ -67,6 +68,7 @@ def sample_taco_pairs(valid: torch.Tensor, window: int, k: int,
     return positive, negatives, pool > 0
 
 
+@in_fp32
 def taco_loss(g: torch.Tensor, valid: torch.Tensor, positive: torch.Tensor, negatives: torch.Tensor,
               tau: float) -> tuple[torch.Tensor, torch.Tensor]:
     """g [B, L, H] normalized token vectors (anchors keep their gradient; positives and negatives are

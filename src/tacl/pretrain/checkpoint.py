@@ -123,6 +123,26 @@ def make_universal(run_dir: str | os.PathLike, tag: str, env: DistEnv) -> Path:
     return out.parent
 
 
+def place_steps(optimizer: torch.optim.Optimizer) -> int:
+    """Put each parameter's AdamW `step` where PyTorch's own load_state_dict would: for a fused (or capturable)
+    optimizer a float32 tensor on the parameter's device. DeepSpeed's universal-checkpoint loader sets it
+    directly, as the CPU tensor it saved, and fused AdamW on a GPU cannot step with that. Returns how many
+    were moved."""
+    moved = 0
+    for group in optimizer.param_groups:
+        if not (group.get("fused") or group.get("capturable")):
+            continue
+        for p in group["params"]:
+            state = optimizer.state.get(p, {})
+            step = state.get("step")
+            if step is None or (isinstance(step, torch.Tensor) and step.device == p.device
+                                and step.dtype == torch.float32):
+                continue
+            state["step"] = torch.as_tensor(step, dtype=torch.float32).to(p.device)
+            moved += 1
+    return moved
+
+
 def load(engine: Any, run_dir: str | os.PathLike, tag: str, env: DistEnv, universal: Path | None = None
          ) -> dict[str, Any]:
     """Load checkpoint `tag` (from `universal`, the converted copy, when the number of ranks changed under
@@ -132,6 +152,7 @@ def load(engine: Any, run_dir: str | os.PathLike, tag: str, env: DistEnv, univer
                                                 load_lr_scheduler_states=True)
     if path is None:
         raise InputError(f"{root / tag}: DeepSpeed could not load this checkpoint")
+    place_steps(getattr(engine, "basic_optimizer", None) or engine.optimizer)
     if saved_world_size(run_dir, tag) == env.world_size:
         rng_file = root / tag / f"rng_rank{env.rank:05d}.pt"
         if not rng_file.is_file():

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from tacl.device import resolve_device
+from tacl.io import InputError
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,80 @@ def _slurm_env() -> None:
     env.export(set_cuda_visible_devices=False)
 
 
+def _address(host: str) -> str | None:
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        return None
+
+
+def _loopback(address: str | None) -> bool:
+    import ipaddress
+
+    try:
+        return address is not None and ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def interface_addresses() -> dict[str, str]:
+    """The IPv4 address of each network interface of this (Linux) host that has one."""
+    import fcntl
+    import struct
+
+    out = {}
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:  # SIOCGIFADDR
+                packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue
+            out[name] = socket.inet_ntoa(packed[20:24])
+    return out
+
+
+def route_address(master: str) -> str | None:
+    """This host's address on the route to `master` (connecting a UDP socket sends nothing)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((master, 9))
+            return s.getsockname()[0]
+    except OSError:
+        return None
+
+
+def gloo_interface(host: str, host_address: str | None, master_address: str | None, route: str | None,
+                   interfaces: dict[str, str]) -> str:
+    """The interface gloo must bind to on a run across nodes whose host name resolves to a loopback address
+    (gloo binds to that address, which the other nodes cannot reach): the one on the route to the master,
+    or, where that cannot be told (this is the master's node), an InputError asking for GLOO_SOCKET_IFNAME."""
+    chosen = next((name for name, a in interfaces.items() if a == route), None)
+    if master_address is not None and not _loopback(master_address) and chosen is not None:
+        return chosen
+    listed = ", ".join(f"{n} {a}" for n, a in interfaces.items() if not _loopback(a)) or "none"
+    raise InputError(f"this host's name ({host}) resolves to {host_address or 'no address'}, where gloo would "
+                     "listen and the other nodes could not reach it: set GLOO_SOCKET_IFNAME to the network "
+                     f"interface the nodes reach each other on (this host has: {listed})")
+
+
+def configure_gloo(environ: dict[str, str] | None = None) -> str | None:
+    """Set GLOO_SOCKET_IFNAME for a run across nodes (WORLD_SIZE > LOCAL_WORLD_SIZE) when it is unset and
+    this host's name resolves to a loopback address; returns the interface chosen, if any."""
+    env = os.environ if environ is None else environ
+    world, local = int(env.get("WORLD_SIZE", "1")), int(env.get("LOCAL_WORLD_SIZE", env.get("WORLD_SIZE", "1")))
+    if env.get("GLOO_SOCKET_IFNAME") or world <= local:
+        return None
+    host = socket.gethostname()
+    host_address = _address(host)
+    if host_address is not None and not _loopback(host_address):
+        return None
+    master = _address(env.get("MASTER_ADDR", "127.0.0.1"))
+    name = gloo_interface(host, host_address, master, route_address(master) if master else None,
+                          interface_addresses())
+    env["GLOO_SOCKET_IFNAME"] = name
+    return name
+
+
 def init_distributed(device: str = "auto") -> DistEnv:
     """Join the process group on this rank's device: `device` is the config's (auto | cuda | cpu); a rank
     that was asked for a GPU and has none stops here (tacl.device.DeviceError), before any other work."""
@@ -56,6 +131,7 @@ def init_distributed(device: str = "auto") -> DistEnv:
         os.environ["MASTER_PORT"] = str(free_port())
     rank, world, local = (int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
     where = resolve_device(device, local)
+    configure_gloo()  # (the trainer's control group, and every group on CPUs, use gloo)
     backend = "nccl" if where.type == "cuda" else "gloo"
     if where.type == "cuda":
         torch.cuda.set_device(where)

@@ -105,16 +105,41 @@ def clean_state_dict(state: dict[str, torch.Tensor], prefix: str = "model.") -> 
     return {k[len(prefix):]: v.float() for k, v in state.items() if k.startswith(prefix)}
 
 
+def universal_fp32_state_dict(checkpoint_root: Path, tag: str) -> dict[str, torch.Tensor]:
+    """The fp32 masters of a checkpoint of DeepSpeed's BF16_Optimizer (bf16 at ZeRO 1), whose files
+    DeepSpeed 0.19.8's zero_to_fp32 does not read: from its universal conversion (made once, as a resume on
+    another number of ranks makes it), which holds every parameter's fp32 master by name."""
+    from tacl.pretrain import checkpoint
+    from tacl.pretrain.distributed import DistEnv
+
+    universal = checkpoint.make_universal(checkpoint_root.parent, tag, DistEnv(0, 1, 0, torch.device("cpu")))
+    zero = universal / tag / "zero"
+    return {d.name: torch.load(d / "fp32.pt", map_location="cpu", weights_only=False)["param"]
+            for d in sorted(zero.iterdir()) if (d / "fp32.pt").is_file()}
+
+
 def checkpoint_state_dict(checkpoint_root: str | os.PathLike, tag: str) -> dict[str, torch.Tensor]:
-    """fp32 weights from a DeepSpeed checkpoint: ZeRO 1-3 and bf16 from the optimizer's fp32 master copy,
-    ZeRO 0 in fp32 from the module itself."""
+    """fp32 weights from a DeepSpeed checkpoint: ZeRO 1-3 (fp32 or bf16) from the optimizer's fp32 master
+    copy (`universal_fp32_state_dict` for BF16_Optimizer's), ZeRO 0 from the module itself, which is fp32 in
+    both precisions (bf16 at ZeRO 0 trains fp32 weights under autocast: tacl.pretrain.trainer). A ZeRO 0
+    module in bf16 has no fp32 masters to export: refused."""
     root = Path(checkpoint_root)
     files = os.listdir(root / tag)
     if any(f.endswith("optim_states.pt") for f in files):
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-        return clean_state_dict(get_fp32_state_dict_from_zero_checkpoint(str(root), tag=tag))
+        try:
+            return clean_state_dict(get_fp32_state_dict_from_zero_checkpoint(str(root), tag=tag))
+        except ValueError as e:
+            if "is not a zero checkpoint" not in str(e):
+                raise
+        return clean_state_dict(universal_fp32_state_dict(root, tag))
     model_file = root / tag / "mp_rank_00_model_states.pt"
     if not model_file.is_file():
         raise InputError(f"{root / tag}: no DeepSpeed model states in this checkpoint")
-    return clean_state_dict(torch.load(model_file, map_location="cpu", weights_only=False)["module"])
+    module = torch.load(model_file, map_location="cpu", weights_only=False)["module"]
+    low = sorted(k for k, v in module.items() if v.is_floating_point() and v.dtype != torch.float32)
+    if low:
+        raise InputError(f"{model_file}: weights in {module[low[0]].dtype} ({low[0]}, ...), not the fp32 masters; "
+                         "exporting them would lose precision")
+    return clean_state_dict(module)

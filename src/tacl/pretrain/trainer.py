@@ -11,10 +11,20 @@ of 1, sees exactly the same batches, and on CPU a resume reproduces the uninterr
 Speed: batches are built in DataLoader worker processes and copied from pinned memory without blocking;
 the step (`optimizer_step`) never waits for the device: losses and metrics stay device tensors in a
 `Meter`, read once per `log_every` steps, and the per-step stop decision travels on a CPU (gloo) group.
+DeepSpeed's throughput timer (a device synchronisation in every forward and step) is off, AdamW is PyTorch's
+fused kernel, and fp32 matmuls (the contrastive similarities) use TF32 on a GPU.
+
+Precision (`bf16`): at ZeRO 1-3 DeepSpeed's bf16 engine (bf16 weights, fp32 masters and fp32 gradient
+accumulation in its optimizer: BF16_Optimizer at ZeRO 1); at ZeRO 0 the forward runs under torch.autocast
+with fp32 weights, which are the masters (DeepSpeed's ZeRO 0 bf16 would wrap the optimizer in
+FP16_UnfusedOptimizer, a host sync per parameter per step, and checkpoint only bf16 weights). The losses
+always run in fp32 (tacl.objectives.in_fp32). A step whose gradient is not finite stops the run, naming the
+step, before anything is saved (DeepSpeed would skip the update silently and the schedule would drift).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -28,6 +38,7 @@ from typing import Any, Iterator
 import torch
 
 from tacl.data.pretraining import MicroBatches, micro_batch_loader, unpack
+from tacl.device import fast_fp32_matmul
 from tacl.io import InputError, read_json, stable_hash, write_json_atomic
 from tacl.pretrain import checkpoint
 from tacl.pretrain.deadline import Deadline, StopSignals, end_time
@@ -83,21 +94,49 @@ def linear_schedule(steps: int, warmup_ratio: float):
     return factor
 
 
+def uses_autocast(s: TrainSettings, bf16: bool) -> bool:
+    """bf16 at ZeRO 0 runs under torch.autocast on fp32 weights (see the module docstring)."""
+    return bf16 and s.zero_stage == 0
+
+
 def ds_config(s: TrainSettings, accumulation: int, bf16: bool, cpu: bool, universal: bool = False) -> dict[str, Any]:
+    """DeepSpeed's configuration. `bf16`: the run computes in bf16 (at ZeRO 0 under autocast, where DeepSpeed
+    sees an fp32 model and the trainer clips the gradient itself, without a host sync)."""
     bucket = 5e6 if cpu else 5e8  # DESIGN.md section 7: the default buckets allocate GBs per step on CPU
-    return {
+    deepspeed_bf16 = bf16 and not uses_autocast(s, bf16)
+    config = {
         "checkpoint": {"load_universal": universal},
         "train_batch_size": s.global_batch,
         "train_micro_batch_size_per_gpu": s.micro_batch,
         "gradient_accumulation_steps": accumulation,
-        "gradient_clipping": s.grad_clip,
-        "bf16": {"enabled": bf16},
+        # ZeRO 0: clipped in optimizer_step (DeepSpeed's fp32 clipping builds two tensors from Python numbers
+        # on the device every step, each a blocking copy)
+        "gradient_clipping": s.grad_clip if s.zero_stage else 0.0,
+        "bf16": {"enabled": deepspeed_bf16},
         "zero_optimization": {"stage": s.zero_stage, "reduce_bucket_size": bucket, "allgather_bucket_size": bucket,
                               "stage3_param_persistence_threshold": 0 if cpu else 1e5},
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 2**62,
         "wall_clock_breakdown": False,
+        # on by default with synchronized: true, i.e. a device synchronisation in every forward and step
+        "timers": {"throughput": {"enabled": False, "synchronized": False}},
     }
+    if deepspeed_bf16:
+        # gradients accumulated (and all-reduced) in fp32, not in the model's bf16; at ZeRO 1 this selects
+        # DeepSpeed's BF16_Optimizer
+        config["data_types"] = {"grad_accum_dtype": "fp32"}
+    return config
+
+
+class NonFiniteGradient(InputError):
+    """A step's gradient was inf or nan: the run stops (nothing after the last checkpoint is saved)."""
+
+    def __init__(self, chunk: "Chunk", step: int, how: str):
+        super().__init__(
+            f"pretraining {chunk.settings.objective}, optimizer step {step}: the gradient is not finite (inf or "
+            f"nan); {how}. The run stopped without saving; its latest checkpoint "
+            f"({checkpoint.latest_tag(chunk.args.run_dir) or 'none'}) is intact. Look at the losses in "
+            f"{Path(chunk.args.run_dir) / 'metrics.jsonl'}; a lower pretrain.lr or precision fp32 may help")
 
 
 def _avoid_cpu_shm_op() -> None:
@@ -161,12 +200,22 @@ class Chunk:
     data: Any  # tacl.data.pretraining.PretrainingData
     accumulation: int
     generator: torch.Generator  # the objective's random draws (TACO pairs), on the device
+    autocast: bool = False  # bf16 at ZeRO 0: the forward under torch.autocast
+    clip: float | None = None  # ZeRO 0: the trainer clips to this (0: no clipping), not DeepSpeed
     step: int = 0
     tokens: int = 0  # tokens trained on by all ranks, up to the last time they were summed
+    skipped: int = 0  # DeepSpeed's count of skipped (non-finite) steps, as last seen
+    nonfinite: torch.Tensor | None = None  # ZeRO 0: the first step whose gradient norm was not finite (-1: none)
 
     @property
     def settings(self) -> TrainSettings:
         return self.args.settings
+
+    def check_finite(self) -> None:
+        """ZeRO 0: stop if a step since the start had a non-finite gradient (a host read: call it where the
+        trainer reads anyway, at a log line or before a save)."""
+        if self.nonfinite is not None and (bad := int(self.nonfinite)) >= 0:
+            raise NonFiniteGradient(self, bad, "its update was applied, so the weights are no longer finite")
 
 
 def _setup(args: ChunkArgs, env: DistEnv, lock: RunLock) -> Chunk:
@@ -230,25 +279,32 @@ def _setup(args: ChunkArgs, env: DistEnv, lock: RunLock) -> Chunk:
     trainable = Pretrainer(student, objective)
     decay = [p for n, p in trainable.named_parameters() if not any(k in n for k in ("bias", "LayerNorm"))]
     no_decay = [p for n, p in trainable.named_parameters() if any(k in n for k in ("bias", "LayerNorm"))]
+    # fused: one kernel for all parameters, and the step count stays on the device (the unfused CPU/foreach
+    # variants read it on the host for every parameter)
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": s.weight_decay},
                                    {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=s.lr, betas=tuple(s.adam_betas), eps=s.adam_eps,
-                                  fused=not cpu)  # one kernel for all parameters on a GPU
+                                  lr=s.lr, betas=tuple(s.adam_betas), eps=s.adam_eps, fused=True)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_schedule(s.steps, s.warmup_ratio))
+    fast_fp32_matmul(env.device)
     _avoid_cpu_shm_op()
     deepspeed.init_distributed(dist_backend="gloo" if cpu else "nccl")
     # another number of ranks under ZeRO 1-2: the partitioned optimizer state goes through the universal format
     universal = checkpoint.make_universal(run_dir, tag, env) if saved_world != env.world_size and s.zero_stage else None
     engine, _, _, _ = deepspeed.initialize(
+        # device_rank: this rank's GPU, which is cuda:0 where the site shows each task only its own GPU
+        args=argparse.Namespace(device_rank=env.device.index) if env.device.type == "cuda" else None,
         model=trainable, optimizer=optimizer, lr_scheduler=scheduler,
         config=ds_config(s, accumulation, bf16, cpu, universal=universal is not None))
-    chunk = Chunk(args, env, engine, scheduler, teacher, data, accumulation,
-                  torch.Generator(device=env.device))
+    autocast = uses_autocast(s, bf16)
+    chunk = Chunk(args, env, engine, scheduler, teacher, data, accumulation, torch.Generator(device=env.device),
+                  autocast=autocast, clip=s.grad_clip if s.zero_stage == 0 else None,
+                  nonfinite=torch.full((), -1, dtype=torch.long, device=env.device) if s.zero_stage == 0 else None)
     if tag is not None:
         state = checkpoint.load(engine, run_dir, tag, env, universal)
         chunk.step, chunk.tokens = int(state["step"]), int(state.get("tokens", 0))
         log.info("resumed from %s at step %d (written by %d rank(s), now %d)", tag, chunk.step, saved_world,
                  env.world_size)
+    chunk.skipped = engine.skipped_steps
     return chunk
 
 
@@ -287,7 +343,8 @@ class Meter:
 
 def optimizer_step(chunk: Chunk, batches: Iterator[dict[str, Any]], meter: Meter) -> int:
     """One optimizer step of `accumulation` micro-batches; returns this rank's number of tokens. The hot
-    path: nothing here waits for the device."""
+    path: nothing here waits for the device (DeepSpeed's own optimizer at ZeRO 1-3 reads its overflow check
+    on the host; benchmarks/pretrain_step.py --gpu counts what remains)."""
     s, env, engine = chunk.settings, chunk.env, chunk.engine
     tokens = 0
     for a in range(chunk.accumulation):
@@ -297,13 +354,30 @@ def optimizer_step(chunk: Chunk, batches: Iterator[dict[str, Any]], meter: Meter
         j = a * env.world_size + env.rank
         torch.manual_seed(derive_seed(s.seed, chunk.step, j, 0))  # dropout
         chunk.generator.manual_seed(derive_seed(s.seed, chunk.step, j, 1))
-        loss, losses, metrics = engine(batch, chunk.teacher, chunk.generator)
-        engine.backward(loss)
+        with torch.autocast(env.device.type, dtype=torch.bfloat16, enabled=chunk.autocast):
+            loss, losses, metrics = engine(batch, chunk.teacher, chunk.generator)
+        engine.backward(loss)  # (the last micro-batch's backward all-reduces the gradient)
+        if chunk.clip is not None and a == chunk.accumulation - 1:
+            _clip(chunk)
         engine.step()
         meter.add({"loss": loss, **losses}, metrics, chunk.accumulation)
+    if engine.skipped_steps != chunk.skipped:  # DeepSpeed found the gradient not finite and skipped the update
+        raise NonFiniteGradient(chunk, chunk.step + 1, "DeepSpeed skipped its update")
     meter.steps += 1
     meter.tokens += tokens
     return tokens
+
+
+def _clip(chunk: Chunk) -> None:
+    """ZeRO 0: clip the gradient to grad_clip (PyTorch's clip_grad_norm_, all on the device; grad_clip 0: only
+    its norm) and note the first step whose norm is not finite, without reading it."""
+    params = [p for p in chunk.engine.module.parameters() if p.grad is not None]
+    if chunk.clip:
+        norm = torch.nn.utils.clip_grad_norm_(params, chunk.clip)
+    else:
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+    first = chunk.nonfinite
+    chunk.nonfinite = torch.where(~torch.isfinite(norm) & (first < 0), chunk.step + 1, first)
 
 
 def _count_tokens(chunk: Chunk, pending: int) -> None:
@@ -339,6 +413,7 @@ def _run_chunk(chunk: Chunk, signals: StopSignals, started: float) -> dict[str, 
         if progress is not None:
             progress.update(1)
         if chunk.step % s.log_every == 0 or chunk.step == s.steps:
+            chunk.check_finite()
             values = meter.read(env)
             _count_tokens(chunk, pending)
             pending = 0
@@ -391,6 +466,7 @@ def _stop_reason(chunk: Chunk, stop_signal: float, near: float, start_step: int)
 
 
 def _save(chunk: Chunk) -> None:
+    chunk.check_finite()  # never a checkpoint of non-finite weights
     s = chunk.settings
     state = {"step": chunk.step, "samples": chunk.step * s.global_batch, "tokens": chunk.tokens,
              "world_size": chunk.env.world_size}
