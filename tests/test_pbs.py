@@ -449,7 +449,7 @@ def test_pbs_preflight_stops_before_the_first_qsub(tmp_path):
     state = tmp_path / "pbs"
     env = pbs_profile(tmp_path, state)
     env["TACL_PBS_CPU_QUEUE"] = "short"
-    cfg = demo_config(tmp_path, **{"pretrain.nodes": 2, "pretrain.ranks_per_node": 2,
+    cfg = demo_config(tmp_path, **{"pretrain.nodes": 2, "pretrain.ranks_per_node": 2, "pretrain.global_batch": 16,
                                    "pretrain.chunk.runtime_minutes": 1500})
     with with_env(env):
         proc = run_snakemake(tmp_path, cfg, "--profile", str(tmp_path / "profile"), check=False, timeout=300)
@@ -531,7 +531,9 @@ def test_two_agents_rendezvous_and_train_one_chunk_together(demo_data, tmp_path)
     env = fake_commands(tmp_path / "bin", {"pbsdsh": PBSDSH})
     nodefile = tmp_path / "nodes"
     nodefile.write_text("localhost\n127.0.0.1\n")
-    env.update(PBS_JOBID="99.pbs01", PBS_NODEFILE=str(nodefile), OMP_NUM_THREADS="1")
+    # two "nodes" on one host whose name resolves to loopback: gloo's interface is loopback, named as a user
+    # names it where host names resolve to loopback (tacl.pretrain.distributed.configure_gloo)
+    env.update(PBS_JOBID="99.pbs01", PBS_NODEFILE=str(nodefile), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
     settings = {"objective": "mlm_nsp", "steps": 3, "global_batch": 8, "micro_batch": 4, "lr": 2e-3, "log_every": 1,
                 "max_len": 64, "seed": 3, "loader_workers": 0}
     marker = tmp_path / "chunk-0.json"

@@ -289,7 +289,7 @@ def test_failed_task_sweep_extension_and_intermediate_start(tmp_path):
     after the fix, with a second QNLI learning rate in the sweep, does only the missing and the new work;
     the tables then show the selected settings, every setting's mean, the chance rows (equal to a count
     over the files), and the submission zip holds the selected run's predictions."""
-    from tacl.finetune.sweep import select
+    from tacl.finetune.sweep import number, select
 
     glue_dir = write_nli_fixture(tmp_path / "glue")
     cfg = demo_config(tmp_path)
@@ -314,7 +314,8 @@ def test_failed_task_sweep_extension_and_intermediate_start(tmp_path):
     report = results / "report" / "report.md"
     assert report.is_file(), log[-3000:]
     text = report.read_text()
-    assert "Missing or failed (1): none/squad_v2/lr1e-3_b8_e1/seed0" in text
+    squad = "lr{lr}_b8_e1".format(lr=number(cfg["finetune"]["hparams"]["squad"]["lr"]))
+    assert f"Missing or failed (1): none/squad_v2/{squad}/seed0" in text
     assert "| none " in text and (results / "finetune/none/qnli/lr1e-3_b16_e1/seed0/metrics.json").is_file()
 
     mnli = json.loads((results / "finetune/none/mnli/selected.json").read_text())
@@ -398,5 +399,7 @@ def test_the_same_config_twice_gives_byte_identical_tables(tmp_path):
     for name in csvs:
         assert (runs[0] / name).read_bytes() == (runs[1] / name).read_bytes(), name
     rows = (runs[0] / "runs.csv").read_text()
-    assert "coco_lm,qnli,glue,standard,1,dev,accuracy," in rows and "coco_lm+scl,qnli,glue,standard,1,dev," in rows
+    setting = f"lr{number(cfg['finetune']['hparams']['glue']['lr'])}_b16_e1"
+    assert f"coco_lm,qnli,{setting},glue,standard,,1,dev,accuracy," in rows
+    assert f"coco_lm+scl,qnli,{setting},glue,standard,,1,dev," in rows
     assert "coco_lm" in (runs[0] / "embeddings.csv").read_text()

@@ -24,13 +24,14 @@ NAMES = ("slurm", "pbs")
 
 def user_config_dir() -> Path:
     """Snakemake's user config folder: where it looks for a profile given by name after the working
-    directory (platformdirs, as Snakemake itself asks it)."""
+    directory (Snakemake's own answer; without Snakemake, e.g. `make profiles` before the environment
+    exists, the same rule as on Linux: $XDG_CONFIG_HOME/snakemake or ~/.config/snakemake)."""
     try:
-        from platformdirs import AppDirs
-    except ImportError:  # (the same rule, on Linux)
+        from snakemake.common import get_appdirs
+    except ImportError:
         base = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
         return Path(base) / "snakemake"
-    return Path(AppDirs("snakemake", "snakemake").user_config_dir)
+    return Path(get_appdirs().user_config_dir)
 
 
 def install_profiles(repo: Path = REPO, names: tuple[str, ...] = NAMES,
