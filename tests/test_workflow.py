@@ -12,6 +12,7 @@ import yaml
 from conftest import (REPO, demo_config, fresh_clone, run_snakemake, start_snakemake, write_embeddings_fixture,
                       write_nli_fixture)
 from tacl.config import config_errors, load_schema
+from tacl.finetune.sweep import number
 
 SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
 NO_NETWORK = {"HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "1"}
@@ -289,7 +290,7 @@ def test_failed_task_sweep_extension_and_intermediate_start(tmp_path):
     after the fix, with a second QNLI learning rate in the sweep, does only the missing and the new work;
     the tables then show the selected settings, every setting's mean, the chance rows (equal to a count
     over the files), and the submission zip holds the selected run's predictions."""
-    from tacl.finetune.sweep import number, select
+    from tacl.finetune.sweep import select
 
     glue_dir = write_nli_fixture(tmp_path / "glue")
     cfg = demo_config(tmp_path)
@@ -315,6 +316,7 @@ def test_failed_task_sweep_extension_and_intermediate_start(tmp_path):
     assert report.is_file(), log[-3000:]
     text = report.read_text()
     squad = "lr{lr}_b8_e1".format(lr=number(cfg["finetune"]["hparams"]["squad"]["lr"]))
+    glue = "lr{lr}_b16_e1".format(lr=number(cfg["finetune"]["hparams"]["glue"]["lr"]))  # (MNLI's and RTE's)
     assert f"Missing or failed (1): none/squad_v2/{squad}/seed0" in text
     assert "| none " in text and (results / "finetune/none/qnli/lr1e-3_b16_e1/seed0/metrics.json").is_file()
 
@@ -322,7 +324,7 @@ def test_failed_task_sweep_extension_and_intermediate_start(tmp_path):
     source = results / f"finetune/none/mnli/{mnli['setting']}/seed{mnli['best_seed']}"
     assert (source / "model" / "config.json").is_file(), "the start_from source keeps its weights"
     for seed in (0, 1):
-        rte = json.loads((results / f"finetune/none/rte/lr1e-3_b16_e1/seed{seed}/metrics.json").read_text())
+        rte = json.loads((results / f"finetune/none/rte/{glue}/seed{seed}/metrics.json").read_text())
         assert rte["start_from"] == f"mnli:{mnli['setting']}/seed{mnli['best_seed']}"
         assert rte["model"].endswith(f"{mnli['setting']}/seed{mnli['best_seed']}/model")
     assert not (results / "finetune/none/qnli/lr1e-3_b16_e1/seed0/model").exists()
