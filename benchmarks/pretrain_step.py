@@ -359,7 +359,7 @@ def main() -> None:
                     help="a 2 x 64 model, global batch 8: a smoke test of the script (its figures mean nothing)")
     args = ap.parse_args()
     objectives = [o for o in args.objectives.split(",") if o]
-    unknown = sorted(set(objectives) - set(OBJECTIVES) - {""})
+    unknown = sorted(set(objectives) - set(OBJECTIVES))
     if unknown or "tacl" not in objectives:
         raise SystemExit(f"--objectives: {', '.join(unknown) or 'tacl missing'} (tacl is compared with the "
                          f"reference; known: {', '.join(OBJECTIVES)})")
@@ -447,13 +447,10 @@ def main() -> None:
     results["tacl reference"] = {**results["tacl"], "s_per_step": t_ref, "syncs": "-", "optimizer": "AdamW (fp32)"}
     base = results["mlm_nsp"]["s_per_step"] if "mlm_nsp" in results else None
 
-    def mfu(r: dict[str, Any]) -> float | None:
-        return r["flops_per_step"] / r["s_per_step"] / peak if peak else None
-
     for name, r in results.items():
         r["tokens_per_s"] = r["tokens_per_step"] / r["s_per_step"]
         r["tflops"] = r["flops_per_step"] / r["s_per_step"] / 1e12
-        r["mfu"] = mfu(r)
+        r["mfu"] = r["tflops"] * 1e12 / peak if peak else None
         line = (f"   {name:16s} {r['s_per_step'] * 1000:9.1f} ms/step {r['tokens_per_s']:10.0f} tokens/s"
                 + (f"  {r['s_per_step'] / base:5.2f}x mlm_nsp's time" if base else ""))
         if args.gpu:
