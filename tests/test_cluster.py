@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from tacl.cluster.preflight import JobRequest, parse_partitions, problems
-from tacl.cluster.query import slurm_minutes, slurm_seconds
+from tacl.scheduler import slurm_minutes, slurm_seconds
 from tacl.cluster.submit import PretrainRun, run_from_config
 from tacl.io import InputError
 

@@ -208,6 +208,54 @@ def test_run_lock_unit(tmp_path):
         pass
 
 
+def _stand_in(bin_dir: Path, name: str, script: str) -> None:
+    path = bin_dir / name
+    path.write_text("#!/bin/sh\n" + script)
+    path.chmod(0o755)
+
+
+def test_stale_locks_of_gone_scheduler_jobs_are_taken_over(tmp_path, monkeypatch):
+    """A lock from another host names a SLURM or PBS job: taken over once its scheduler no longer runs it
+    (qstat forgot it, squeue shows it finished or no longer lists it); a live job's lock stops the second
+    trainer naming the job and the command that shows it."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    # squeue: 111 runs, 222 completed (within MinJobAge), anything else forgotten
+    _stand_in(bin_dir, "squeue", 'case "$3" in 111) echo RUNNING;; 222) echo COMPLETED;; '
+              '*) echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1;; esac\n')
+    # qstat: 77.pbs01 runs, anything else unknown (job history off)
+    _stand_in(bin_dir, "qstat", 'for a; do last=$a; done\ncase "$last" in 77.pbs01) '
+              'echo \'{"Jobs": {"77.pbs01": {"job_state": "R"}}}\';; '
+              '*) echo "qstat: Unknown Job Id $last" >&2; exit 153;; esac\n')
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    for var in ("SLURM_JOB_ID", "PBS_JOBID"):
+        monkeypatch.delenv(var, raising=False)
+
+    def lock_of(name: str, **job) -> Path:
+        run = tmp_path / name
+        run.mkdir()
+        (run / "LOCK").write_text(json.dumps({"host": "gpu-node-17", "pid": 4242, "since": "2026-11-20T10:00:00",
+                                              **job}))
+        return run
+
+    for name, job in [("slurm_done", {"slurm_job": "222"}), ("slurm_gone", {"slurm_job": "333"}),
+                      ("pbs_gone", {"pbs_job": "78.pbs01"})]:
+        run = lock_of(name, **job)
+        with RunLock(run):
+            assert json.loads((run / "LOCK").read_text())["pid"] == os.getpid()
+        assert not (run / "LOCK").exists()
+    with pytest.raises(InputError) as e:
+        RunLock(lock_of("slurm_live", slurm_job="111")).acquire()
+    assert "SLURM job 111 (host gpu-node-17, pid 4242" in str(e.value) and "`squeue -j 111` shows it" in str(e.value)
+    with pytest.raises(InputError) as e:
+        RunLock(lock_of("pbs_live", pbs_job="77.pbs01")).acquire()
+    assert "PBS job 77.pbs01" in str(e.value) and "`qstat -f 77.pbs01` shows it" in str(e.value)
+    # the same job, requeued: its own earlier run's lock
+    monkeypatch.setenv("SLURM_JOB_ID", "111")
+    with RunLock(tmp_path / "slurm_live"):
+        pass
+
+
 def test_checkpoint_from_another_run_is_refused(demo_data, tmp_path):
     run = tmp_path / "run"
     train(demo_data, run, settings("mlm_nsp", steps=2))

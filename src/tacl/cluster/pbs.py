@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tacl.cluster.query import format_walltime, qstat_job
+from tacl.scheduler import format_walltime, qstat_job
 from tacl.io import InputError, write_text_atomic
 
 # Q queued, R running, H held, W waiting (execution time), T transit, E exiting, B array begun, S/U

@@ -1,5 +1,5 @@
 """When must a chunk stop? The earliest of: an explicit deadline, SLURM's or PBS's own end time for this job
-(asked through tacl.cluster.query, the floor of tacl.cluster that stages may use), the runtime the rule
+(asked through tacl.scheduler, the scheduler queries below the stages and tacl.cluster), the runtime the rule
 gave; and at once when SIGUSR1, SIGUSR2 or SIGTERM arrives (saved at the next step boundary)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 
-from tacl.cluster.query import time_left
+from tacl.scheduler import time_left
 
 
 def end_time(start: float, deadline: float | None = None, runtime_minutes: float | None = None) -> float | None:

@@ -1,7 +1,9 @@
 """One trainer per run directory: a lock file created atomically (O_EXCL), holding who owns it.
 
-A lock left by a dead process is taken over: same host and the pid is gone, or a SLURM job that squeue no
-longer knows. Otherwise a second trainer stops with a message naming the holder and the file.
+A lock whose holder is gone is taken over: a SLURM or PBS job that its scheduler no longer runs (finished,
+failed, requeued, or forgotten), a process on this host that no longer exists, or a lock left by an
+earlier run of this very job (a requeued job keeps its id). A lock held by a live job stops the second
+trainer with one message naming the job and the command that shows it.
 """
 
 from __future__ import annotations
@@ -9,38 +11,54 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
 import time
 from pathlib import Path
 
 from tacl.io import InputError
+from tacl.scheduler import job_alive, show_job_command
 
 LOCK = "LOCK"
+SCHEDULERS = (("slurm", "SLURM_JOB_ID", "slurm_job"), ("pbs", "PBS_JOBID", "pbs_job"))
 
 
 def _owner() -> dict:
-    return {"host": socket.gethostname(), "pid": os.getpid(), "slurm_job": os.environ.get("SLURM_JOB_ID"),
-            "since": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    owner = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    for _, variable, key in SCHEDULERS:
+        owner[key] = os.environ.get(variable)
+    return owner
 
 
-def _alive(owner: dict) -> bool:
-    if owner.get("host") == socket.gethostname():
-        try:
-            os.kill(int(owner["pid"]), 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
         return True
-    job = owner.get("slurm_job")
-    if job:
+    return True
+
+
+def holder(owner: dict) -> tuple[bool, str]:
+    """Is the lock's holder alive, and who is it (in words, with the command that shows it)?"""
+    host, pid = owner.get("host"), owner.get("pid")
+    for scheduler, variable, key in SCHEDULERS:
+        job = owner.get(key)
+        if not job:
+            continue
+        who = f"{scheduler.upper()} job {job} (host {host}, pid {pid}, since {owner.get('since')})"
+        if os.environ.get(variable) == job:
+            return False, who  # this job's own earlier run (requeued): only one trainer runs per job
+        if host == socket.gethostname() and pid and not _pid_alive(int(pid)):
+            return False, who
         try:
-            out = subprocess.run(["squeue", "-h", "-j", str(job), "-o", "%T"], capture_output=True, text=True,
-                                 timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
-            return True
-        return out.returncode == 0 and out.stdout.strip() in ("RUNNING", "COMPLETING", "SUSPENDED")
-    return True  # another host, no way to tell: assume alive
+            alive = job_alive(scheduler, job)
+        except RuntimeError as e:
+            return True, f"{who}; {scheduler} could not say whether it still runs ({e})"
+        return alive, f"{who}, still running: `{show_job_command(scheduler, job)}` shows it"
+    who = f"process {pid} on host {host} (since {owner.get('since')})"
+    if host == socket.gethostname() and pid:
+        return _pid_alive(int(pid)), f"{who}, still running: `ps -p {pid}` shows it"
+    return True, f"{who}, which no scheduler job names and this host ({socket.gethostname()}) cannot see"
 
 
 class RunLock:
@@ -58,12 +76,13 @@ class RunLock:
                     owner = json.loads(self.path.read_text() or "{}")
                 except (OSError, json.JSONDecodeError):
                     owner = {}
-                if owner and not _alive(owner):
+                alive, who = holder(owner) if owner else (True, "an unreadable lock")
+                if owner and not alive:
                     self.path.unlink(missing_ok=True)  # stale: its trainer is gone
                     continue
                 raise InputError(
-                    f"{self.path}: run directory is locked by another trainer ({json.dumps(owner)}); "
-                    "if that trainer is really gone, delete the file"
+                    f"{self.path}: run directory is locked by another trainer, {who}; if that trainer is "
+                    "really gone, delete the file"
                 ) from None
             with os.fdopen(fd, "w") as f:
                 json.dump(_owner(), f)

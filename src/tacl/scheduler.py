@@ -1,10 +1,11 @@
 """What the schedulers answer, in one place: a running job's end time under SLURM or PBS Pro (the trainer's
-deadline), a PBS job's or queue's record from qstat (the PBS status command and preflight), and the
-duration formats of both.
+deadline), whether a job still runs (the run lock), a PBS job's or queue's record from qstat (the PBS
+status command and preflight), and the duration formats of both.
 
-Layering: this module is the floor of tacl.cluster. It imports nothing from tacl but tacl.io, so that
-the stages (tacl.pretrain.deadline) can ask it; the rest of tacl.cluster (submit, pbs, preflight, hooks,
-launch, cli) stands above the stages and may import them, never the other way round.
+Layering: this module is a floor of its own, below the stages and below tacl.cluster. It imports nothing
+from tacl, so that the stages (tacl.pretrain.deadline, tacl.pretrain.lock) and tacl.cluster (pbs,
+preflight) can both ask it; tacl.cluster stands above the stages and may import them, never the other
+way round.
 
 qstat's JSON is not always JSON: PBS Pro 2022 and OpenPBS before 23.06 print Variable_List values
 unescaped (OpenPBS issues #2541: `BASH_FUNC_*` functions that `module` leaves and `qsub -V` copies;
@@ -190,6 +191,52 @@ def qstat_queues() -> dict[str, dict[str, Any]] | None:
         return parse_qstat_text(out.stdout) if out.returncode == 0 else None
     except (OSError, subprocess.TimeoutExpired):
         return None
+
+
+# -- whether a job still runs ------------------------------------------------------------------------------
+
+# squeue's states of a job whose processes may still run (a PENDING or REQUEUED job runs nothing yet)
+SLURM_ALIVE = ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "RESIZING", "SIGNALING",
+               "STAGE_OUT")
+# PBS job_state letters of a job whose processes may still run: running, exiting, array begun, suspended
+PBS_ALIVE = ("R", "E", "B", "S", "U")
+_SLURM_UNKNOWN = "Invalid job id"  # squeue's words for a job it no longer lists (exit 1)
+
+
+def slurm_job_state(job_id: str) -> str | None:
+    """squeue's state of a SLURM job (RUNNING, PENDING, COMPLETED, ...); None when squeue no longer lists it
+    (finished longer than MinJobAge ago). RuntimeError when squeue does not answer."""
+    try:
+        out = ask(["squeue", "-h", "-j", str(job_id), "-o", "%T"], give_up_on=(_SLURM_UNKNOWN,), timeout_s=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise RuntimeError(f"squeue: {e}") from e
+    if out.returncode != 0:
+        if _SLURM_UNKNOWN in out.stderr:
+            return None
+        raise RuntimeError(f"squeue -j {job_id} failed ({out.returncode}): {out.stderr.strip()}")
+    return out.stdout.strip().splitlines()[0].strip() if out.stdout.strip() else None
+
+
+def pbs_job_state(job_id: str) -> str | None:
+    """PBS's job_state letter of a job (R, Q, F, ...); None when qstat no longer knows it. RuntimeError when
+    qstat does not answer."""
+    try:
+        record = qstat_job(job_id, history=True)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise RuntimeError(f"qstat: {e}") from e
+    return None if record is None else str(record.get("job_state", "")).strip() or None
+
+
+def job_alive(scheduler: str, job_id: str) -> bool:
+    """Whether the scheduler still runs the job's processes; RuntimeError when it cannot tell."""
+    if scheduler == "slurm":
+        return slurm_job_state(job_id) in SLURM_ALIVE
+    return pbs_job_state(job_id) in PBS_ALIVE
+
+
+def show_job_command(scheduler: str, job_id: str) -> str:
+    """The command that shows a job to its user."""
+    return f"squeue -j {job_id}" if scheduler == "slurm" else f"qstat -f {job_id}"
 
 
 # -- a running job's end time -----------------------------------------------------------------------------
