@@ -165,7 +165,7 @@ def hours(results_dir: Path) -> dict[str, Any]:
             m = read_json(marker) if marker.is_file() else {}
             gpu_jobs.append((seconds, m.get("world_size", 1) if _ran_on_gpu(m.get("device")) else 0))
         elif part.parts[0] == "finetune":
-            metrics = results_dir / "finetune" / part.parent / part.stem / "metrics.json"
+            metrics = results_dir / part.parent / part.stem / "metrics.json"  # (finetune/M/T/S/seedN.tsv)
             device = read_json(metrics).get("device") if metrics.is_file() else None
             gpu_jobs.append((seconds, 1 if _ran_on_gpu(device) else 0))
         elif part.parts[0] == "analysis" and part.name.startswith("similarity-"):
