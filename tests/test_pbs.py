@@ -455,8 +455,23 @@ def test_pbs_preflight_stops_before_the_first_qsub(tmp_path):
     state = tmp_path / "pbs"
     env = pbs_profile(tmp_path, state)
     env["TACL_PBS_CPU_QUEUE"] = "short"
+    # a profile of an earlier version, which set the chunk's GPUs itself (the workflow sets them now)
+    profile = yaml.safe_load((tmp_path / "profile" / "config.yaml").read_text())
+    profile["set-resources"]["pretrain_chunk"]["gpu"] = 4
+    (tmp_path / "profile" / "config.yaml").write_text(yaml.safe_dump(profile))
     cfg = demo_config(tmp_path, **{"pretrain.nodes": 2, "pretrain.ranks_per_node": 2, "pretrain.global_batch": 16,
                                    "pretrain.chunk.runtime_minutes": 1500})
+    # a dry run checks too: a queue variable left unset is named
+    unset = os.environ.pop("TACL_PBS_GPU_QUEUE", None)
+    try:
+        with with_env({k: v for k, v in env.items() if k != "TACL_PBS_GPU_QUEUE"}):
+            proc = run_snakemake(tmp_path, cfg, "--profile", str(tmp_path / "profile"), "-n", check=False,
+                                 timeout=300)
+    finally:
+        if unset is not None:
+            os.environ["TACL_PBS_GPU_QUEUE"] = unset
+    assert proc.returncode != 0 and "PBS preflight: this dry run stops here." in proc.stderr, proc.stderr[-3000:]
+    assert "rule finetune: pbs_queue is '${TACL_PBS_GPU_QUEUE}': export the variable" in proc.stderr
     with with_env(env):
         proc = run_snakemake(tmp_path, cfg, "--profile", str(tmp_path / "profile"), check=False, timeout=300)
     assert proc.returncode != 0

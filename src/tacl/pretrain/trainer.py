@@ -230,6 +230,16 @@ def adopt_run_dir(args: ChunkArgs, identity: dict[str, Any], lock: RunLock) -> N
     lock.acquire()
 
 
+def check_not_removed(run_dir: Path) -> None:
+    """A run whose checkpoints went after its export (pretrain.remove_checkpoints) cannot go on: say so now,
+    rather than train it again from step 0 unasked."""
+    from tacl.pretrain.export import removed_message, removed_note
+
+    note = removed_note(run_dir)
+    if note is not None and checkpoint.latest_tag(run_dir) is None:
+        raise InputError(removed_message(run_dir, note))
+
+
 def check_zero_stage(run_dir: Path, stage: int) -> None:
     """The ZeRO stage is operational (it changes no result), but DeepSpeed's checkpoints of one stage do not
     load into an engine of another: a run keeps the stage its checkpoints were written with."""
@@ -321,6 +331,7 @@ def _setup(args: ChunkArgs, env: DistEnv, lock: RunLock) -> Chunk:
             lock.acquire()
             adopt_run_dir(args, identity, lock)
             check_zero_stage(run_dir, s.zero_stage)
+            check_not_removed(run_dir)
             write_json_atomic(run_dir / "run.json", {"identity": identity, "result": s.result(),
                                                      "settings": s.to_dict(), "world_size": env.world_size})
         except InputError as e:
