@@ -378,8 +378,8 @@ def test_queue_limits_and_pbs_preflight_messages():
         "rule pretrain_chunk: runtime 1500 min is over the 24:00:00 walltime limit of queue 'gpu' "
         "(resources_max.walltime); lower pretrain.chunk.runtime_minutes"]
     assert pbs_problems([request(nodes=3)], queues, 4) == [
-        "rule pretrain_chunk: 12 GPU(s) asked for, over the 8 of queue 'gpu' (resources_max.ngpus); lower gpu in "
-        "the profile or pretrain.nodes"]
+        "rule pretrain_chunk: 12 GPU(s) asked for, over the 8 of queue 'gpu' (resources_max.ngpus); lower "
+        "pretrain.ranks_per_node or pretrain.nodes"]
     assert pbs_problems([request()], queues, 2) == [
         "rule pretrain_chunk: the profile gives each of its 1 node(s) 4 GPU(s) (gpu under set-resources), but "
         "pretrain.ranks_per_node is 2 (one rank per GPU); make them agree"]
@@ -583,7 +583,7 @@ def test_data_stage_through_cluster_generic_and_a_stand_in_pbs(tmp_path):
     state = tmp_path / "pbs"
     env = pbs_profile(tmp_path, state, history=False)
     env["BASH_FUNC_module%%"] = BASH_FUNC
-    cfg = demo_config(tmp_path)
+    cfg = demo_config(tmp_path, device="auto")  # (the GPU rules then ask the gpu queue for its least, 1 GPU)
     with with_env(env):
         run_snakemake(tmp_path, cfg, "--profile", str(tmp_path / "profile"), str(tmp_path / "results/data/summary.json"),
                       timeout=600)

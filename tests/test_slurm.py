@@ -74,7 +74,6 @@ def uninterrupted(run_dir: Path, out: Path, threads: int, nproc: int = 1) -> dic
 
 def small_config(tmp_path: Path, **pretrain) -> dict:
     cfg = demo_config(tmp_path)
-    cfg["device"] = "cpu"  # (the CI cluster has no GPUs: no job asks for one)
     cfg["pretrain"].update({"objectives": ["none", "mlm_nsp"], "steps": 450, "checkpoint_minutes": 0.5, **pretrain})
     # chunks end on the wall clock alone (no step cap), 1 minute each; busy CI: more chunks
     cfg["pretrain"]["chunk"].update(runtime_minutes=1, margin_minutes=0.25, max_chunks=20, max_steps=None)

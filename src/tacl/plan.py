@@ -295,7 +295,8 @@ def hours(minutes: float) -> str:
 def format_plan(jobs: list[Job], chain: list[tuple[str, float]], disk: Disk, assumptions: list[str],
                 gpu_names: dict[str, tuple[float, str]]) -> str:
     """The plan as the start of a run prints it. `chain`: the longest chain of jobs, (rule, expected minutes);
-    `gpu_names`: the expected GPU-hours on each GPU model, {key: (hours, name)}."""
+    `gpu_names`: the expected GPU-hours on each GPU model, {key: (hours, name)} (none: a run on CPUs, whose
+    runtimes are the configured ones)."""
     rules: dict[str, list[Job]] = {}
     for job in jobs:
         rules.setdefault(job.rule, []).append(job)
@@ -317,12 +318,12 @@ def format_plan(jobs: list[Job], chain: list[tuple[str, float]], disk: Disk, ass
     expected = sum(j.expected_min * j.gpus for j in jobs) / 60
     todo_req = sum(j.requested_min * j.gpus for j in jobs if not j.done) / 60
     ratio = f"{requested / expected:.1f}x" if expected else "-"
-    lines.append(f"  GPU-hours requested: {requested:.1f} ({todo_req:.1f} still to run); expected: "
-                 + ", ".join(f"{h:.1f} on {name}" for h, name in gpu_names.values())
-                 + f"; requested / expected: {ratio}")
-    total = sum(m for _, m in chain)
-    lines.append(f"  longest chain: {len(chain)} jobs, {hours(total)} of GPU work on it, queue waits and CPU "
-                 "jobs not counted (" + " -> ".join(_runs(chain)) + ")")
+    if gpu_names:
+        lines.append(f"  GPU-hours requested: {requested:.1f} ({todo_req:.1f} still to run); expected: "
+                     + ", ".join(f"{h:.1f} on {name}" for h, name in gpu_names.values())
+                     + f"; requested / expected: {ratio}")
+    work = f", {hours(sum(m for _, m in chain))} of GPU work on it" if gpu_names else ""
+    lines.append(f"  longest chain: {len(chain)} jobs{work} (" + " -> ".join(_runs(chain)) + ")")
     lines.append(f"  disk at the peak: {gb(disk.total)} (" + ", ".join(f"{k} {gb(v)}" for k, v in disk.parts.items())
                  + ")")
     lines += [f"  assumed: {a}" for a in assumptions]

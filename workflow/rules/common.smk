@@ -641,10 +641,13 @@ def plan_text():
         kept * len(finetune_models()),
     )
     _, seq_source = plan.mean_length(config["data"]["max_len"], data)
-    assumptions = [
+    assumptions = [f"start model ({shape.source}): {shape.encoder / 1e6:.3g} M encoder parameters"]
+    if config["device"] == "cpu":
+        assumptions.append("device: cpu, so no job asks for a GPU and the runtimes are the configured ones")
+        return plan.format_plan(jobs, chain, disk, assumptions, {})
+    assumptions += [
         f"runtimes sized for {PLAN_GPU.name}: start-up {PLAN['startup_minutes']} min + {PLAN['safety']} x the "
         f"expected minutes, at least {PLAN['min_runtime_minutes']} (plan.*); explicit finetune.runtime_minutes win",
-        f"start model {shape.source}: {shape.encoder / 1e6:.0f} M encoder parameters",
         f"pretraining sequences {pretrain_seq():.0f} tokens padded ({seq_source}); fine-tuning: published task "
         "sizes and typical lengths (tacl.plan.TASK_SIZES) until prepare_task has counted the splits",
     ]
