@@ -149,6 +149,21 @@ def finetune_minutes(task: str, hparams: dict[str, Any], seeds: int, shape: Shap
     return seeds * gpu.seconds(flops, 1, finetune=True) / 60
 
 
+def finetune_mem_mb(task: str, max_len: int, sizes: dict[str, int] | None = None) -> int:
+    """Host memory of a fine-tuning job: the process with CUDA's host side (8 GB) and its encoded train split
+    (ids, type ids and mask as int64, twice over while batches are built), in whole GB."""
+    train = (sizes or {}).get("train") or TASK_SIZES.get(task, (20000,))[0]
+    return 1000 * math.ceil((8000 + train * max_len * 48 / 1e6) / 1000)
+
+
+def similarity_minutes(analysis: dict[str, Any], shape: Shape, gpu: Gpu) -> float:
+    """Expected minutes of one model's analyses: a forward pass over the sampled sentences (half max_len long
+    on average), at the fine-tuning MFU."""
+    seq = analysis["similarity_max_len"]
+    tokens = analysis["similarity_sentences"] * seq * 0.5
+    return gpu.seconds(tokens * forward_flops(shape, seq), 1, finetune=True) / 60
+
+
 def request(expected_minutes: float, plan: dict[str, Any], cap: float | None = None, extra: float = 0.0) -> int:
     """The runtime to ask for: start-up (and `extra`, a chunk's margin) plus safety x the expected minutes,
     at least the floor, at most `cap`."""

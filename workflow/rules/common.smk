@@ -234,18 +234,12 @@ def finetune_runtime(wildcards):
 
 
 def finetune_mem(wildcards):
-    """Host memory of a fine-tuning job: the process and CUDA (8 GB) and the task's encoded train split."""
-    train = (task_sizes(wildcards.task) or {}).get("train") or plan.TASK_SIZES.get(wildcards.task, (20000,))[
-        0
-    ]
     max_len = setting_hparams(wildcards.task, wildcards.setting).get("max_len", 128)
-    return 1000 * math.ceil((8000 + train * max_len * 48 / 1e6) / 1000)
+    return plan.finetune_mem_mb(wildcards.task, max_len, task_sizes(wildcards.task))
 
 
 def similarity_expected():
-    a = config["analysis"]
-    tokens = a["similarity_sentences"] * a["similarity_max_len"] * 0.5
-    return PLAN_GPU.seconds(tokens * plan.forward_flops(START_SHAPE, a["similarity_max_len"]), 1, True) / 60
+    return plan.similarity_minutes(config["analysis"], START_SHAPE, PLAN_GPU)
 
 
 def similarity_runtime(wildcards):
