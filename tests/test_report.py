@@ -147,9 +147,9 @@ def test_headline_rows_use_the_selected_setting(tree):
 
 def test_a_layer_a_model_does_not_have_is_a_dash_and_no_plan_is_one_error(tmp_path):
     """Models of 2 and 3 layers side by side: '-' in the 2-layer row's L3, never `nan`, in every file; `tacl
-    report RESULTS_DIR` without the workflow's plan.json stops with one message naming it."""
+    report RESULTS_DIR` without the workflow's expected.json stops with one message naming it."""
     from tacl.io import InputError
-    from tacl.report.plan import report_now
+    from tacl.report.expected import report_now
 
     paths = []
     for name, values in (("small", [0.5, 0.4]), ("large", [0.6, 0.5, 0.45])):
@@ -165,7 +165,7 @@ def test_a_layer_a_model_does_not_have_is_a_dash_and_no_plan_is_one_error(tmp_pa
     rows = pd.read_csv(out / "self_similarity.csv", dtype=str).set_index("model")
     assert rows.loc["small", "L3"] == "-" and rows.loc["large", "L3"] == "0.450"
     assert "| small   | 0.500 | 0.400 | -     |" in (out / "report.md").read_text()
-    with pytest.raises(InputError, match=r"plan\.json: not found; the workflow writes it when Snakemake starts"):
+    with pytest.raises(InputError, match=r"expected\.json: not found; the workflow writes it when Snakemake starts"):
         report_now(tmp_path)
 
 
@@ -184,7 +184,7 @@ def test_gpu_hours_are_each_jobs_seconds_times_its_gpus(tmp_path):
     (tmp_path / "pretrain/tacl").mkdir(parents=True)
     (tmp_path / "pretrain/tacl/chunk-0.json").write_text(json.dumps({"world_size": 4, "device": cuda}))
     bench("pretrain/tacl/export.tsv", 360)
-    bench(f"finetune/tacl/rte/{S}/seed0.tsv", 1800)
+    bench(f"finetune/tacl/rte/{S}.tsv", 1800)  # (one job: every seed of the setting)
     write_run(tmp_path, "tacl", "rte", 0, "glue", {"dev": {"accuracy": 0.7}})
     m = tmp_path / "finetune" / "tacl" / "rte" / S / "seed0" / "metrics.json"
     m.write_text(json.dumps({**json.loads(m.read_text()), "device": {**cuda, "gpus": 1}}))

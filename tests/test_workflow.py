@@ -340,8 +340,8 @@ def test_failed_task_sweep_extension_and_intermediate_start(tmp_path):
     cfg["finetune"]["squad_source"]["v2_0_dev"] = str(good_dev)
     cfg["finetune"]["sweep"] = {"tasks": {"qnli": {"lr": [1e-3, 1e-4]}}}
     dry = run_snakemake(tmp_path, cfg, "-n")
-    assert job_counts(dry.stdout)["finetune"] == 3  # squad_v2's one seed, QNLI's new lr x 2 seeds
-    assert re.findall(r"wildcards: model=none, task=qnli, setting=(\S+), seed=\d", dry.stdout) == ["lr1e-4_b16_e1"] * 2
+    assert job_counts(dry.stdout)["finetune"] == 2  # squad_v2's setting, QNLI's new lr (its 2 seeds in one job)
+    assert re.findall(r"wildcards: model=none, task=qnli, setting=(\S+)$", dry.stdout, re.M) == ["lr1e-4_b16_e1"]
     again = run_snakemake(tmp_path, cfg, "--cores", "2")
     out = again.stdout + again.stderr
     assert "wildcards: model=none, task=squad_v2" in out
@@ -467,7 +467,7 @@ def check_status_against_files(results, status: dict) -> None:
             assert run["tokens_per_s"] == pytest.approx(speed[0])
             if run["state"] != "done":
                 assert run["seconds_left"] == pytest.approx((run["steps"] - run["step"]) * speed[1])
-    expected = json.loads((results / "plan.json").read_text())["expected"]
+    expected = json.loads((results / "expected.json").read_text())["expected"]
     for row in status["finetune"]:
         runs = [e for e in expected if (e["model"], e["task"]) == (row["model"], row["task"])]
         done = [e for e in runs if (results / "finetune" / e["model"] / e["task"] / e["setting"]
@@ -576,7 +576,7 @@ def claims(log: str) -> list[tuple[float, str]]:
 
 @pytest.mark.slow
 def test_tables_now_then_the_workstation_profile_fills_the_missing_runs(finished_demo, tmp_path, monkeypatch):
-    """`tacl report RESULTS_DIR`, from the plan the workflow wrote: on the finished demo the same files, byte for
+    """`tacl report RESULTS_DIR`, from the expected runs the workflow wrote: on the finished demo the same files, byte for
     byte, as the workflow's report; with three fine-tunes removed, tables naming them missing, and no training.
     Then `--profile workstation` with two stand-in GPUs (a fake nvidia-smi) runs the three fine-tunes: two start
     together, each with its own CUDA_VISIBLE_DEVICES, the third waits for one of them; the workflow's report
@@ -596,6 +596,7 @@ def test_tables_now_then_the_workstation_profile_fills_the_missing_runs(finished
     removed = [f"none/qnli/{setting}/seed1", f"coco_lm/qnli/{setting}/seed0", f"coco_lm+scl/qnli/{setting}/seed1"]
     for run in removed:
         shutil.rmtree(results / "finetune" / run)
+        (results / "finetune" / run).with_name("seeds.json").unlink(missing_ok=True)  # (its job's output)
     logs = {p: p.stat().st_mtime_ns for p in (results / "logs").rglob("*.log")}
     now = json.loads(run_tacl("report", str(results)).stdout)
     assert sorted(now["missing"]) == sorted(removed) and now["runs"] == 3
@@ -613,12 +614,14 @@ def test_tables_now_then_the_workstation_profile_fills_the_missing_runs(finished
     monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
     monkeypatch.setenv("TACL_GPU_LOCKS", str(tmp_path / "locks"))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    targets = [str(results / "finetune" / run / "metrics.json") for run in removed]
-    proc = run_snakemake(finished_demo["dir"], cfg, "--profile", str(REPO / "profiles/workstation"), *targets)
+    # one job per setting trains the seed that is missing (the other is kept); device auto: a GPU job
+    targets = [str((results / "finetune" / run).with_name("seeds.json")) for run in removed]
+    proc = run_snakemake(finished_demo["dir"], cfg, *targets, "--profile", str(REPO / "profiles/workstation"),
+                         "--config", "gpus=auto", "device=auto")
     assert 'Provided resources: gpu=Resource("gpu", 2)' in proc.stdout + proc.stderr
     jobs = []
     for run in removed:
-        (claim,) = claims((results / "logs/finetune" / f"{run}.log").read_text())
+        (claim,) = claims((results / "logs/finetune" / f"{os.path.dirname(run)}.log").read_text())
         metrics = results / "finetune" / run / "metrics.json"
         device = json.loads(metrics.read_text())["device"]
         assert device["cuda_visible_devices"] == claim[1] in ("0", "1")

@@ -4,6 +4,7 @@ profile's dry run and its errors. (The profile running real fine-tunes: tests/te
 
 from __future__ import annotations
 
+import argparse
 import fcntl
 import os
 import shutil
@@ -13,12 +14,13 @@ import sys
 import pytest
 
 from conftest import REPO, demo_config, run_snakemake
-from tacl.workstation import gpus_needed
+from tacl.workstation import gpus_needed, job_device
 
-CLAIM = ("import logging, os, sys, time\n"
+CLAIM = ("import argparse, logging, os, sys, time\n"
          "from tacl.workstation import claim_for_job\n"
          "logging.basicConfig(level=logging.INFO)\n"
-         "claim_for_job(sys.argv[1], sys.argv[2], int(sys.argv[3]))\n"
+         "claim_for_job(argparse.Namespace(stage=sys.argv[1], command=sys.argv[2], nproc=int(sys.argv[3]),\n"
+         "                                 device='auto'))\n"
          "print(os.environ['CUDA_VISIBLE_DEVICES'], time.time(), 'TACL_GPUS' in os.environ, flush=True)\n"
          "{after}\n")
 
@@ -60,6 +62,8 @@ def test_a_chunk_takes_one_gpu_per_rank_and_holds_them_across_exec(tmp_path):
         os.close(fd)
     chunk.wait()
     assert gpus_needed("pretrain", "export") == gpus_needed("report", None) == 0  # (CPU commands claim nothing)
+    assert gpus_needed("finetune", "glue", device="cpu") == gpus_needed("pretrain", "train", 2, "cpu") == 0
+    assert job_device(argparse.Namespace(settings='{"steps": 4}', operational='{"device": "cpu"}')) == "cpu"
 
 
 def fake_nvidia_smi(tmp_path, monkeypatch, gpus: int = 2) -> None:
@@ -77,7 +81,7 @@ def test_workstation_profile_dry_run_and_its_errors(tmp_path, monkeypatch):
     a similarity job for one; a chunk with more ranks than GPUs, or no nvidia-smi, stops with one line."""
     fake_nvidia_smi(tmp_path, monkeypatch)
     profile = str(REPO / "profiles" / "workstation")
-    cfg = demo_config(tmp_path, **{"finetune.tasks": ["qnli"]})
+    cfg = demo_config(tmp_path, device="auto", **{"finetune.tasks": ["qnli"]})  # (device cpu: no GPU jobs)
     proc = run_snakemake(tmp_path, cfg, "--profile", profile, "-n")
     jobs = proc.stdout.split("\n\n")
     for rule in ("pretrain_chunk", "finetune", "similarity"):
@@ -85,7 +89,7 @@ def test_workstation_profile_dry_run_and_its_errors(tmp_path, monkeypatch):
         assert resources and all("gpu=1" in j for j in resources), rule
     assert not [j for j in jobs if "rule clean:" in j and "gpu=" in j]
 
-    cfg = demo_config(tmp_path, **{"pretrain.ranks_per_node": 4, "pretrain.micro_batch": 2})
+    cfg = demo_config(tmp_path, device="auto", **{"pretrain.ranks_per_node": 4, "pretrain.micro_batch": 2})
     proc = run_snakemake(tmp_path, cfg, "--profile", profile, "-n", check=False)
     assert proc.returncode != 0
     assert ("pretrain.ranks_per_node: 4 ranks, one GPU each, but this machine's jobs share 2 GPU(s) (0,1; config "

@@ -13,7 +13,9 @@ uses them) it waits, saying so in its log, and holds none meanwhile.
 
 from __future__ import annotations
 
+import argparse
 import fcntl
+import json
 import logging
 import os
 import shutil
@@ -102,9 +104,11 @@ def claim_gpus(n: int, gpus: list[str], lock_dir: str | os.PathLike = DEFAULT_LO
     return mine
 
 
-def gpus_needed(stage: str, command: str | None, nproc: int = 1) -> int:
+def gpus_needed(stage: str, command: str | None, nproc: int = 1, device: str | None = "auto") -> int:
     """GPUs a job of `tacl STAGE COMMAND` takes: a pretraining chunk one per rank on the node, a fine-tune or
-    an analysis of a model one, every other command none."""
+    an analysis of a model one, none with `device: cpu` or for every other command."""
+    if device == "cpu":
+        return 0
     if (stage, command) == ("pretrain", "train"):
         return nproc
     if (stage, command) in (("finetune", "glue"), ("finetune", "squad"), ("finetune", "ner"),
@@ -113,11 +117,28 @@ def gpus_needed(stage: str, command: str | None, nproc: int = 1) -> int:
     return 0
 
 
-def claim_for_job(stage: str, command: str | None, nproc: int = 1) -> list[str] | None:
+def job_device(args: argparse.Namespace) -> str | None:
+    """The `device` a command was given (`--device`, or a pretraining chunk's settings), None if none."""
+    if getattr(args, "device", None):
+        return args.device
+    for given in (getattr(args, "operational", None), getattr(args, "settings", None)):
+        try:
+            device = json.loads(given).get("device") if given else None
+        except (ValueError, AttributeError):
+            device = None  # (the command itself names what is wrong with it)
+        if device:
+            return device
+    return None
+
+
+def claim_for_job(args: argparse.Namespace) -> list[str] | None:
     """In a job of the workstation profile (TACL_GPUS set by the workflow): `claim_gpus` for this command,
     once (TACL_GPUS is dropped, so that the processes it starts do not claim again). None elsewhere."""
-    n = gpus_needed(stage, command, nproc)
-    if n < 1 or not os.environ.get("TACL_GPUS"):
+    if not os.environ.get("TACL_GPUS"):
+        return None
+    nproc = getattr(args, "nproc", 1)
+    n = gpus_needed(args.stage, getattr(args, "command", None), nproc, job_device(args))
+    if n < 1:
         return None
     shared = os.environ.pop("TACL_GPUS").split(",")
     # a chunk of several ranks execs torchrun in its place: the locks must survive the exec

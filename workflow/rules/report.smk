@@ -1,6 +1,6 @@
 # Report: tables (Markdown, CSV, LaTeX) and plots from every finished run, beside the published numbers.
 # Also built from whatever has finished when some job failed (onerror in the Snakefile), and at any time
-# by `tacl report RESULTS_DIR` (from RESULTS_DIR/plan.json, which onstart writes): the same files.
+# by `tacl report RESULTS_DIR` (from RESULTS_DIR/expected.json, which onstart writes): the same files.
 
 
 localrules:

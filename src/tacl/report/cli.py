@@ -10,10 +10,10 @@ import sys
 def register(stages: argparse._SubParsersAction) -> None:
     p = stages.add_parser("report", help="result tables (Markdown, CSV, LaTeX), plots, report.md and report.html",
                           description="`tacl report RESULTS_DIR`: every table and plot from the runs finished so "
-                          "far, the missing ones named (the runs the config asks for are in RESULTS_DIR/plan.json, "
+                          "far, the missing ones named (the runs the config asks for are in RESULTS_DIR/expected.json, "
                           "which the workflow writes); reads files, starts nothing. The workflow's report rule "
                           "passes the runs explicitly (--results ...).")
-    p.add_argument("results_dir", nargs="?", metavar="RESULTS_DIR", help="report from RESULTS_DIR/plan.json")
+    p.add_argument("results_dir", nargs="?", metavar="RESULTS_DIR", help="report from RESULTS_DIR/expected.json")
     p.add_argument("--results", help="the results_dir")
     p.add_argument("--models", nargs="+")
     p.add_argument("--tasks", nargs="*", default=[], help="the configured fine-tuning tasks")
@@ -38,7 +38,7 @@ def register(stages: argparse._SubParsersAction) -> None:
 
 def _report(a: argparse.Namespace) -> None:
     if a.results_dir:
-        from tacl.report.plan import report_now
+        from tacl.report.expected import report_now
 
         result = report_now(a.results_dir)
         print(f"tables from {result['runs']} finished fine-tunes ({len(result['missing'])} missing) in "

@@ -8,13 +8,13 @@ no scheduler and no Snakemake for it).
   on this host), killed (the LOCK's process on this host is gone), locked (the LOCK names a process on
   another host, which only its scheduler can tell about), waiting (not done, no LOCK: the next chunk is
   queued, or no Snakemake runs).
-- Fine-tunes, per model and task, against the runs the config asks for (RESULTS_DIR/plan.json): done
-  (metrics.json), failed (its log ends in an error), started (a log without a result or an error: running,
-  or killed), missing (no log); the failed runs' logs.
+- Fine-tunes, per model and task, against the runs (seeds) the config asks for (RESULTS_DIR/expected.json):
+  done (the seed's metrics.json), failed (its job's log, one per setting, holds an error), started (begun,
+  no result and no error: running, or killed), missing (not begun); the failed jobs' logs.
 - Hours of the finished jobs, from the Snakemake benchmark files (wall seconds `s`): all jobs, and GPU-hours,
   each job's seconds times the GPUs it had (a chunk: its ranks when it ran on GPUs, as its marker says; a
-  fine-tune: one when its metrics.json says it ran on a GPU; a similarity job: one when the fine-tunes or
-  chunks ran on GPUs, since its result does not say).
+  fine-tuning job: one when its seeds' metrics.json say they ran on a GPU; a similarity job: one when the
+  fine-tunes or chunks ran on GPUs, since its result does not say).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import yaml
 from tacl.io import InputError, read_json
 from tacl.pretrain.lock import alive_here, lock_owner
 from tacl.pretrain.metrics import read_lines
-from tacl.report.plan import read_plan
+from tacl.report.expected import read_expected
 
 ERROR_MARKS = ("Traceback (most recent call last)", "tacl: error:")
 
@@ -105,27 +105,30 @@ def pretrain_status(results_dir: Path, objective: str) -> dict[str, Any]:
 
 def _failed(log: Path) -> bool:
     with open(log, "rb") as f:
-        f.seek(max(0, log.stat().st_size - 20000))
+        f.seek(max(0, log.stat().st_size - 200000))
         tail = f.read().decode("utf-8", "replace")
     return any(mark in tail for mark in ERROR_MARKS)
 
 
 def finetune_status(results_dir: Path, expected: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
-    """Per (model, task): done, failed, started, missing of the expected runs; and the failed runs' logs."""
+    """Per (model, task): done, failed, started, missing of the expected runs (seeds); and the logs of the jobs
+    (one per setting, its seeds one after the other) that failed."""
     rows: dict[tuple[str, str], dict[str, Any]] = {}
-    failed_logs = []
+    failed_logs: list[str] = []
     for e in expected:
         row = rows.setdefault((e["model"], e["task"]), {"model": e["model"], "task": e["task"], "expected": 0,
                                                          "done": 0, "failed": 0, "started": 0, "missing": 0})
         row["expected"] += 1
-        run = f"{e['model']}/{e['task']}/{e['setting']}/seed{e['seed']}"
-        log = results_dir / "logs" / "finetune" / f"{run}.log"
-        if (results_dir / "finetune" / run / "metrics.json").is_file():
+        setting = f"{e['model']}/{e['task']}/{e['setting']}"
+        run = results_dir / "finetune" / setting / f"seed{e['seed']}"
+        log = results_dir / "logs" / "finetune" / f"{setting}.log"
+        if (run / "metrics.json").is_file():
             row["done"] += 1
         elif log.is_file() and _failed(log):
             row["failed"] += 1
-            failed_logs.append(str(log))
-        elif log.is_file():
+            if str(log) not in failed_logs:
+                failed_logs.append(str(log))
+        elif log.is_file() or run.is_dir():
             row["started"] += 1
         else:
             row["missing"] += 1
@@ -133,7 +136,7 @@ def finetune_status(results_dir: Path, expected: list[dict[str, Any]]) -> tuple[
 
 
 def finished_runs(results_dir: Path) -> list[dict[str, Any]]:
-    """Without a plan: the finished fine-tunes found, per (model, task)."""
+    """Without expected.json: the finished fine-tunes found, per (model, task)."""
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     for path in sorted((results_dir / "finetune").glob("*/*/*/seed*/metrics.json")):
         model, task = path.parents[3].name, path.parents[2].name
@@ -164,10 +167,10 @@ def hours(results_dir: Path) -> dict[str, Any]:
             marker = results_dir / "pretrain" / part.parent.name / part.with_suffix(".json").name
             m = read_json(marker) if marker.is_file() else {}
             gpu_jobs.append((seconds, m.get("world_size", 1) if _ran_on_gpu(m.get("device")) else 0))
-        elif part.parts[0] == "finetune":
-            metrics = results_dir / part.parent / part.stem / "metrics.json"  # (finetune/M/T/S/seedN.tsv)
-            device = read_json(metrics).get("device") if metrics.is_file() else None
-            gpu_jobs.append((seconds, 1 if _ran_on_gpu(device) else 0))
+        elif part.parts[0] == "finetune":  # (finetune/M/T/SETTING.tsv: the job of every seed of a setting)
+            seeds = (results_dir / part.parent / part.stem).glob("seed*/metrics.json")
+            on_gpu = any(_ran_on_gpu(read_json(m).get("device")) for m in seeds)
+            gpu_jobs.append((seconds, 1 if on_gpu else 0))
         elif part.parts[0] == "analysis" and part.name.startswith("similarity-"):
             pending.append(seconds)
     on_gpus = any(g for _, g in gpu_jobs)
@@ -179,15 +182,15 @@ def status(results_dir: str | Path) -> dict[str, Any]:
     root = Path(results_dir)
     if not root.is_dir():
         raise InputError(f"{root}: no such results directory")
-    plan = read_plan(root)
-    if plan is not None:
-        objectives = [o for o in plan["objectives"] if o != "none"]
+    wanted = read_expected(root)
+    if wanted is not None:
+        objectives = [o for o in wanted["objectives"] if o != "none"]
     else:
         objectives = sorted(p.name for p in (root / "pretrain").glob("*") if p.is_dir())
-    out: dict[str, Any] = {"results_dir": str(root), "host": socket.gethostname(), "plan": plan is not None,
+    out: dict[str, Any] = {"results_dir": str(root), "host": socket.gethostname(), "expected_known": wanted is not None,
                            "pretrain": [pretrain_status(root, o) for o in objectives]}
-    if plan is not None:
-        out["finetune"], out["failed_logs"] = finetune_status(root, plan["expected"])
+    if wanted is not None:
+        out["finetune"], out["failed_logs"] = finetune_status(root, wanted["expected"])
     else:
         out["finetune"], out["failed_logs"] = finished_runs(root), []
     out["hours"] = hours(root)
@@ -212,7 +215,7 @@ def format_status(s: dict[str, Any]) -> str:
                  p["checkpoint"] or "-"] for p in s["pretrain"]]
         out += [tabulate(rows, ["pretraining", "state", "step", "tokens/s", "time left", "chunks (why each ended)",
                                 "checkpoint"], tablefmt="simple", disable_numparse=True), ""]
-    if s["finetune"] and s["plan"]:
+    if s["finetune"] and s["expected_known"]:
         rows = [[f["model"], f["task"], f"{f['done']}/{f['expected']}", f["failed"], f["started"], f["missing"]]
                 for f in s["finetune"]]
         out += [tabulate(rows, ["fine-tuning", "task", "done", "failed", "started", "missing"], tablefmt="simple",
@@ -221,10 +224,10 @@ def format_status(s: dict[str, Any]) -> str:
     elif s["finetune"]:
         rows = [[f["model"], f["task"], f["done"]] for f in s["finetune"]]
         out += [tabulate(rows, ["fine-tuning", "task", "done"], tablefmt="simple", disable_numparse=True),
-                "(no plan.json: the runs still missing are unknown until snakemake has run here)", ""]
+                "(no expected.json: the runs still missing are unknown until snakemake has run here)", ""]
     h = s["hours"]
     out.append(f"finished jobs ({h['benchmark_files']} benchmark files): {h['gpu_hours']:.2f} GPU-hours, "
                f"{h['job_hours']:.2f} job-hours")
     out.append("time left: at the latest chunk's speed, not counting queue waits and chunk start-ups; started: "
-               "a log without a result or an error (running, or killed)")
+               "begun, without a result or an error (running, or killed)")
     return "\n".join(out) + "\n"
