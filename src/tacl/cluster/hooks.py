@@ -34,23 +34,16 @@ def scheduler(workflow: Any) -> str | None:
     return None
 
 
-def scheduler_of_command(argv: list[str]) -> str | None:
-    """slurm | pbs | None, from a Snakemake command line and its profiles: what a dry run would submit to (a
-    dry run's workflow knows only its dry-run executor)."""
-    import contextlib
-    import io
-
-    from snakemake.cli import parse_args
-
-    quiet = io.StringIO()  # (the profile's "Using profile ..." line: once is enough)
-    with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
-        _, args = parse_args(argv[1:])
-    if args.executor in ("slurm", "slurm-jobstep"):
+def scheduler_of_profile(workflow: Any) -> str | None:
+    """slurm | pbs | None, from the resources the profile sets (slurm_partition, slurm_account, ... or
+    pbs_queue): what a dry run would submit to, whose workflow knows only its dry-run executor."""
+    settings = workflow.resource_settings
+    names = set(settings.default_resources.keys()) if settings.default_resources is not None else set()
+    for resources in (settings.overwrite_resources or {}).values():
+        names |= set(resources)
+    if any(name.startswith("slurm_") for name in names):
         return "slurm"
-    submit = getattr(args, "cluster_generic_submit_cmd", None) or ""
-    if args.executor == "cluster-generic" and "tacl pbs submit" in " ".join(submit.split()):
-        return "pbs"
-    return None
+    return "pbs" if "pbs_queue" in names else None
 
 
 def resource_text(resource: Any) -> str | None:
@@ -161,7 +154,7 @@ def preflight(workflow: Any, pretrain: dict[str, Any], config_runtimes: dict[str
     submitted). `chunks`: a pretraining chunk is to run (its launcher and GPUs per node are checked). A dry
     run has no jobs yet: the checks that need one (the SLURM plugin's own, on each rule's sbatch line) wait
     for the real run."""
-    which = scheduler_of_command(sys.argv) if dry_run else scheduler(workflow)
+    which = scheduler_of_profile(workflow) if dry_run else scheduler(workflow)
     if which is None:
         return
     problem = launcher_problem(which, launcher, pretrain["launcher"]) if chunks else None
