@@ -24,8 +24,36 @@ install_slurm() {  # Debian's slurm-wlm and munge, and munge's key
     chmod 0400 /etc/munge/munge.key
 }
 
+shared_conf() {  # the slurm.conf lines both clusters share: root daemons, munge, no cgroups, no accounting
+    cat <<'CONF'
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core_Memory
+DefMemPerCPU=1000
+MinJobAge=3600
+KillWait=5
+OverTimeLimit=0
+ReturnToService=2
+MpiDefault=none
+# (MinJobAge: finished jobs stay visible to squeue and the tests for an hour; DefMemPerCPU: else a job
+# takes a node's whole memory; KillWait, OverTimeLimit: what the tests of job limits expect)
+CONF
+}
+
 alive() {  # alive PIDFILE: the process the file names runs
-    [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null
+    [ -s "$1" ] && running "$(cat "$1")"
+}
+
+running() {  # running PID: the process exists and has not exited (a zombie waits only for its parent)
+    local state
+    state=$(ps -o stat= -p "$1" 2>/dev/null) && [ "${state:0:1}" != Z ]
 }
 
 stop_pids() {  # stop_pids PIDFILE...: SIGTERM to all at once, SIGKILL after 10 s to what is left
@@ -46,12 +74,12 @@ stop_wait() {  # stop_wait PID...: wait up to 10 s for them to exit, then SIGKIL
     local pid
     for _ in $(seq 1 40); do
         local left=0
-        for pid in "$@"; do kill -0 "$pid" 2>/dev/null && left=1; done
+        for pid in "$@"; do running "$pid" && left=1; done
         [ "$left" = 0 ] && return 0
         sleep 0.25
     done
     for pid in "$@"; do
-        kill -0 "$pid" 2>/dev/null && { kill -9 "$pid" 2>/dev/null || true; log "killed $pid (SIGKILL)"; }
+        running "$pid" && { kill -9 "$pid" 2>/dev/null || true; log "killed $pid (SIGKILL)"; }
     done
     return 0
 }

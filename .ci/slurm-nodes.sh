@@ -47,9 +47,6 @@ write_config() {
     cat > "$CONF" <<CONF
 ClusterName=tacl-nodes
 SlurmctldHost=${NODES[0]}($(address "${NODES[0]}"))
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
 # munged's socket of this cluster; a requeued job may start again after cred_expire + 1 s
 AuthInfo=socket=$RUN/munge/munge.socket,cred_expire=10
 StateSaveLocation=$RUN/state
@@ -59,21 +56,9 @@ SlurmdPidFile=$RUN/slurmd-%n.pid
 SlurmctldLogFile=$RUN/log/slurmctld.log
 SlurmdLogFile=$RUN/log/slurmd-%n.log
 SlurmdParameters=config_overrides
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-SchedulerType=sched/backfill
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core_Memory
-DefMemPerCPU=1000
-MinJobAge=3600
-KillWait=5
-OverTimeLimit=0
-ReturnToService=2
-# a node whose slurmd stops answering is marked so within seconds (default 300 s)
+# a node whose slurmd stops answering: "not responding" within about 15 s, DOWN after 10 s more (default 300 s)
 SlurmdTimeout=10
-MpiDefault=none
+$(shared_conf)
 CONF
     for node in "${NODES[@]}"; do
         echo "NodeName=$node NodeAddr=$(address "$node") NodeHostname=$node CPUs=$CPUS RealMemory=$MEM_MB State=UNKNOWN"
@@ -114,7 +99,7 @@ controller_answers() { login timeout 5 scontrol ping | grep -q UP; }
 up() {
     local start=$SECONDS node
     install_slurm
-    [ -d "$RUN" ] && down
+    down  # (what an earlier run left)
     write_config
     make_network
     log "starting munged (node01's network namespace)"
@@ -127,29 +112,29 @@ up() {
     for node in "${NODES[@]}"; do start_slurmd "$node"; done
     wait_for 30 "slurmctld on ${NODES[0]}" controller_answers
     for node in "${NODES[@]}"; do wait_for 60 "$node to be idle" idle "$node"; done
-    cat > "$RUN/cluster.json" <<JSON
-{"conf": "$CONF", "login_netns": "$(netns "${NODES[0]}")", "nodes": {$(for node in "${NODES[@]}"; do
-    printf '"%s": {"netns": "%s", "address": "%s"}' "$node" "$(netns "$node")" "$(address "$node")"
-    [ "$node" != "${NODES[-1]}" ] && printf ', '; done)}, "ifname": "$IFNAME", "partition": "ci", "script": "$(realpath "$0")"}
-JSON
+    local nodes=()
+    for node in "${NODES[@]}"; do
+        nodes+=("\"$node\": {\"netns\": \"$(netns "$node")\", \"address\": \"$(address "$node")\"}")
+    done
+    printf '{"conf": "%s", "login_netns": "%s", "ifname": "%s", "script": "%s", "nodes": {%s}}\n' "$CONF" \
+        "$(netns "${NODES[0]}")" "$IFNAME" "$(realpath "$0")" "$(IFS=,; echo "${nodes[*]}")" > "$RUN/cluster.json"
     log "up in $((SECONDS - start)) s: $(login timeout 10 sinfo -h -N -o '%N %t %c cpus %m MB' | paste -sd ' ')"
 }
 
 down() {
-    local node pids
+    local node pids=()
     rm -f "$RUN/cluster.json"
     stop_pids "$RUN"/slurmd-*.pid "$RUN/slurmctld.pid" "$RUN/munge/munged.pid"
-    for node in "${NODES[@]}"; do  # whatever else runs in a node's namespace: job steps, a test's srun
-        [ -e "/run/netns/$(netns "$node")" ] || continue
-        pids=$(ip netns pids "$(netns "$node")")
-        if [ -n "$pids" ]; then
-            log "stopping what still runs on $node: $(echo $pids)"
-            # shellcheck disable=SC2086
-            kill $pids 2>/dev/null || true
-            # shellcheck disable=SC2086
-            stop_wait $pids
-        fi
-        ip netns delete "$(netns "$node")"
+    for node in "${NODES[@]}"; do  # whatever else runs in the nodes' namespaces: job steps, a test's srun
+        [ -e "/run/netns/$(netns "$node")" ] && mapfile -t -O "${#pids[@]}" pids < <(ip netns pids "$(netns "$node")")
+    done
+    if [ "${#pids[@]}" -gt 0 ]; then
+        log "stopping what still runs on the nodes: ${pids[*]}"
+        kill "${pids[@]}" 2>/dev/null || true
+        stop_wait "${pids[@]}"
+    fi
+    for node in "${NODES[@]}"; do
+        [ -e "/run/netns/$(netns "$node")" ] && ip netns delete "$(netns "$node")"
     done
     rm -rf "$RUN/state" "$RUN/spool"
 }

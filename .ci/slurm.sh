@@ -26,9 +26,6 @@ up() {
     cat > "$CONF" <<CONF
 ClusterName=tacl-ci
 SlurmctldHost=${host}(127.0.0.1)
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
 # a requeued job may start again after cred_expire + 1 s (default 120 s)
 AuthInfo=cred_expire=10
 StateSaveLocation=/var/lib/slurm/slurmctld
@@ -37,19 +34,7 @@ SlurmctldPidFile=$RUN/slurmctld.pid
 SlurmdPidFile=$RUN/slurmd.pid
 SlurmctldLogFile=/var/log/slurm/slurmctld.log
 SlurmdLogFile=/var/log/slurm/slurmd.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-SchedulerType=sched/backfill
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core_Memory
-DefMemPerCPU=1000
-MinJobAge=3600
-KillWait=5
-OverTimeLimit=0
-ReturnToService=2
-MpiDefault=none
+$(shared_conf)
 NodeName=${host} NodeAddr=127.0.0.1 CPUs=${cpus} RealMemory=${mem} State=UNKNOWN
 PartitionName=ci Nodes=ALL Default=YES MaxTime=60 State=UP
 # a partition that only takes jobs of one account (for the preflight test)

@@ -60,12 +60,16 @@ def test_preflight_counts_the_nodes_that_take_jobs():
     until they come back (a powered-down node, `~`, is started by SLURM and counts)."""
     parts, states = parse_partitions(SCONTROL), parse_node_states(SINFO)
     assert states["gpu"]["gpu02"] == "down*" and states["cpu"] == {"cn01": "idle"}
-    chunk = lambda n: JobRequest("pretrain_chunk", "gpu", 60, "p123", "k", n, "pretrain.nodes")  # noqa: E731
+
+    def chunk(nodes: int) -> JobRequest:
+        return JobRequest("pretrain_chunk", "gpu", 60, "p123", "k", nodes, "pretrain.nodes")
+
     assert problems([chunk(3), request(partition="cpu")], parts, states) == []
     [short] = problems([chunk(4)], parts, states)
-    assert short == ("rule pretrain_chunk: asks for 4 nodes, partition 'gpu' has 3 that take jobs; not answering "
-                     "or out of service: gpu02 (down*), gpu03 (drained), gpu04 (idle*). The job would wait in the "
-                     "queue until enough come back (`sinfo -p gpu`); lower pretrain.nodes or wait for the nodes")
+    assert short == ("rule pretrain_chunk: asks for 4 nodes, partition 'gpu' has 3 that take jobs; not "
+                     "answering or out of service: gpu02 (down*), gpu03 (drained), gpu04 (idle*). The job "
+                     "would wait in the queue until enough come back (`sinfo -p gpu`); lower pretrain.nodes "
+                     "or wait for the nodes")
     [few] = problems([chunk(7)], parts, states)
     assert few == "rule pretrain_chunk: asks for 7 nodes, partition 'gpu' has 6; lower pretrain.nodes"
     assert problems([chunk(0)], parts, states) == [] and problems([chunk(9)], parts, None) == []
@@ -84,7 +88,8 @@ def test_chunk_log_names_each_end_time_and_its_source(monkeypatch):
     assert deadline.describe(ends).startswith(f"ends {stamp} (squeue, SLURM job 7; runtime 5 min 20")
     assert deadline.end_time(time.time(), None, 5) == pytest.approx(ends["squeue, SLURM job 7"], abs=2)
     monkeypatch.setattr(deadline, "time_left", lambda: None)
-    assert deadline.describe(deadline.end_times(time.time())) == "no end time (no scheduler limit, no runtime, no deadline)"
+    none = "no end time (no scheduler limit, no runtime, no deadline)"
+    assert deadline.describe(deadline.end_times(time.time())) == none
 
 
 def test_submitit_callable_pickles_and_resubmits_itself(tmp_path):

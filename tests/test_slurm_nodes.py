@@ -33,7 +33,8 @@ NODES = ("node01", "node02")
 
 def login_command(cluster: dict, *cmd: str) -> list[str]:
     """`cmd` where jobs are submitted from: node01's network namespace, this cluster's SLURM_CONF."""
-    return ["nsenter", f"--net=/run/netns/{cluster['login_netns']}", "env", f"SLURM_CONF={cluster['conf']}", *cmd]
+    netns, conf = cluster["login_netns"], cluster["conf"]
+    return ["nsenter", f"--net=/run/netns/{netns}", "env", f"SLURM_CONF={conf}", *cmd]
 
 
 def two_nodes() -> dict | None:
@@ -46,28 +47,31 @@ def two_nodes() -> dict | None:
                              text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return cluster if out.returncode == 0 and sorted(out.stdout.split()) == sorted([*NODES, "idle", "idle"]) else None
+    idle = out.returncode == 0 and sorted(out.stdout.split()) == sorted([*NODES, "idle", "idle"])
+    return cluster if idle else None
 
 
 CLUSTER = two_nodes()
 pytestmark = [pytest.mark.slurm, pytest.mark.slow,
-              pytest.mark.skipif(CLUSTER is None, reason=f"no two-node SLURM cluster here ({CLUSTER_FILE} absent, or "
-                                 "its nodes not idle): .ci/slurm-nodes.sh up starts one (as root)")]
+              pytest.mark.skipif(CLUSTER is None, reason=f"no two-node SLURM cluster here ({CLUSTER_FILE} "
+                                 "absent, or its nodes not idle): .ci/slurm-nodes.sh up starts one")]
 
 
 def login(*cmd: str, timeout: int = 30, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(login_command(CLUSTER, *cmd), capture_output=True, text=True, timeout=timeout, check=check)
+    return subprocess.run(login_command(CLUSTER, *cmd), capture_output=True, text=True, timeout=timeout,
+                          check=check)
 
 
 def jobs_in(workdir: Path) -> list[dict[str, str]]:
     """SLURM's record of every job started from `workdir` on the two-node cluster."""
-    jobs = [dict(re.findall(r"(\w+)=(\S*)", line)) for line in login("scontrol", "show", "job", "-o").stdout.splitlines()
-            if line.strip() and "No jobs" not in line]
+    lines = login("scontrol", "show", "job", "-o").stdout.splitlines()
+    jobs = [dict(re.findall(r"(\w+)=(\S*)", line)) for line in lines if "JobId=" in line]
     return [j for j in jobs if j.get("WorkDir") == str(workdir)]
 
 
 def chunk_jobs(workdir: Path) -> list[dict[str, str]]:
-    return sorted((j for j in jobs_in(workdir) if rule_of(j) == "pretrain_chunk"), key=lambda j: int(j["JobId"]))
+    chunks = [j for j in jobs_in(workdir) if rule_of(j) == "pretrain_chunk"]
+    return sorted(chunks, key=lambda j: int(j["JobId"]))
 
 
 def snakemake(workdir: Path, cfg: dict, *args: str, bound: int = 300, **env: str) -> subprocess.Popen:
@@ -78,8 +82,8 @@ def snakemake(workdir: Path, cfg: dict, *args: str, bound: int = 300, **env: str
     environ.update(OMP_NUM_THREADS="1", **env)
     output = workdir / f"snakemake-{len(list(workdir.glob('snakemake-*.out')))}.out"
     with open(output, "w") as out:
-        proc = subprocess.Popen(login_command(CLUSTER, *cmd), env=environ, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(login_command(CLUSTER, *cmd), env=environ, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
     proc.output = output  # type: ignore[attr-defined]
     return proc
 
@@ -123,9 +127,9 @@ def wait_for(condition, what: str, limit: float, proc: subprocess.Popen | None =
 def start_reference(run_dir: Path, out: Path) -> subprocess.Popen:
     """The same run in one go, 2 ranks (torchrun), one thread each, outside SLURM, in the background."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    cmd = [sys.executable, "-m", "tacl", *reference_args(run_dir, out, nproc=2)]
     with open(out.parent / "reference.log", "w") as log:
-        return subprocess.Popen([sys.executable, "-m", "tacl", *reference_args(run_dir, out, nproc=2)], env=env,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def test_two_nodes_cancelled_then_resumed_on_one_node_then_on_two(tmp_path, prepared):  # noqa: F811
@@ -136,7 +140,8 @@ def test_two_nodes_cancelled_then_resumed_on_one_node_then_on_two(tmp_path, prep
     (torchrun) for a few steps, the next on 2 nodes with 1 rank each to the end; the weights equal those of
     an uninterrupted 2-rank run, bit for bit."""
     steps = 100
-    cfg = small_config(tmp_path, steps=steps, checkpoint_minutes=0.02, zero_stage=1, nodes=2, ranks_per_node=1)
+    cfg = small_config(tmp_path, steps=steps, checkpoint_minutes=0.02, zero_stage=1, nodes=2,
+                       ranks_per_node=1)
     cfg["pretrain"]["objectives"] = ["mlm_nsp"]
     cfg["pretrain"]["chunk"].update(runtime_minutes=5)
     start_from(prepared, tmp_path)
@@ -149,8 +154,8 @@ def test_two_nodes_cancelled_then_resumed_on_one_node_then_on_two(tmp_path, prep
     first = snakemake(tmp_path, cfg, str(marker(0)), GLOO_SOCKET_IFNAME=CLUSTER["ifname"])
     reference = None
     try:
-        wait_for(lambda: run_dir.exists() and checkpoint.latest_tag(run_dir) is not None, "a first checkpoint",
-                 240, first)
+        wait_for(lambda: run_dir.exists() and checkpoint.latest_tag(run_dir) is not None,
+                 "a first checkpoint", 240, first)
         [job] = chunk_jobs(tmp_path)
         login("scancel", job["JobId"])
         saved = int(checkpoint.latest_tag(run_dir)[4:])
@@ -172,9 +177,10 @@ def test_two_nodes_cancelled_then_resumed_on_one_node_then_on_two(tmp_path, prep
     for host, end in ranks.values():  # each node asked squeue, and got the job's end time as SLURM has it
         assert abs(slurm_time(end) - slurm_time(job["EndTime"])) <= 2, (host, end, job["EndTime"])
     tag = checkpoint.latest_tag(run_dir)
-    written = {p.name for p in (run_dir / "checkpoints" / tag).iterdir()}
+    written = {p.name for p in (run_dir / "checkpoints" / tag).iterdir()}  # rank 0: the model, each its part
     assert written == {"mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
-                       "zero_pp_rank_1_mp_rank_00_optim_states.pt", "rng_rank00000.pt", "rng_rank00001.pt"}, written
+                       "zero_pp_rank_1_mp_rank_00_optim_states.pt", "rng_rank00000.pt",
+                       "rng_rank00001.pt"}, written
     gradient_bytes = 4 * sum(t.numel() for t in weights(run_dir).values())
     assert link_bytes() - sent > saved * gradient_bytes / 2, "each step's gradients crossed the link"
 
@@ -186,7 +192,8 @@ def test_two_nodes_cancelled_then_resumed_on_one_node_then_on_two(tmp_path, prep
     [_, job] = chunk_jobs(tmp_path)
     assert (job["JobState"], job["NumNodes"]) == ("COMPLETED", "1"), job
     log = (logs / "chunk-0.log").read_text()
-    resumed = int(re.search(r"resumed from step(\d+) at step \d+ \(written by 2 rank\(s\), now 2\)", log).group(1))
+    resumed = int(re.search(r"resumed from step(\d+) at step \d+ \(written by 2 rank\(s\), now 2\)",
+                            log).group(1))
     assert resumed >= saved, "the rerun starts from the newest checkpoint"
     assert {host for host, _ in rank_lines(log, job["JobId"]).values()} == {job["NodeList"]}
     middle = json.loads(marker(0).read_text())
@@ -199,7 +206,8 @@ def test_two_nodes_cancelled_then_resumed_on_one_node_then_on_two(tmp_path, prep
     [_, _, job] = chunk_jobs(tmp_path)
     assert (job["JobState"], job["NumNodes"], job["NodeList"]) == ("COMPLETED", "2", "node[01-02]"), job
     log = (logs / "chunk-1.log").read_text()
-    assert f"resumed from step{middle['step']:08d} at step {middle['step']} (written by 2 rank(s), now 2)" in log
+    step = middle["step"]
+    assert f"resumed from step{step:08d} at step {step} (written by 2 rank(s), now 2)" in log
     assert {r: host for r, (host, _) in rank_lines(log, job["JobId"]).items()} == {0: "node01", 1: "node02"}
     final = json.loads(marker(1).read_text())
     assert final["done"] and final["step"] == steps and final["world_size"] == 2
@@ -221,14 +229,15 @@ def test_a_node_that_does_not_answer_stops_the_run_with_one_message(tmp_path, pr
         state = lambda: login("sinfo", "-h", "-N", "-n", "node02", "-o", "%T").stdout.strip()  # noqa: E731
         wait_for(lambda: state().endswith("*"), "SLURM to mark node02 as not responding", 60)
         started = time.time()
-        code, out = finish(snakemake(tmp_path, cfg, str(tmp_path / "results" / "pretrain" / "mlm_nsp" / "chunk-0.json"),
-                                     bound=120), 150)
+        target = tmp_path / "results" / "pretrain" / "mlm_nsp" / "chunk-0.json"
+        code, out = finish(snakemake(tmp_path, cfg, str(target), bound=120), 150)
         elapsed = time.time() - started
     finally:
         subprocess.run([script, "start-slurmd", "node02"], check=True, timeout=90, capture_output=True)
     assert code != 0
     assert "SLURM preflight: nothing was submitted." in out, out[-3000:]
-    assert re.search(r"rule pretrain_chunk: asks for 2 nodes, partition 'ci' has 1 that take jobs; not answering "
-                     r"or out of service: node02 \((idle|down)\*\)\. .*lower pretrain\.nodes", out), out[-3000:]
+    assert re.search(r"rule pretrain_chunk: asks for 2 nodes, partition 'ci' has 1 that take jobs; not "
+                     r"answering or out of service: node02 \((idle|down)\*\)\. .*lower pretrain\.nodes",
+                     out), out[-3000:]
     assert jobs_in(tmp_path) == []
     print(f"node02 not answering: the run stopped after {elapsed:.0f} s")

@@ -16,8 +16,8 @@ from typing import Any
 
 from snakemake.exceptions import WorkflowError
 
-from tacl.cluster.preflight import (JobRequest, PbsRequest, cluster_node_states, cluster_partitions, cluster_queues,
-                                    launcher_problem, pbs_problems, problems)
+from tacl.cluster.preflight import (JobRequest, PbsRequest, cluster_node_states, cluster_partitions,
+                                    cluster_queues, launcher_problem, pbs_problems, problems)
 
 
 def scheduler(workflow: Any) -> str | None:

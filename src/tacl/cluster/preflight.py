@@ -85,7 +85,8 @@ def takes_jobs(state: str) -> bool:
 
 def cluster_node_states() -> dict[str, dict[str, str]] | None:
     try:
-        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%R|%N|%T"], capture_output=True, text=True, timeout=60)
+        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%R|%N|%T"], capture_output=True, text=True,
+                             timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return parse_node_states(out.stdout) if out.returncode == 0 else None
@@ -103,9 +104,9 @@ def node_problem(r: JobRequest, partition: str, states: dict[str, str]) -> str |
         return None
     out = [f"{n} ({state})" for n, state in states.items() if not takes_jobs(state)]
     shown = ", ".join(out[:5]) + (f" and {len(out) - 5} more" if len(out) > 5 else "")
-    return (f"rule {r.rule}: asks for {r.nodes} nodes, partition {partition!r} has {len(up)} that take jobs; "
-            f"not answering or out of service: {shown}. The job would wait in the queue until enough come back "
-            f"(`sinfo -p {partition}`); lower {r.nodes_key} or wait for the nodes")
+    return (f"rule {r.rule}: asks for {r.nodes} nodes, partition {partition!r} has {len(up)} that take "
+            f"jobs; not answering or out of service: {shown}. The job would wait in the queue until enough "
+            f"come back (`sinfo -p {partition}`); lower {r.nodes_key} or wait for the nodes")
 
 
 def problems(requests: list[JobRequest], partitions: dict[str, Partition],

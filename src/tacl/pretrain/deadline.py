@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from tacl.scheduler import time_left
 
 
-def end_times(start: float, deadline: float | None = None, runtime_minutes: float | None = None) -> dict[str, float]:
+def end_times(start: float, deadline: float | None = None,
+              runtime_minutes: float | None = None) -> dict[str, float]:
     """Unix time by which the job is gone, per source that knows one: the explicit deadline, the runtime the
     rule gave (from `start`), the scheduler's own end time for this job (tacl.scheduler.time_left)."""
     ends = {}
@@ -26,7 +27,8 @@ def end_times(start: float, deadline: float | None = None, runtime_minutes: floa
     return ends
 
 
-def end_time(start: float, deadline: float | None = None, runtime_minutes: float | None = None) -> float | None:
+def end_time(start: float, deadline: float | None = None,
+             runtime_minutes: float | None = None) -> float | None:
     """The earliest of end_times(); None if there is no limit."""
     return min(end_times(start, deadline, runtime_minutes).values(), default=None)
 
