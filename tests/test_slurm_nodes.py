@@ -132,13 +132,40 @@ def start_reference(run_dir: Path, out: Path) -> subprocess.Popen:
         return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def test_two_nodes_cancelled_then_resumed_on_one_node_then_on_two(tmp_path, prepared):  # noqa: F811
+def node02_silent_stops_the_run(workdir: Path, prepared: Path) -> None:
+    """node02's slurmd stopped: once SLURM knows that the node does not answer, a 2-node chunk would wait in
+    the queue for ever; the run stops before submitting anything, with one message naming the node and the
+    key. (node02 is started again afterwards, whatever happens.)"""
+    cfg = small_config(workdir, nodes=2, ranks_per_node=1)
+    cfg["pretrain"]["objectives"] = ["mlm_nsp"]
+    start_from(prepared, workdir)
+    state = lambda: login("sinfo", "-h", "-N", "-n", "node02", "-o", "%T").stdout.strip()  # noqa: E731
+    script = CLUSTER["script"]
+    subprocess.run([script, "stop-slurmd", "node02"], check=True, timeout=60, capture_output=True)
+    try:
+        wait_for(lambda: state().endswith("*"), "SLURM to mark node02 as not responding", 60)
+        target = workdir / "results" / "pretrain" / "mlm_nsp" / "chunk-0.json"
+        code, out = finish(snakemake(workdir, cfg, str(target), bound=120), 150)
+    finally:
+        subprocess.run([script, "start-slurmd", "node02"], check=True, timeout=90, capture_output=True)
+    assert code != 0
+    assert "SLURM preflight: nothing was submitted." in out, out[-3000:]
+    assert re.search(r"rule pretrain_chunk: asks for 2 nodes, partition 'ci' has 1 that take jobs; not "
+                     r"answering or out of service: node02 \((idle|down)\*\)\. .*lower pretrain\.nodes",
+                     out), out[-3000:]
+    assert jobs_in(workdir) == []
+
+
+def test_two_nodes_cancel_resume_on_other_geometries_and_a_silent_node(tmp_path, prepared):  # noqa: F811
     """The pretraining chunk with pretrain.nodes: 2 through the SLURM plugin: an sbatch job of 2 nodes in
     which srun starts one rank per node, which meet over the link between the nodes (gloo, CPU, a DeepSpeed
     engine at ZeRO 1), each rank with its end time from squeue on its own node; each rank writes its own
     part of the checkpoints. scancel stops the job mid-chunk; the rerun resumes on ONE node with 2 ranks
     (torchrun) for a few steps, the next on 2 nodes with 1 rank each to the end; the weights equal those of
-    an uninterrupted 2-rank run, bit for bit."""
+    an uninterrupted 2-rank run, bit for bit. While Snakemake notices the cancelled job (the SLURM plugin
+    checks at growing intervals and waits out the last one before it exits, about 50 s here), the
+    uninterrupted run trains, and a node that stops answering is shown to stop a run with one message
+    (node02_silent_stops_the_run)."""
     steps = 100
     cfg = small_config(tmp_path, steps=steps, checkpoint_minutes=0.02, zero_stage=1, nodes=2,
                        ranks_per_node=1)
@@ -159,8 +186,12 @@ def test_two_nodes_cancelled_then_resumed_on_one_node_then_on_two(tmp_path, prep
         [job] = chunk_jobs(tmp_path)
         login("scancel", job["JobId"])
         saved = int(checkpoint.latest_tag(run_dir)[4:])
-        # (the uninterrupted run meanwhile: Snakemake notices the cancelled job at its next status check)
+        # meanwhile (Snakemake notices the cancelled job at its next status check): the uninterrupted
+        # run, and, once the job has left both nodes, a node that does not answer
         reference = start_reference(run_dir, tmp_path / "reference")
+        wait_for(lambda: login("sinfo", "-h", "-N", "-o", "%t").stdout.split() == ["idle", "idle"],
+                 "the cancelled job to leave the nodes", 60)
+        node02_silent_stops_the_run(tmp_path / "silent-node", prepared)
         code, out = finish(first, 150)
         assert code != 0 and "Error in rule pretrain_chunk" in out, out[-3000:]
         assert reference.wait(timeout=300) == 0, (tmp_path / "reference.log").read_text()[-3000:]
@@ -214,30 +245,3 @@ def test_two_nodes_cancelled_then_resumed_on_one_node_then_on_two(tmp_path, prep
     assert middle["threads"] == final["threads"] == 1, "the reference ran with 1 thread per rank"
     expected, got = weights(tmp_path / "reference"), weights(run_dir)
     assert all(torch.equal(got[k], expected[k]) for k in expected), "resumed across geometries exactly"
-
-
-def test_a_node_that_does_not_answer_stops_the_run_with_one_message(tmp_path, prepared):  # noqa: F811
-    """node02's slurmd stopped: once SLURM knows the node does not answer, a 2-node chunk would wait in the
-    queue for ever; the run stops before submitting anything, with one message naming the node and the key.
-    (node02 is started again afterwards, whatever happens.)"""
-    cfg = small_config(tmp_path, nodes=2, ranks_per_node=1)
-    cfg["pretrain"]["objectives"] = ["mlm_nsp"]
-    start_from(prepared, tmp_path)
-    script = CLUSTER["script"]
-    subprocess.run([script, "stop-slurmd", "node02"], check=True, timeout=60, capture_output=True)
-    try:
-        state = lambda: login("sinfo", "-h", "-N", "-n", "node02", "-o", "%T").stdout.strip()  # noqa: E731
-        wait_for(lambda: state().endswith("*"), "SLURM to mark node02 as not responding", 60)
-        started = time.time()
-        target = tmp_path / "results" / "pretrain" / "mlm_nsp" / "chunk-0.json"
-        code, out = finish(snakemake(tmp_path, cfg, str(target), bound=120), 150)
-        elapsed = time.time() - started
-    finally:
-        subprocess.run([script, "start-slurmd", "node02"], check=True, timeout=90, capture_output=True)
-    assert code != 0
-    assert "SLURM preflight: nothing was submitted." in out, out[-3000:]
-    assert re.search(r"rule pretrain_chunk: asks for 2 nodes, partition 'ci' has 1 that take jobs; not "
-                     r"answering or out of service: node02 \((idle|down)\*\)\. .*lower pretrain\.nodes",
-                     out), out[-3000:]
-    assert jobs_in(tmp_path) == []
-    print(f"node02 not answering: the run stopped after {elapsed:.0f} s")
