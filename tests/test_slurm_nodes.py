@@ -62,16 +62,37 @@ def login(*cmd: str, timeout: int = 30, check: bool = True) -> subprocess.Comple
                           check=check)
 
 
-def jobs_in(workdir: Path) -> list[dict[str, str]]:
-    """SLURM's record of every job started from `workdir` on the two-node cluster."""
+def all_jobs() -> list[dict[str, str]]:
+    """SLURM's record of every job the two-node cluster knows (finished ones for an hour)."""
     lines = login("scontrol", "show", "job", "-o").stdout.splitlines()
-    jobs = [dict(re.findall(r"(\w+)=(\S*)", line)) for line in lines if "JobId=" in line]
-    return [j for j in jobs if j.get("WorkDir") == str(workdir)]
+    return [dict(re.findall(r"(\w+)=(\S*)", line)) for line in lines if "JobId=" in line]
 
 
-def chunk_jobs(workdir: Path) -> list[dict[str, str]]:
-    chunks = [j for j in jobs_in(workdir) if rule_of(j) == "pretrain_chunk"]
+def jobs_in(workdir: Path, after: int = 0) -> list[dict[str, str]]:
+    """The jobs started from `workdir` whose id is above `after` (a folder of an earlier test run may have
+    had the same name)."""
+    return [j for j in all_jobs() if j.get("WorkDir") == str(workdir) and int(j["JobId"]) > after]
+
+
+def chunk_jobs(workdir: Path, after: int) -> list[dict[str, str]]:
+    chunks = [j for j in jobs_in(workdir, after) if rule_of(j) == "pretrain_chunk"]
     return sorted(chunks, key=lambda j: int(j["JobId"]))
+
+
+def newest_job() -> int:
+    return max((int(j["JobId"]) for j in all_jobs()), default=0)
+
+
+@pytest.fixture
+def jobs_cancelled_at_the_end():
+    """The id above which this test's jobs are; any of them still queued or running at the end is cancelled
+    (a failed test leaves nothing running on the cluster)."""
+    before = newest_job()
+    yield before
+    left = [j["JobId"] for j in all_jobs()
+            if int(j["JobId"]) > before and j["JobState"] in ("PENDING", "RUNNING")]
+    if left:
+        login("scancel", *left)
 
 
 def snakemake(workdir: Path, cfg: dict, *args: str, bound: int = 300, **env: str) -> subprocess.Popen:
@@ -140,7 +161,7 @@ def node02_silent_stops_the_run(workdir: Path, prepared: Path) -> None:
     cfg["pretrain"]["objectives"] = ["mlm_nsp"]
     start_from(prepared, workdir)
     state = lambda: login("sinfo", "-h", "-N", "-n", "node02", "-o", "%T").stdout.strip()  # noqa: E731
-    script = CLUSTER["script"]
+    script, before = CLUSTER["script"], newest_job()
     subprocess.run([script, "stop-slurmd", "node02"], check=True, timeout=60, capture_output=True)
     try:
         wait_for(lambda: state().endswith("*"), "SLURM to mark node02 as not responding", 60)
@@ -153,10 +174,11 @@ def node02_silent_stops_the_run(workdir: Path, prepared: Path) -> None:
     assert re.search(r"rule pretrain_chunk: asks for 2 nodes, partition 'ci' has 1 that take jobs; not "
                      r"answering or out of service: node02 \((idle|down)\*\)\. .*lower pretrain\.nodes",
                      out), out[-3000:]
-    assert jobs_in(workdir) == []
+    assert jobs_in(workdir, before) == []
 
 
-def test_two_nodes_cancel_resume_on_other_geometries_and_a_silent_node(tmp_path, prepared):  # noqa: F811
+def test_two_nodes_cancel_resume_on_other_geometries_and_a_silent_node(tmp_path, prepared,  # noqa: F811
+                                                                       jobs_cancelled_at_the_end):
     """The pretraining chunk with pretrain.nodes: 2 through the SLURM plugin: an sbatch job of 2 nodes in
     which srun starts one rank per node, which meet over the link between the nodes (gloo, CPU, a DeepSpeed
     engine at ZeRO 1), each rank with its end time from squeue on its own node; each rank writes its own
@@ -175,7 +197,7 @@ def test_two_nodes_cancel_resume_on_other_geometries_and_a_silent_node(tmp_path,
     results = tmp_path / "results"
     run_dir, logs = results / "pretrain" / "mlm_nsp" / "run", results / "logs" / "pretrain" / "mlm_nsp"
     marker = lambda k: results / "pretrain" / "mlm_nsp" / f"chunk-{k}.json"  # noqa: E731
-    sent = link_bytes()
+    sent, before = link_bytes(), jobs_cancelled_at_the_end
 
     # 1. two nodes, one rank each (gloo told the one interface name both nodes have), cancelled mid-chunk
     first = snakemake(tmp_path, cfg, str(marker(0)), GLOO_SOCKET_IFNAME=CLUSTER["ifname"])
@@ -183,7 +205,7 @@ def test_two_nodes_cancel_resume_on_other_geometries_and_a_silent_node(tmp_path,
     try:
         wait_for(lambda: run_dir.exists() and checkpoint.latest_tag(run_dir) is not None,
                  "a first checkpoint", 240, first)
-        [job] = chunk_jobs(tmp_path)
+        [job] = chunk_jobs(tmp_path, before)
         login("scancel", job["JobId"])
         saved = int(checkpoint.latest_tag(run_dir)[4:])
         # meanwhile (Snakemake notices the cancelled job at its next status check): the uninterrupted
@@ -201,7 +223,7 @@ def test_two_nodes_cancel_resume_on_other_geometries_and_a_silent_node(tmp_path,
                 os.killpg(proc.pid, 9)
     assert (job["JobState"], job["NumNodes"], job["NumTasks"], job["NodeList"], job["BatchHost"],
             job["TimeLimit"]) == ("RUNNING", "2", "2", "node[01-02]", "node01", "00:05:00"), job
-    assert [j["JobState"] for j in chunk_jobs(tmp_path)] == ["CANCELLED"]
+    assert [j["JobState"] for j in chunk_jobs(tmp_path, before)] == ["CANCELLED"]
     log = (logs / "chunk-0.log").read_text()
     ranks = rank_lines(log, job["JobId"])
     assert {r: host for r, (host, _) in ranks.items()} == {0: "node01", 1: "node02"}, log[-3000:]
@@ -220,7 +242,7 @@ def test_two_nodes_cancel_resume_on_other_geometries_and_a_silent_node(tmp_path,
                                "chunk": {**cfg["pretrain"]["chunk"], "max_steps": 20}}}
     code, out = finish(snakemake(tmp_path, one, str(marker(0))))
     assert code == 0, out[-4000:]
-    [_, job] = chunk_jobs(tmp_path)
+    [_, job] = chunk_jobs(tmp_path, before)
     assert (job["JobState"], job["NumNodes"]) == ("COMPLETED", "1"), job
     log = (logs / "chunk-0.log").read_text()
     resumed = int(re.search(r"resumed from step(\d+) at step \d+ \(written by 2 rank\(s\), now 2\)",
@@ -234,7 +256,7 @@ def test_two_nodes_cancel_resume_on_other_geometries_and_a_silent_node(tmp_path,
     code, out = finish(snakemake(tmp_path, cfg, str(marker(1)), "--rerun-triggers", "mtime", "input",
                                  "software-env", "code"))
     assert code == 0, out[-4000:]
-    [_, _, job] = chunk_jobs(tmp_path)
+    [_, _, job] = chunk_jobs(tmp_path, before)
     assert (job["JobState"], job["NumNodes"], job["NodeList"]) == ("COMPLETED", "2", "node[01-02]"), job
     log = (logs / "chunk-1.log").read_text()
     step = middle["step"]
