@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import pickle
+import re
 import time
 
 import pytest
@@ -171,7 +172,9 @@ def test_paper_config_on_supek_profile_passes_the_slurm_plugin(tmp_path, nodes):
     assert {"clean", "shard", "pretrain_chunk", "finetune", "similarity", "export_model"} <= set(lines)
     chunk = lines["pretrain_chunk"]
     f = flags(chunk)
-    assert " -t 1410 " in chunk and " -p gpu " in chunk and " -A p123 " in chunk and "--mem 200000" in chunk
+    runtime = int(re.search(r" -t (\d+) ", chunk).group(1))
+    assert 60 < runtime < 1410, "sized to the run's work, below pretrain.chunk.runtime_minutes"
+    assert " -p gpu " in chunk and " -A p123 " in chunk and "--mem 200000" in chunk
     assert f["--gres"] == "gpu:4" and f["--nodes"] == str(nodes) and f["--signal"] == "USR1@600"
     assert "--gpus" not in f and "--ntasks-per-gpu" not in f
     if nodes == 1:  # one task; torchrun starts the 4 ranks

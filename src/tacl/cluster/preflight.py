@@ -239,9 +239,9 @@ def pbs_problems(requests: list[PbsRequest], queues: dict[str, Queue] | None,
         total = r.ngpus * r.nodes
         if q.max_ngpus is not None and total > q.max_ngpus:
             found.append(f"rule {r.rule}: {total} GPU(s) asked for, over the {q.max_ngpus} of queue {r.queue!r} "
-                         "(resources_max.ngpus); lower gpu in the profile or pretrain.nodes")
+                         "(resources_max.ngpus); lower pretrain.ranks_per_node or pretrain.nodes")
         if q.min_ngpus is not None and total < q.min_ngpus:
             found.append(f"rule {r.rule}: queue {r.queue!r} takes jobs with at least {q.min_ngpus} GPU(s) "
-                         f"(resources_min.ngpus), the rule asks for {total}; set its pbs_queue or gpu in the "
-                         "profile")
+                         f"(resources_min.ngpus), the rule asks for {total}; set its pbs_queue in the profile, "
+                         "or the GPUs in the config (device: cpu asks for none; pretrain.ranks_per_node)")
     return found
