@@ -68,3 +68,18 @@ def test_named_profiles_dry_run_from_a_fresh_clone(tmp_path):
     (home / ".config" / "snakemake" / "pbs" / "config.yaml").write_text("jobs: 1\n")
     refused = run(sys.executable, "-m", "tacl", "profiles", "install")
     assert refused.returncode == 1 and "pbs is a profile of your own: left alone" in refused.stderr
+
+
+def test_install_links_the_checkout_it_is_run_from(tmp_path):
+    """An environment installed from one checkout, run in another: the profiles of the one it is run from
+    (from any folder in it); run from no checkout, the installed one's, saying so."""
+    from tacl.cluster.profiles import which_checkout
+
+    other = tmp_path / "other"
+    (other / "workflow").mkdir(parents=True)
+    (other / "workflow" / "Snakefile").write_text("")
+    (other / "profiles" / "slurm").mkdir(parents=True)
+    (other / "results" / "deep").mkdir(parents=True)
+    assert which_checkout(other / "results" / "deep") == (other, "the checkout you are in")
+    repo, why = which_checkout(tmp_path)
+    assert repo == REPO and "the checkout this environment was installed from" in why and str(tmp_path) in why

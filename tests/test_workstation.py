@@ -78,7 +78,8 @@ def fake_nvidia_smi(tmp_path, monkeypatch, gpus: int = 2) -> None:
 
 def test_workstation_profile_dry_run_and_its_errors(tmp_path, monkeypatch):
     """The profile finds the stand-in GPUs with nvidia-smi -L: a chunk asks for one GPU per rank, a fine-tune and
-    a similarity job for one; a chunk with more ranks than GPUs, or no nvidia-smi, stops with one line."""
+    a similarity job for one; a chunk with more ranks than GPUs, `gpus` with a scheduler's profile, or no
+    nvidia-smi, stops with one line."""
     fake_nvidia_smi(tmp_path, monkeypatch)
     profile = str(REPO / "profiles" / "workstation")
     cfg = demo_config(tmp_path, device="auto", **{"finetune.tasks": ["qnli"]})  # (device cpu: no GPU jobs)
@@ -94,6 +95,10 @@ def test_workstation_profile_dry_run_and_its_errors(tmp_path, monkeypatch):
     assert proc.returncode != 0
     assert ("pretrain.ranks_per_node: 4 ranks, one GPU each, but this machine's jobs share 2 GPU(s) (0,1; config "
             "`gpus: auto`)") in proc.stdout + proc.stderr
+    proc = run_snakemake(tmp_path, cfg, "--profile", str(REPO / "profiles" / "slurm"), "-n", "--config", "gpus=2",
+                         check=False)
+    assert proc.returncode != 0 and "gpus: 2 is for one machine without a scheduler (profiles/workstation); " \
+        "under SLURM or PBS the scheduler gives each job its GPUs: set gpus: null" in proc.stdout + proc.stderr
     monkeypatch.setenv("PATH", os.environ["PATH"].split(":", 1)[1])  # (the fake's folder gone)
     if shutil.which("nvidia-smi") is None:
         proc = run_snakemake(tmp_path, demo_config(tmp_path), "--profile", profile, "-n", check=False)

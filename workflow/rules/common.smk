@@ -9,7 +9,7 @@ import sys
 from argparse import Namespace
 
 from tacl import RESULT_VERSIONS, plan
-from tacl.cluster.hooks import scheduler_of_command
+from tacl.cluster.hooks import scheduler_of_profile
 from tacl.config import start_model_shape
 from tacl.finetune.sweep import parse_setting, task_settings
 from tacl.io import InputError
@@ -32,7 +32,7 @@ def workstation_gpus():
     if gpus is None:
         return None
     p = config["pretrain"]
-    if workflow.is_main_process and scheduler_of_command(sys.argv) is not None:
+    if workflow.is_main_process and scheduler_of_profile(workflow) is not None:
         raise WorkflowError(
             f"gpus: {config['gpus']} is for one machine without a scheduler (profiles/workstation); under "
             "SLURM or PBS the scheduler gives each job its GPUs: set gpus: null"

@@ -16,8 +16,8 @@ from typing import Any
 
 from snakemake.exceptions import WorkflowError
 
-from tacl.cluster.preflight import (JobRequest, PbsRequest, cluster_partitions, cluster_queues, launcher_problem,
-                                    pbs_problems, problems)
+from tacl.cluster.preflight import (JobRequest, PbsRequest, cluster_node_states, cluster_partitions,
+                                    cluster_queues, launcher_problem, pbs_problems, problems)
 
 
 def scheduler(workflow: Any) -> str | None:
@@ -34,23 +34,16 @@ def scheduler(workflow: Any) -> str | None:
     return None
 
 
-def scheduler_of_command(argv: list[str]) -> str | None:
-    """slurm | pbs | None, from a Snakemake command line and its profiles: what a dry run would submit to (a
-    dry run's workflow knows only its dry-run executor)."""
-    import contextlib
-    import io
-
-    from snakemake.cli import parse_args
-
-    quiet = io.StringIO()  # (the profile's "Using profile ..." line: once is enough)
-    with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
-        _, args = parse_args(argv[1:])
-    if args.executor in ("slurm", "slurm-jobstep"):
+def scheduler_of_profile(workflow: Any) -> str | None:
+    """slurm | pbs | None, from the resources the profile sets (slurm_partition, slurm_account, ... or
+    pbs_queue): what a dry run would submit to, whose workflow knows only its dry-run executor."""
+    settings = workflow.resource_settings
+    names = set(settings.default_resources.keys()) if settings.default_resources is not None else set()
+    for resources in (settings.overwrite_resources or {}).values():
+        names |= set(resources)
+    if any(name.startswith("slurm_") for name in names):
         return "slurm"
-    submit = getattr(args, "cluster_generic_submit_cmd", None) or ""
-    if args.executor == "cluster-generic" and "tacl pbs submit" in " ".join(submit.split()):
-        return "pbs"
-    return None
+    return "pbs" if "pbs_queue" in names else None
 
 
 def resource_text(resource: Any) -> str | None:
@@ -127,7 +120,7 @@ def rule_geometry_problem(workflow: Any, pretrain: dict[str, Any]) -> str | None
 
 
 def slurm_problems(workflow: Any, pretrain: dict[str, Any], config_runtimes: dict[str, tuple[int, str]],
-                   dry_run: bool = False) -> list[str]:
+                   dry_run: bool = False, chunks: bool = True) -> list[str]:
     if dry_run:  # (no jobs yet: the rule-level checks)
         problem = rule_geometry_problem(workflow, pretrain)
         found = [problem] if problem else []
@@ -138,11 +131,24 @@ def slurm_problems(workflow: Any, pretrain: dict[str, Any], config_runtimes: dic
         print("SLURM preflight: partitions not checked, `scontrol show partition` did not answer", file=sys.stderr)
         return found
     requests = []
+    # the nodes of the rules that are to run are checked (a dry run knows the rules, not yet the jobs)
+    if dry_run:
+        running = {spec.name for spec in cluster_rules(workflow) if spec.name != "pretrain_chunk" or chunks}
+    else:
+        running = {job.name for job in workflow.dag.needrun_jobs()}
     for spec in cluster_rules(workflow):
         runtime, key = rule_runtime(spec, config_runtimes)
+        if spec.name == "pretrain_chunk":
+            nodes, nodes_key = pretrain["nodes"], "pretrain.nodes"
+        else:
+            nodes, nodes_key = _int_resource(spec, "nodes", 1), f"the nodes of rule {spec.name} (profile)"
         requests.append(JobRequest(spec.name, resource_text(spec.resources.get("slurm_partition")), runtime,
-                                   resource_text(spec.resources.get("slurm_account")), key))
-    return found + problems(requests, partitions)
+                                   resource_text(spec.resources.get("slurm_account")), key,
+                                   nodes if spec.name in running else 0, nodes_key))
+    node_states = cluster_node_states()
+    if node_states is None:
+        print("SLURM preflight: nodes not checked, `sinfo` did not answer", file=sys.stderr)
+    return found + problems(requests, partitions, node_states)
 
 
 def pbs_requests(workflow: Any, config_runtimes: dict[str, tuple[int, str]], gpus: dict[str, int]
@@ -161,13 +167,13 @@ def preflight(workflow: Any, pretrain: dict[str, Any], config_runtimes: dict[str
     submitted). `chunks`: a pretraining chunk is to run (its launcher and GPUs per node are checked). A dry
     run has no jobs yet: the checks that need one (the SLURM plugin's own, on each rule's sbatch line) wait
     for the real run."""
-    which = scheduler_of_command(sys.argv) if dry_run else scheduler(workflow)
+    which = scheduler_of_profile(workflow) if dry_run else scheduler(workflow)
     if which is None:
         return
     problem = launcher_problem(which, launcher, pretrain["launcher"]) if chunks else None
     found = [problem] if problem else []
     if which == "slurm":
-        found += slurm_problems(workflow, pretrain, config_runtimes, dry_run)
+        found += slurm_problems(workflow, pretrain, config_runtimes, dry_run, chunks)
     else:
         queues = cluster_queues()
         if queues is None:

@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -41,7 +42,7 @@ from tacl.data.pretraining import MicroBatches, micro_batch_loader, unpack
 from tacl.device import fast_fp32_matmul
 from tacl.io import InputError, read_json, stable_hash, write_json_atomic
 from tacl.pretrain import checkpoint
-from tacl.pretrain.deadline import Deadline, StopSignals, end_time
+from tacl.pretrain.deadline import Deadline, StopSignals, describe, end_times
 from tacl.pretrain.distributed import DistEnv, all_max, all_sum, barrier, broadcast_object, init_distributed, shutdown
 from tacl.pretrain.lock import RunLock
 from tacl.pretrain.settings import TrainSettings
@@ -483,7 +484,9 @@ def _run_chunk(chunk: Chunk, signals: StopSignals, started: float) -> dict[str, 
     batches = micro_batch_loader(
         MicroBatches(chunk.data, chunk.step, s.steps, chunk.accumulation, env.rank, env.world_size),
         s.loader_workers, pin_memory=env.device.type == "cuda")
-    deadline = Deadline(end_time(started, args.deadline, args.runtime_minutes), 60.0 * args.margin_minutes)
+    ends = end_times(started, args.deadline, args.runtime_minutes)
+    deadline = Deadline(min(ends.values(), default=None), 60.0 * args.margin_minutes)
+    log.info("rank %d of %d on %s: %s", env.rank, env.world_size, socket.gethostname(), describe(ends))
     progress = _progress(env, chunk.step, s.steps)
     start_step, last_save, pending = chunk.step, time.time(), 0
     reason = "target" if chunk.step >= s.steps else None
