@@ -40,6 +40,33 @@ def schema_roles(schema: dict[str, Any], prefix: str = "") -> dict[str, str]:
     return roles
 
 
+def _lookup(config: dict[str, Any], key: str) -> tuple[bool, Any]:
+    for part in key.split("."):
+        if not isinstance(config, dict) or part not in config:
+            return False, None
+        config = config[part]
+    return True, config
+
+
+def unset_keys(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
+    """The schema's keys (those holding no keys of their own) that `config` does not set: before Snakemake's
+    `validate` fills them in, the keys whose values will be the schema's defaults."""
+    return [key for key in schema_roles(schema) if not _lookup(config, key)[0]]
+
+
+def defaults_unlike(unset: list[str], config: dict[str, Any], reference: dict[str, Any]) -> list[str]:
+    """Of the keys no config file set (`unset_keys`), those whose default differs from `reference`'s value
+    (config.yaml, the paper's experiment): `key default (config.yaml: value)`. A file given with
+    `--replace-workflow-config` loses config.yaml's values; these are the ones that then change."""
+    lines = []
+    for key in unset:
+        present, wanted = _lookup(reference, key)
+        value = _lookup(config, key)[1]
+        if present and value != wanted:
+            lines.append(f"{key} {json.dumps(value)} (config.yaml: {json.dumps(wanted)})")
+    return lines
+
+
 def load_schema(path: str | Path) -> dict[str, Any]:
     return yaml.safe_load(Path(path).read_text())
 
