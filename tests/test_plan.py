@@ -210,3 +210,12 @@ def test_keys_left_to_the_schema_defaults_that_config_yaml_sets_otherwise_are_na
     assert defaults_unlike(unset, variant, paper) == expected[:1] + ([] if lr == paper["pretrain"]["lr"] else
                                                                       expected[1:2]) + expected[2:]
     assert defaults_unlike(unset_keys(paper, load_schema(schema_path)), paper, paper) == []
+
+
+def test_corpus_tokens_before_the_data_stage_follow_the_local_files_and_the_cap():
+    from tacl.plan import corpus_tokens
+
+    files = {"kind": "wikiextractor", "paths": [str(REPO / "examples/demo/wikipedia/wiki_*")]}
+    size = sum(p.stat().st_size for p in (REPO / "examples/demo/wikipedia").glob("wiki_*"))
+    assert corpus_tokens(0, files) == size / 4.5 and corpus_tokens(100, files) == 3000
+    assert corpus_tokens(0, {"kind": "hf"}) == 30 * 20_000_000 and corpus_tokens(10, None) == 300

@@ -688,7 +688,7 @@ def plan_text():
     kept = sum(len(task_seeds(src)) for src in set(config["finetune"]["start_from"].values()))
     disk = plan.disk_at_peak(
         shape,
-        data["tokens"] if data else plan.corpus_tokens(config["data"]["max_lines"]),
+        data["tokens"] if data else plan.corpus_tokens(config["data"]["max_lines"], config["data"]["source"]),
         len(trained),
         p["keep_checkpoints"],
         bf16,
