@@ -1,4 +1,4 @@
-"""`snakemake --profile slurm` / `--profile pbs` by name, by bare name after `tacl profiles install` (docs/clusters.md)."""
+"""`snakemake --profile slurm` / `--profile pbs` by bare name after `tacl profiles install` (docs/clusters.md)."""
 
 import os
 import subprocess
