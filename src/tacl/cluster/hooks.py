@@ -126,10 +126,6 @@ def slurm_problems(workflow: Any, pretrain: dict[str, Any], config_runtimes: dic
         found = [problem] if problem else []
     else:
         found = sbatch_problems(workflow, pretrain)
-    partitions = cluster_partitions()
-    if partitions is None:
-        print("SLURM preflight: partitions not checked, `scontrol show partition` did not answer", file=sys.stderr)
-        return found
     requests = []
     # the nodes of the rules that are to run are checked (a dry run knows the rules, not yet the jobs)
     if dry_run:
@@ -145,8 +141,11 @@ def slurm_problems(workflow: Any, pretrain: dict[str, Any], config_runtimes: dic
         requests.append(JobRequest(spec.name, resource_text(spec.resources.get("slurm_partition")), runtime,
                                    resource_text(spec.resources.get("slurm_account")), key,
                                    nodes if spec.name in running else 0, nodes_key))
-    node_states = cluster_node_states()
-    if node_states is None:
+    partitions = cluster_partitions()
+    node_states = cluster_node_states() if partitions is not None else None
+    if partitions is None:
+        print("SLURM preflight: partitions not checked, `scontrol show partition` did not answer", file=sys.stderr)
+    elif node_states is None:
         print("SLURM preflight: nodes not checked, `sinfo` did not answer", file=sys.stderr)
     return found + problems(requests, partitions, node_states)
 

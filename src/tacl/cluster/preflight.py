@@ -109,19 +109,29 @@ def node_problem(r: JobRequest, partition: str, states: dict[str, str]) -> str |
             f"come back (`sinfo -p {partition}`); lower {r.nodes_key} or wait for the nodes")
 
 
-def problems(requests: list[JobRequest], partitions: dict[str, Partition],
-             node_states: dict[str, dict[str, str]] | None = None) -> list[str]:
-    """`node_states` (cluster_node_states) None: the nodes are not checked."""
+def variable_problems(r: JobRequest) -> list[str]:
+    """A profile variable left unset (its `$NAME` still in the value): known without asking the cluster."""
     found = []
+    if r.account and "$" in r.account:
+        found.append(f"rule {r.rule}: slurm_account is {r.account!r}: export the variable or write the "
+                     "account into the profile (profiles/slurm/config.yaml, default-resources)")
+    if r.partition and "$" in r.partition:
+        found.append(f"rule {r.rule}: slurm_partition is {r.partition!r}: export the variable or write the "
+                     "partition into the profile (profiles/slurm/config.yaml)")
+    return found
+
+
+def problems(requests: list[JobRequest], partitions: dict[str, Partition] | None,
+             node_states: dict[str, dict[str, str]] | None = None) -> list[str]:
+    """`partitions` None (scontrol did not answer): only the profile's variables are checked; `node_states`
+    (cluster_node_states) None: the nodes are not checked."""
+    found = [p for r in requests for p in variable_problems(r)]
+    if partitions is None:
+        return found
     default = next((p.name for p in partitions.values() if p.default), None)
     for r in requests:
-        if r.account and "$" in r.account:
-            found.append(f"rule {r.rule}: slurm_account is {r.account!r}: export the variable or write the "
-                         "account into the profile (profiles/slurm/config.yaml, default-resources)")
         name = r.partition or default
         if r.partition and "$" in r.partition:
-            found.append(f"rule {r.rule}: slurm_partition is {r.partition!r}: export the variable or write the "
-                         "partition into the profile (profiles/slurm/config.yaml)")
             continue
         if name is None:
             found.append(f"rule {r.rule}: no slurm_partition and the cluster has no default partition")
