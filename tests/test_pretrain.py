@@ -24,6 +24,8 @@ from tacl.pretrain.settings import TrainSettings
 pytestmark = pytest.mark.slow
 
 LOSS_KEYS = ("loss", "mlm", "nsp", "tacl", "taco", "aux_mlm", "clm", "scl")
+# (tacl_batch is tacl's code with other negatives)
+RESUMED = ("tacl", "tacl_attn", "taco", "mlm_nsp", "coco_lm")
 
 
 def settings(objective="tacl", steps=12, micro=4, **kw) -> str:
@@ -63,7 +65,7 @@ def assert_same_weights(a, b, exact=True):
 def reference(demo_data, tmp_path_factory):
     """Uninterrupted 1-rank runs, accumulation 2, one per objective."""
     out = {}
-    for objective in ("tacl", "taco", "mlm_nsp", "coco_lm"):
+    for objective in RESUMED:
         run = tmp_path_factory.mktemp(f"ref_{objective}")
         train(demo_data, run, objective_settings(objective))
         out[objective] = run
@@ -74,7 +76,7 @@ def objective_settings(objective: str) -> str:
     return settings(objective, objective_params={"aux_layers": 1} if objective == "coco_lm" else {})
 
 
-@pytest.mark.parametrize("objective", ["tacl", "taco", "mlm_nsp", "coco_lm"])
+@pytest.mark.parametrize("objective", RESUMED)
 def test_resume_is_bit_exact(demo_data, reference, tmp_path, objective):
     """(coco_lm: its auxiliary model and copy head resume too; only the main model is exported.)"""
     run = tmp_path / "run"

@@ -7,8 +7,9 @@ import signal
 import subprocess
 import sys
 
+from tacl.finetune import GLUE_CLASSIFICATION, TASKS
 from tacl.finetune.sweep import parse_setting, task_settings
-from tacl.pretrain.settings import PARAMS_SECTION
+from tacl.objectives.registry import OBJECTIVE_PATTERN, objective_params
 
 # Every job runs `python -m tacl` from this checkout's src/ (installed or not, venv or --sdm conda).
 REPO = os.path.abspath(os.path.join(workflow.basedir, ".."))
@@ -34,7 +35,6 @@ START = f"{MODELS}/start"
 PRETRAIN = f"{R}/pretrain"
 FINETUNE = f"{R}/finetune"
 REPORT = f"{R}/report"
-GLUE_TASKS = ["cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli"]
 
 
 def tokenizer_name():
@@ -77,7 +77,7 @@ def train_settings(objective):
     settings.update(
         objective=objective,
         max_len=config["data"]["max_len"],
-        objective_params=p.get(PARAMS_SECTION.get(objective, objective), {}),
+        objective_params=objective_params(p, objective),
         device=config["device"],
     )
     return json.dumps(settings, sort_keys=True)
@@ -180,8 +180,8 @@ def contrastive_tasks():
     if not c["forms"]:
         return []
     if c["tasks"] is None:
-        return [t for t in config["finetune"]["tasks"] if t in GLUE_TASKS and t != "stsb"]
-    bad = [t for t in c["tasks"] if t not in GLUE_TASKS or t == "stsb"]
+        return [t for t in config["finetune"]["tasks"] if t in GLUE_CLASSIFICATION]
+    bad = [t for t in c["tasks"] if t not in GLUE_CLASSIFICATION]
     if bad:
         raise WorkflowError(
             f"finetune.contrastive.tasks: {', '.join(bad)}: contrastive fine-tuning needs a GLUE "
@@ -238,9 +238,7 @@ def embeddings_source():
 
 
 def task_family(task):
-    if task in GLUE_TASKS:
-        return "glue"
-    return "squad" if task.startswith("squad") else "ner"
+    return TASKS[task]
 
 
 def task_source(task):
@@ -350,7 +348,7 @@ def keeps_weights(task):
 
 def report_outputs():
     zips = [f"{REPORT}/submissions/{m}.zip" for m in finetune_models() + contrastive_models()]
-    return [f"{REPORT}/report.md", f"{REPORT}/self_similarity.png", *zips]
+    return [f"{REPORT}/report.md", f"{REPORT}/self_similarity.png", f"{REPORT}/cls_cosine.png", *zips]
 
 
 def report_args(wildcards=None, input=None):
@@ -376,6 +374,8 @@ def report_args(wildcards=None, input=None):
     ]
     if os.path.exists(f"{REPORT}/self_similarity.png"):
         args += ["--similarity-png", f"{REPORT}/self_similarity.png"]
+    if os.path.exists(f"{REPORT}/cls_cosine.png"):
+        args += ["--cls-png", f"{REPORT}/cls_cosine.png"]
     return " ".join(shlex.quote(str(a)) for a in args)
 
 

@@ -6,7 +6,7 @@ import argparse
 import json
 
 from tacl.device import DEVICES
-from tacl.finetune import PRESETS
+from tacl.finetune import PRESETS, TASKS
 
 
 def register(stages: argparse._SubParsersAction) -> None:
@@ -26,7 +26,7 @@ def register(stages: argparse._SubParsersAction) -> None:
     c.set_defaults(func=_submissions)
 
     c = cmds.add_parser("prepare", help="fetch or check a task's data (login node)")
-    c.add_argument("--task", required=True)
+    c.add_argument("--task", required=True, choices=TASKS)
     c.add_argument("--source", required=True, help="the task family's source as JSON")
     c.add_argument("--out", required=True)
     c.set_defaults(func=_prepare, online=True)
@@ -39,7 +39,7 @@ def register(stages: argparse._SubParsersAction) -> None:
         if name == "glue":
             start.add_argument("--start-selection",
                                help="start from the weights of another task's selected run (its selected.json)")
-        c.add_argument("--task", required=True)
+        c.add_argument("--task", required=True, choices=[t for t, family in TASKS.items() if family == name])
         c.add_argument("--seed", type=int, required=True)
         c.add_argument("--source", required=True, help="data source as JSON")
         c.add_argument("--hparams", default="{}", help="hyperparameters as JSON")
@@ -80,10 +80,7 @@ def _finetune(a: argparse.Namespace) -> None:
     elif a.command == "squad":
         from tacl.finetune.data import SQUAD_TASKS
         from tacl.finetune.qa import finetune_squad
-        from tacl.io import InputError
 
-        if a.task not in SQUAD_TASKS:
-            raise InputError(f"finetune squad: task {a.task!r} is not one of {sorted(SQUAD_TASKS)}")
         result = finetune_squad(a.model, SQUAD_TASKS[a.task], source, hp, a.seed, a.out, a.precision, a.device,
                                 a.preset)
     else:

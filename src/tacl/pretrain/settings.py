@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tacl.io import InputError, stable_hash
+from tacl.objectives.registry import objective_params
 
 TRAJECTORY_KEYS = ("objective", "steps", "global_batch", "lr", "warmup_ratio", "weight_decay", "adam_eps",
                    "adam_betas", "grad_clip", "seed", "pad_to_max_len", "group_by_length", "max_len",
@@ -14,9 +15,6 @@ TRAJECTORY_KEYS = ("objective", "steps", "global_batch", "lr", "warmup_ratio", "
 # a run is never resumed with batches its first chunks did not see. 2: hash-based vectorised masking.
 DATA_VERSION = 2
 
-
-# objectives that read another objective's config section (tacl_batch is tacl with negatives: batch)
-PARAMS_SECTION = {"tacl_batch": "tacl"}
 
 
 @dataclass
@@ -52,7 +50,7 @@ class TrainSettings:
         keys = {k: pretrain[k] for k in cls.__dataclass_fields__ if k in pretrain}
         keys.pop("objective", None)
         return cls(objective=objective, max_len=max_len,
-                   objective_params=dict(pretrain.get(PARAMS_SECTION.get(objective, objective), {})),
+                   objective_params=objective_params(pretrain, objective),
                    **{k: v for k, v in keys.items() if k not in ("max_len", "objective_params")})
 
     @classmethod

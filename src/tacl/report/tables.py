@@ -355,6 +355,21 @@ def similarity_table(paths: list[str], key: str = "self_similarity") -> pd.DataF
     return pd.DataFrame(rows)
 
 
+def cls_table(paths: list[str]) -> pd.DataFrame:
+    """One row per model and pair set of the [CLS] cosine figure (analysis/similarity/MODEL.json's
+    `cls_cosine`): pairs, mean, std and quantiles."""
+    rows = []
+    for p in paths:
+        r = json.loads(Path(p).read_text())
+        for part in r.get("cls_cosine", {}).values():
+            row = {"model": r["model"], "pairs of": part["label"], "pairs": str(part["pairs"])}
+            if part["pairs"]:
+                row.update({"mean": f"{part['mean']:.3f}", "std": f"{part['std']:.3f}",
+                            **{q: f"{v:.3f}" for q, v in part["quantiles"].items()}})
+            rows.append(row)
+    return pd.DataFrame(rows).fillna("-")
+
+
 EMBEDDINGS_OFF = ("Not run: `analysis.embeddings.enabled: false` in the config. Set it to true to evaluate "
                   "sentence embeddings (STS-B dev and `analysis.embeddings.cluster_task` dev from "
                   "`analysis.embeddings.source`; the demo ships neither).")
@@ -415,7 +430,8 @@ def glue_plot(summary: pd.DataFrame, models: list[str], tasks: list[str], out_pn
 
 def build_report(results_dir: str, models: list[str], tasks: list[str], expected: list[dict[str, Any]],
                  similarity: list[str], out_dir: str, similarity_png: str | None = None,
-                 embeddings: list[str] | None = None, embeddings_enabled: bool = True) -> dict[str, Any]:
+                 embeddings: list[str] | None = None, embeddings_enabled: bool = True,
+                 cls_png: str | None = None) -> dict[str, Any]:
     """Every table and plot for the configured models and tasks; returns the runs found and missing."""
     out = Path(out_dir)
     every = collect(results_dir)
@@ -433,11 +449,12 @@ def build_report(results_dir: str, models: list[str], tasks: list[str], expected
     sim = similarity_table(similarity)
     diffs = differences_table(long, models)
     anisotropy = similarity_table(similarity, "anisotropy")
+    cls = cls_table(similarity)
     sentence = embeddings_table(embeddings or [])
     sweep = sweep_table(every, chosen)
     tables = {"glue_dev": glue, "glue_published": glue_reference_table(refs), "squad_dev": squad,
               "differences": diffs, "status": status, "self_similarity": sim, "anisotropy": anisotropy,
-              "embeddings": sentence, "sweep": sweep}
+              "cls_cosine": cls, "embeddings": sentence, "sweep": sweep}
     several = sweep.groupby(["model", "task"]).size().max() > 1 if not sweep.empty else False
     lines = [f"# Results ({results_dir})", "",
              "Our rows: dev-set scores x100, mean ± sample std over fine-tuning seeds, with the fine-tuning "
@@ -481,6 +498,12 @@ def build_report(results_dir: str, models: list[str], tasks: list[str], expected
               markdown(anisotropy), ""]
     if similarity_png:
         lines += [f"![self-similarity and anisotropy]({Path(similarity_png).name})", ""]
+    lines += ["## [CLS] cosines (sequence-level anisotropy)", "", markdown(cls), "",
+              "The cosine between the last layer's [CLS] vectors of two sentences: random pairs of held-out "
+              "sentences, and STS-B dev pairs with a gold score of 4 or more (where the sentence-embedding "
+              "evaluation runs). Random pairs near 1 mean [CLS] vectors that all point one way.", ""]
+    if cls_png:
+        lines += [f"![[CLS] cosines]({Path(cls_png).name})", ""]
     if embeddings_enabled:
         lines += ["## Sentence embeddings without fine-tuning (x100)", "", markdown(sentence), "",
                   "STS-B dev: Spearman of the cosine of the two sentences' embeddings with the gold scores. "
