@@ -465,3 +465,21 @@ def test_tacl_attn_weights_are_the_teachers_own_attention():
         received = (p.mean(1) * real[:, :, None]).sum(1)
         torch.testing.assert_close(weights, token_weights(received, batch["mlm_mask"], 1.0), rtol=1e-5, atol=1e-6)
         assert h.shape == (4, 12, 16)
+
+
+def test_tacl_attn_bad_settings_name_the_key(tmp_path):
+    from transformers import BertConfig
+
+    from tacl.io import InputError
+    from tacl.objectives.tacl_attn import TaCLAttn
+
+    BertConfig(num_hidden_layers=2).save_pretrained(tmp_path)
+    for layer in (1, 2, -1, -2):
+        TaCLAttn(layer=layer).check(str(tmp_path))
+    for layer in (3, -3):
+        with pytest.raises(InputError, match=rf"pretrain.tacl_attn.layer: {layer}, but the start model has 2 layers"):
+            TaCLAttn(layer=layer).check(str(tmp_path))
+    with pytest.raises(InputError, match="pretrain.tacl_attn.weighting: 'softmax' is not one of attention, uniform"):
+        TaCLAttn(weighting="softmax")
+    with pytest.raises(InputError, match="pretrain.tacl_attn.power: -1.0 is negative"):
+        TaCLAttn(power=-1.0)

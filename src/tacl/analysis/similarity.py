@@ -242,6 +242,8 @@ def plot_cls(results: list[dict[str, Any]], out_png: str) -> None:
         ax.axis("off")
     for ax in axes[-1]:
         ax.set_xlabel("cosine of the [CLS] vectors (last layer)", fontsize=8)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("density", fontsize=8)
     fig.tight_layout()
     with atomic_path(out_png) as tmp:
         fig.savefig(tmp, format="png", dpi=120)

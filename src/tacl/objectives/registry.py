@@ -22,15 +22,16 @@ class Objective:
     sections: tuple[str, ...] = ()  # pretrain.<section> dicts merged (in order) into its params
     fixed: dict[str, Any] = field(default_factory=dict)  # params the objective sets itself, over the sections'
     two_sequences: bool = False  # negatives come from the other sequences of a micro-batch (micro_batch >= 2)
+    variant_of: str | None = None  # the objective it changes one thing of: the report's differences compare the two
 
 
 REGISTRY: dict[str, Objective] = {o.name: o for o in (
     Objective("mlm_nsp", "mlm_nsp:MlmNsp", "BERT masked LM + next sentence prediction (the control)"),
     Objective("tacl", "tacl:TaCL", "MLM + NSP + TaCL token contrast against a frozen teacher", ("tacl",)),
     Objective("tacl_batch", "tacl:TaCL", "TaCL with the other sequences' tokens as negatives too", ("tacl",),
-              {"negatives": "batch", "name": "tacl_batch"}, two_sequences=True),
+              {"negatives": "batch", "name": "tacl_batch"}, two_sequences=True, variant_of="tacl"),
     Objective("tacl_attn", "tacl_attn:TaCLAttn", "TaCL with each masked token weighted by the attention it "
-              "receives in the teacher", ("tacl", "tacl_attn")),
+              "receives in the teacher", ("tacl", "tacl_attn"), variant_of="tacl"),
     Objective("taco", "taco:TACO", "MLM + TACO token-alignment contrast", ("taco",), two_sequences=True),
     Objective("coco_lm", "coco_lm:COCOLM", "COCO-LM: corrective LM + sequence contrast with an auxiliary MLM",
               ("coco_lm",), two_sequences=True),

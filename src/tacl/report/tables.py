@@ -22,6 +22,7 @@ from typing import Any
 import pandas as pd
 
 from tacl.finetune.sweep import HEADLINE_DEV, select
+from tacl.objectives.registry import REGISTRY
 from tacl.io import atomic_path, write_text_atomic
 
 # (column label, task, split, metrics shown) of the GLUE dev table; GLUE scores are fractions, shown x100
@@ -288,31 +289,32 @@ def interval(diffs: list[float] | None, a: list[float], b: list[float]) -> tuple
 
 
 def differences_table(long: pd.DataFrame, models: list[str]) -> pd.DataFrame:
-    """For every headline number and every model against each control (mlm_nsp, none): the mean
-    difference over seeds with its 95% interval, paired by fine-tuning seed where both have the same seeds,
-    and whether it exceeds seed noise (the interval excludes 0)."""
+    """For every headline number and every model against each control (mlm_nsp, none), and a variant of an
+    objective (tacl_batch, tacl_attn) against that objective (tacl): the mean difference over seeds with its
+    95% interval, paired by fine-tuning seed where both have the same seeds, and whether it exceeds seed noise
+    (the interval excludes 0)."""
     rows = []
     for label, task, split, metric, _ in HEADLINE:
         part = long[(long.task == task) & (long.split == split) & (long.metric == metric)] if not long.empty else long
         values = {m: dict(zip(g.seed.astype(int), g.value)) for m, g in part.groupby("model")} if not part.empty else {}
-        for control in CONTROLS:
-            if control not in values:
-                continue
-            for model in models:
-                if model in CONTROLS[: CONTROLS.index(control) + 1] or model not in values:
-                    continue  # a control against itself, or none against mlm_nsp (mlm_nsp vs none says it)
-                ours, base = values[model], values[control]
-                paired = sorted(ours) == sorted(base)
-                diffs = [ours[s] - base[s] for s in sorted(ours)] if paired else None
-                ci = interval(diffs, list(ours.values()), list(base.values()))
-                mean = (sum(ours.values()) / len(ours)) - (sum(base.values()) / len(base))
-                rows.append({
-                    "task": label, "split": split, "model": model, "vs": control,
-                    "seeds": f"{len(ours)} vs {len(base)}", "paired": "yes" if paired else "no",
-                    "mean difference": f"{mean:+.2f}",
-                    "95% interval": f"[{ci[1]:+.2f}, {ci[2]:+.2f}]" if ci else "- (fewer than 2 seeds)",
-                    "beyond seed noise": ("yes" if ci[1] > 0 or ci[2] < 0 else "no") if ci else "-",
-                })
+        pairs = [(model, control) for control in CONTROLS if control in values for model in models
+                 # not a control against itself, nor none against mlm_nsp (mlm_nsp vs none says it)
+                 if model not in CONTROLS[: CONTROLS.index(control) + 1] and model in values]
+        pairs += [(model, REGISTRY[model].variant_of) for model in models if model in values and model in REGISTRY
+                  and REGISTRY[model].variant_of in values]
+        for model, control in pairs:
+            ours, base = values[model], values[control]
+            paired = sorted(ours) == sorted(base)
+            diffs = [ours[s] - base[s] for s in sorted(ours)] if paired else None
+            ci = interval(diffs, list(ours.values()), list(base.values()))
+            mean = (sum(ours.values()) / len(ours)) - (sum(base.values()) / len(base))
+            rows.append({
+                "task": label, "split": split, "model": model, "vs": control,
+                "seeds": f"{len(ours)} vs {len(base)}", "paired": "yes" if paired else "no",
+                "mean difference": f"{mean:+.2f}",
+                "95% interval": f"[{ci[1]:+.2f}, {ci[2]:+.2f}]" if ci else "- (fewer than 2 seeds)",
+                "beyond seed noise": ("yes" if ci[1] > 0 or ci[2] < 0 else "no") if ci else "-",
+            })
     columns = ["task", "split", "model", "vs", "seeds", "paired", "mean difference", "95% interval",
                "beyond seed noise"]
     return pd.DataFrame(rows, columns=columns)
@@ -490,7 +492,8 @@ def build_report(results_dir: str, models: list[str], tasks: list[str], expected
         lines += ["## CoNLL-2003 NER (entity F1, seqeval)", "", markdown(tables["ner"]), ""]
     lines += ["## Differences beyond seed noise", "", markdown(diffs), "",
               "Each model minus the control (mlm_nsp: as much continued pretraining without the contrastive "
-              "loss; none: the start model), on the headline number of each task: mean over fine-tuning seeds, "
+              "loss; none: the start model), and a variant of TaCL (tacl_batch, tacl_attn) minus tacl itself, "
+              "on the headline number of each task: mean over fine-tuning seeds, "
               "95% t interval, paired by seed where both ran the same seeds (Welch otherwise). 'yes' = the "
               "interval excludes 0.", ""]
     lines += ["## Self-similarity (lower = more distinguishable token vectors)", "", markdown(sim), "",
