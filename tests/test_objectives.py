@@ -483,3 +483,5 @@ def test_tacl_attn_bad_settings_name_the_key(tmp_path):
         TaCLAttn(weighting="softmax")
     with pytest.raises(InputError, match="pretrain.tacl_attn.power: -1.0 is negative"):
         TaCLAttn(power=-1.0)
+    with pytest.raises(InputError, match="pretrain.tacl_attn.layer: 0 is not a layer"):
+        TaCLAttn(layer=0)

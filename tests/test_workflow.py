@@ -148,8 +148,9 @@ def test_plan_errors_name_each_key(tmp_path):
         "pretrain.micro_batch: 1, but taco, coco_lm take negatives": {"pretrain.micro_batch": 1},
         "pretrain.coco_lm.aux_layers: 9 layers for the auxiliary model, but the start model has 2 (model_init)":
             {"pretrain.coco_lm": {"aux_layers": 9}},
-        "pretrain.tacl_attn.layer: -3, but the start model has 2 layers (model_init)":
+        "pretrain.tacl_attn.layer: -3, but the start model has 2 layers (model_init: 1..2, or -1 for the last)":
             {"pretrain.tacl_attn": {"layer": -3}},
+        "pretrain.tacl_attn.layer: 0, but the start model has 2 layers": {"pretrain.tacl_attn": {"layer": 0}},
         "pretrain.chunk.margin_minutes: 0.75 leaves no time to train": {"pretrain.chunk.margin_minutes": 0.75},
         "data.max_len: 256 tokens, but the start model has 128 positions (model_init)": {"data.max_len": 256},
         "finetune.hparams.tasks.qnli.max_len: 200 tokens, but the start model has 128 positions":

@@ -98,9 +98,9 @@ def plan_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
         problems.append(f"pretrain.coco_lm.aux_layers: {aux} layers for the auxiliary model, but the start model "
                         f"has {shape['layers']} ({shape['key']})")
     layer = p.get("tacl_attn", {}).get("layer", -1)
-    if "tacl_attn" in trained and shape["layers"] and abs(layer) > shape["layers"]:
+    if "tacl_attn" in trained and shape["layers"] and not 0 < abs(layer) <= shape["layers"]:
         problems.append(f"pretrain.tacl_attn.layer: {layer}, but the start model has {shape['layers']} layers "
-                        f"({shape['key']})")
+                        f"({shape['key']}: 1..{shape['layers']}, or -1 for the last)")
     positions = shape["positions"]
     lengths = [("data.max_len", config["data"]["max_len"]),
                ("analysis.similarity_max_len", config["analysis"]["similarity_max_len"])]

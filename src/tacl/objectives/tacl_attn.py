@@ -84,6 +84,8 @@ class TaCLAttn(TaCL):
             raise InputError(f"pretrain.tacl_attn.weighting: {self.weighting!r} is not one of {', '.join(WEIGHTINGS)}")
         if self.power < 0:
             raise InputError(f"pretrain.tacl_attn.power: {self.power} is negative")
+        if self.layer == 0:
+            raise InputError("pretrain.tacl_attn.layer: 0 is not a layer (1..L, or -1 for the last)")
 
     def check(self, start_dir: str) -> None:
         """Before anything is built: the layer exists in the start model."""
