@@ -12,7 +12,31 @@ from typing import Any, Callable
 
 import yaml
 
-from tacl.objectives.registry import MODELS, spec
+from tacl.objectives.registry import MODELS, REGISTRY
+from tacl.pretrain.settings import CHUNK_OPERATIONAL_KEYS, OPERATIONAL_KEYS
+
+
+# The config keys that decide no result, only where and how a job runs (the schema marks each key with its
+# `x-role`, result or operational; tests/test_reruns.py keeps the two equal). Changing one reruns nothing:
+# the workflow hands them to jobs outside the parameters Snakemake compares. The trainer's own are in
+# tacl.pretrain.settings; the rest lay jobs out (ranks, nodes, chunk times) or name places.
+OPERATIONAL_CONFIG_KEYS = tuple(sorted(
+    {"results_dir", "resources_dir", "conda_env", "device", "data.clean_workers", "finetune.runtime_minutes"}
+    | {f"pretrain.{k}" for k in OPERATIONAL_KEYS if k != "device"}
+    | {f"pretrain.{k}" for k in CHUNK_OPERATIONAL_KEYS if k != "chunk"}
+    | {f"pretrain.chunk.{k}" for k in ("runtime_minutes", "margin_minutes", "max_chunks", "max_steps")}))
+
+
+def schema_roles(schema: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """{dotted key: its `x-role`} of every key the schema defines that holds no keys of its own."""
+    roles = {}
+    for name, spec in schema.get("properties", {}).items():
+        key = f"{prefix}{name}"
+        if "properties" in spec:
+            roles.update(schema_roles(spec, f"{key}."))
+        else:
+            roles[key] = spec.get("x-role", "(none)")
+    return roles
 
 
 def load_schema(path: str | Path) -> dict[str, Any]:
@@ -82,7 +106,7 @@ def plan_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
                 f"pretrain.global_batch: {p['global_batch']} must be pretrain.micro_batch ({p['micro_batch']}) x "
                 f"accumulation steps x {ranks} rank(s) (pretrain.nodes x pretrain.ranks_per_node), i.e. a "
                 f"multiple of {p['micro_batch'] * ranks}")
-        needs_two = [o for o in trained if spec(o).two_sequences]
+        needs_two = [o for o in trained if REGISTRY[o].two_sequences]
         if needs_two and p["micro_batch"] < 2:
             problems.append(f"pretrain.micro_batch: {p['micro_batch']}, but {', '.join(needs_two)} take negatives "
                             "from the other sequences of a micro-batch: 2 or more")

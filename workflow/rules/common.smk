@@ -7,9 +7,11 @@ import signal
 import subprocess
 import sys
 
+from tacl import RESULT_VERSIONS
 from tacl.finetune import GLUE_CLASSIFICATION, TASKS
 from tacl.finetune.sweep import parse_setting, task_settings
-from tacl.objectives.registry import OBJECTIVE_PATTERN, objective_params
+from tacl.objectives.registry import OBJECTIVE_PATTERN
+from tacl.pretrain.settings import TrainSettings
 
 # Every job runs `python -m tacl` from this checkout's src/ (installed or not, venv or --sdm conda).
 REPO = os.path.abspath(os.path.join(workflow.basedir, ".."))
@@ -35,6 +37,16 @@ START = f"{MODELS}/start"
 PRETRAIN = f"{R}/pretrain"
 FINETUNE = f"{R}/finetune"
 REPORT = f"{R}/report"
+DATASETS_CACHE = f"{config['resources_dir']}/datasets"
+
+
+def operational(value):
+    """A parameter that never decides a rerun: an operational setting (tacl.pretrain.settings: where, how
+    fast, how often a job logs or saves), which changes no result. Snakemake reruns a finished job when its
+    parameters change, but leaves out of that comparison a parameter computed by a function of the job's
+    `resources` (a value derived from how the job runs): this is one. The profiles leave Snakemake's `code`
+    trigger out, so the text of a command does not count either."""
+    return lambda wildcards, resources: value
 
 
 def tokenizer_name():
@@ -49,38 +61,21 @@ def model_outputs():
     return [f"{MODELS}/{o}.json" for o in config["pretrain"]["objectives"]]
 
 
+def stamp(value):
+    """A parameter as Snakemake compares it to decide a rerun: JSON with sorted keys (key order never counts)."""
+    return json.dumps(value, sort_keys=True)
+
+
+def pretrain_settings(objective):
+    """The trainer's settings for one objective (tacl.pretrain.settings: result and operational keys)."""
+    s = TrainSettings.from_config(config["pretrain"], objective, config["data"]["max_len"])
+    s.device = config["device"]
+    return s
+
+
 def train_settings(objective):
-    """The trainer's settings for one objective, as JSON (see tacl.pretrain.settings)."""
-    p = config["pretrain"]
-    keys = [
-        "steps",
-        "global_batch",
-        "micro_batch",
-        "lr",
-        "warmup_ratio",
-        "weight_decay",
-        "adam_eps",
-        "adam_betas",
-        "grad_clip",
-        "zero_stage",
-        "precision",
-        "seed",
-        "log_every",
-        "checkpoint_minutes",
-        "keep_checkpoints",
-        "pad_to_max_len",
-        "group_by_length",
-        "loader_workers",
-        "compile",
-    ]
-    settings = {k: p[k] for k in keys}
-    settings.update(
-        objective=objective,
-        max_len=config["data"]["max_len"],
-        objective_params=objective_params(p, objective),
-        device=config["device"],
-    )
-    return json.dumps(settings, sort_keys=True)
+    """What a pretraining run computes (its result settings): the chunks' parameter, compared for a rerun."""
+    return stamp(pretrain_settings(objective).result())
 
 
 def launcher():
@@ -131,10 +126,18 @@ def chunk_resources():
     return resources
 
 
-def chunk_step_cap():
-    """The per-chunk step cap (pretrain.chunk.max_steps) as an argument of `tacl pretrain train`."""
-    cap = config["pretrain"]["chunk"]["max_steps"]
-    return f"--max-steps {cap}" if cap else ""
+def chunk_operational():
+    """The operational settings of `tacl pretrain train` (logging, checkpoints, loader, compile, micro batch,
+    ZeRO stage, device, the chunk's runtime, margin and step cap, ranks on the node) as arguments."""
+    chunk = config["pretrain"]["chunk"]
+    args = [
+        "--operational",
+        shlex.quote(stamp(pretrain_settings("").operational())),
+        f"--runtime-minutes {chunk['runtime_minutes']} --margin-minutes {chunk['margin_minutes']}",
+    ]
+    if chunk["max_steps"]:
+        args.append(f"--max-steps {chunk['max_steps']}")
+    return " ".join(args + [chunk_launch()[1]]).strip()
 
 
 def chunk_marker(objective, k):
@@ -232,9 +235,7 @@ def embeddings_args(wildcards, input, output):
 
 def embeddings_source():
     """The GLUE source of the sentence-embedding evaluation (analysis.embeddings.source, else the fine-tunes')."""
-    source = dict(config["analysis"]["embeddings"]["source"] or config["finetune"]["glue_source"])
-    source.setdefault("cache_dir", f"{config['resources_dir']}/datasets")
-    return source
+    return dict(config["analysis"]["embeddings"]["source"] or config["finetune"]["glue_source"])
 
 
 def task_family(task):
@@ -250,7 +251,6 @@ def task_source(task):
         source = dict(ft["squad_source"])
     else:
         source = dict(ft["conll_source"])
-    source.setdefault("cache_dir", f"{config['resources_dir']}/datasets")
     return source
 
 
@@ -411,6 +411,72 @@ def cluster_preflight():
     from tacl.cluster.hooks import preflight
 
     preflight(workflow, config["pretrain"], config_runtimes(), launcher())
+
+
+def finished_jobs():
+    """The finished jobs that keep the settings they ran with, beside what the config gives them now."""
+    from tacl.data.build import shard_config
+    from tacl.data.clean import clean_given
+    from tacl.finetune import GIVEN, finetune_given
+    from tacl.reruns import Finished
+
+    d, ft = config["data"], config["finetune"]
+    jobs = [
+        Finished(
+            "clean",
+            f"{DATA}/clean.json",
+            "given",
+            f"{DATA}/clean.json",
+            clean_given(d["max_lines"], d["heldout_fraction"], d["sentence_splitter"]),
+        ),
+        Finished(
+            "shard",
+            f"{DATA}/shards/manifest.json",
+            "config",
+            f"{DATA}/shards/manifest.json",
+            shard_config(d["max_len"], d["short_seq_prob"], d["seed"], d["dupe_factor"], d["num_shards"]),
+        ),
+        Finished(
+            "init_model",
+            f"{START}/tacl_start.json",
+            "given",
+            START,
+            {"model": config["model"], "init": config["model_init"]},
+        ),
+    ]
+    again = f"each starts again from the start model, its checkpoints set aside in {PRETRAIN}/OBJECTIVE/superseded/"
+    for o in config["pretrain"]["objectives"]:
+        if o != "none":
+            run, result = f"{PRETRAIN}/{o}/run/run.json", pretrain_settings(o).result()
+            jobs.append(Finished("pretrain_chunk", run, "result", chunk_marker(o, 0), result, o, again))
+    for r in expected_runs():
+        given = finetune_given(
+            task_source(r["task"]), setting_hparams(r["task"], r["setting"]), ft["precision"], ft["preset"]
+        )
+        label = f"{r['model']}/{r['task']}/{r['setting']}/seed{r['seed']}"
+        jobs.append(
+            Finished("finetune", f"{run_dir(r)}/{GIVEN}", "", f"{run_dir(r)}/metrics.json", given, label)
+        )
+    a = config["analysis"]
+    for m in finetune_models():
+        path = f"{R}/analysis/similarity/{m}.json"
+        given = {
+            "sentences": a["similarity_sentences"],
+            "seed": a["similarity_seed"],
+            "max_len": a["similarity_max_len"],
+            "version": RESULT_VERSIONS["analysis"],
+        }
+        jobs.append(Finished("similarity", path, "given", path, given, m))
+    return jobs
+
+
+def rerun_summary():
+    """Before anything runs (dry runs too): the finished work this run does again, and why (tacl.reruns)."""
+    from tacl.reruns import summary
+
+    text = summary(finished_jobs())
+    if text:
+        print(text, file=sys.stderr)
 
 
 def print_summary():

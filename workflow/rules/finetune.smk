@@ -16,10 +16,11 @@ rule prepare_task:
     conda:
         CONDA_ENV
     params:
-        source=lambda w: json.dumps(task_source(w.task)),
+        cache=operational(DATASETS_CACHE),
+        source=lambda w: stamp(task_source(w.task)),
     shell:
-        "python -m tacl finetune prepare --task {wildcards.task} --source {params.source:q} --out {output}"
-        " > {log} 2>&1"
+        "python -m tacl finetune prepare --task {wildcards.task} --source {params.source:q}"
+        " --cache-dir {params.cache} --out {output} > {log} 2>&1"
 
 
 rule finetune:
@@ -43,20 +44,23 @@ rule finetune:
         runtime=lambda w: task_runtime(w.task),
         mem_mb=32000,
     params:
+        cache=operational(DATASETS_CACHE),
+        device=operational(config["device"]),
         family=lambda w: task_family(w.task),
-        source=lambda w: json.dumps(task_source(w.task)),
-        hparams=lambda w: json.dumps(setting_hparams(w.task, w.setting)),
+        source=lambda w: stamp(task_source(w.task)),
+        hparams=lambda w: stamp(setting_hparams(w.task, w.setting)),
         precision=config["finetune"]["precision"],
-        device=config["device"],
         preset=config["finetune"]["preset"],
+        version=RESULT_VERSIONS["finetune"],
         contrastive=lambda w: f"--contrastive {w.model.split('+')[1]}" if "+" in w.model else "",
         start=start_args,
         keep=lambda w: "--save-model" if keeps_weights(w.task) else "",
         out=lambda w: f"{FINETUNE}/{w.model}/{w.task}/{w.setting}/seed{w.seed}",
     shell:
         "python -m tacl finetune {params.family} {params.start} --task {wildcards.task}"
-        " --seed {wildcards.seed} --source {params.source:q} --hparams {params.hparams:q}"
-        " --precision {params.precision} --device {params.device} --preset {params.preset} {params.contrastive}"
+        " --seed {wildcards.seed} --source {params.source:q} --cache-dir {params.cache}"
+        " --hparams {params.hparams:q} --precision {params.precision} --device {params.device}"
+        " --preset {params.preset} {params.contrastive}"
         " {params.keep} --out {params.out} > {log} 2>&1"
 
 

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tacl import RESULT_VERSIONS
 from tacl.device import resolve_device
 from tacl.hub import resolve_pretrained
 from tacl.io import InputError, read_json, write_json_atomic
@@ -174,7 +175,8 @@ def run_similarity(model_dir: str, heldout: str, n: int, seed: int, out_json: st
         cls["sts_top"] = {"label": CLS_LABELS["sts_top"], "min_score": STS_TOP, **cosine_summary(sts_cls[top])}
     result = {"model": name, "sentences": len(sentences), "seed": seed, "max_len": max_len,
               "layers": list(range(1, len(r["self_similarity"]) + 1)), "self_similarity": r["self_similarity"],
-              "anisotropy": r["anisotropy"], "cls_cosine": cls}
+              "anisotropy": r["anisotropy"], "cls_cosine": cls,
+              "given": {"sentences": n, "seed": seed, "max_len": max_len, "version": RESULT_VERSIONS["analysis"]}}
     write_json_atomic(out_json, result)
     return result
 

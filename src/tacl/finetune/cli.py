@@ -7,6 +7,7 @@ import json
 
 from tacl.device import DEVICES
 from tacl.finetune import PRESETS, TASKS
+from tacl.io import with_cache
 
 
 def register(stages: argparse._SubParsersAction) -> None:
@@ -28,6 +29,7 @@ def register(stages: argparse._SubParsersAction) -> None:
     c = cmds.add_parser("prepare", help="fetch or check a task's data (login node)")
     c.add_argument("--task", required=True, choices=TASKS)
     c.add_argument("--source", required=True, help="the task family's source as JSON")
+    c.add_argument("--cache-dir", help="Hugging Face datasets cache (a source's own cache_dir wins)")
     c.add_argument("--out", required=True)
     c.set_defaults(func=_prepare, online=True)
 
@@ -42,6 +44,7 @@ def register(stages: argparse._SubParsersAction) -> None:
         c.add_argument("--task", required=True, choices=[t for t, family in TASKS.items() if family == name])
         c.add_argument("--seed", type=int, required=True)
         c.add_argument("--source", required=True, help="data source as JSON")
+        c.add_argument("--cache-dir", help="Hugging Face datasets cache (a source's own cache_dir wins)")
         c.add_argument("--hparams", default="{}", help="hyperparameters as JSON")
         c.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp32"])
         c.add_argument("--preset", default="standard", choices=sorted(PRESETS),
@@ -61,11 +64,18 @@ def register(stages: argparse._SubParsersAction) -> None:
 def _prepare(a: argparse.Namespace) -> None:
     from tacl.finetune.data import prepare
 
-    print(json.dumps(prepare(a.task, json.loads(a.source), a.out)))
+    print(json.dumps(prepare(a.task, with_cache(json.loads(a.source), a.cache_dir), a.out)))
 
 
 def _finetune(a: argparse.Namespace) -> None:
-    source, hp = json.loads(a.source), json.loads(a.hparams)
+    from pathlib import Path
+
+    from tacl.finetune import GIVEN, finetune_given
+    from tacl.io import write_json_atomic
+
+    given = finetune_given(json.loads(a.source), json.loads(a.hparams), a.precision, a.preset)
+    write_json_atomic(Path(a.out) / GIVEN, given)
+    source, hp = with_cache(given["source"], a.cache_dir), dict(given["hparams"])
     if a.command == "glue":
         from tacl.finetune.sequence import finetune_glue
 

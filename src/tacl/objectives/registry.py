@@ -50,9 +50,10 @@ def spec(name: str) -> Objective:
 
 
 def objective_params(pretrain: dict[str, Any], name: str) -> dict[str, Any]:
-    """The objective's settings from config.yaml's `pretrain` section: its sections' keys, merged."""
+    """The objective's settings from config.yaml's `pretrain` section: its sections' keys, merged (none for a
+    name that is no objective, e.g. "" for the settings every objective shares; build_objective names it)."""
     params: dict[str, Any] = {}
-    for section in spec(name).sections:
+    for section in REGISTRY[name].sections if name in REGISTRY else ():
         params.update(pretrain.get(section) or {})
     return params
 

@@ -46,7 +46,7 @@ def init_start_model(model: str, init: dict[str, Any], tokenizer_dir: str, out_d
         student.save_pretrained(str(tmp))
         tok.save_pretrained(str(tmp))
         meta = {"source": source, "init": init, "parameters": sum(p.numel() for p in student.parameters()),
-                "weights_sha256": sha256_file(tmp / "model.safetensors")}
+                "weights_sha256": sha256_file(tmp / "model.safetensors"), "given": {"model": model, "init": init}}
         write_json_atomic(tmp / START_META, meta)
     return meta
 
