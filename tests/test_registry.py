@@ -38,6 +38,7 @@ def test_each_task_has_its_spec_and_headline_number():
     from tacl.finetune import glue
     from tacl.finetune.data import NER_TASKS, SQUAD_TASKS
     from tacl.finetune.sweep import HEADLINE_DEV
+    from tacl.plan import TASK_SIZES
     from tacl.report.tables import HEADLINE
 
     by_family = {f: [t for t, family in TASKS.items() if family == f] for f in ("glue", "squad", "ner")}
@@ -45,6 +46,7 @@ def test_each_task_has_its_spec_and_headline_number():
     assert list(SQUAD_TASKS) == by_family["squad"] and list(NER_TASKS) == by_family["ner"]
     assert [t for t, spec in glue.TASKS.items() if not spec.is_regression] == list(GLUE_CLASSIFICATION)
     assert list(HEADLINE_DEV) == list(TASKS)
+    assert list(TASK_SIZES) == list(TASKS)
     assert list(dict.fromkeys(task for _, task, *_ in HEADLINE)) == list(TASKS)
 
 

@@ -147,7 +147,7 @@ def test_a_project_update_that_changes_a_command_reruns_nothing(finished, tmp_pa
     shutil.copytree(REPO / "workflow", workflow)
     (tmp_path / "src").symlink_to(REPO / "src")
     for rules, old, new in (("pretrain.smk", '" --marker {output}', '" --no-tensorboard --marker {output}'),
-                            ("finetune.smk", '" --seed {wildcards.seed}', '" --seed {wildcards.seed}  ')):
+                            ("finetune.smk", '" --seeds {params.seeds}', '" --seeds {params.seeds}  ')):
         path = workflow / "rules" / rules
         text = path.read_text()
         assert old in text

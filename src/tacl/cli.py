@@ -23,13 +23,19 @@ def build_parser() -> argparse.ArgumentParser:
     for name in STAGES:
         importlib.import_module(f"tacl.{name}.cli").register(stages)
     importlib.import_module("tacl.device").register(stages)  # `tacl doctor`
+    importlib.import_module("tacl.plan").register(stages)  # `tacl plan`
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["plan"] and argv[1:2] not in (["-h"], ["--help"]):
+        args = parser.parse_args(["plan"])
+        args.snakemake_args = argv[1:]  # (Snakemake's own: --profile, --configfile, ...)
+    else:
+        args = parser.parse_args(argv)
     if not getattr(args, "online", False):
         # Only the download commands (run on the login node) may reach the Hugging Face Hub; every other
         # command reads the local cache, as compute nodes without internet must.

@@ -21,7 +21,9 @@ from tacl.pretrain.settings import CHUNK_OPERATIONAL_KEYS, OPERATIONAL_KEYS
 # the workflow hands them to jobs outside the parameters Snakemake compares. The trainer's own are in
 # tacl.pretrain.settings; the rest lay jobs out (ranks, nodes, chunk times) or name places.
 OPERATIONAL_CONFIG_KEYS = tuple(sorted(
-    {"results_dir", "resources_dir", "conda_env", "device", "data.clean_workers", "finetune.runtime_minutes"}
+    {"results_dir", "resources_dir", "conda_env", "device", "data.clean_workers", "finetune.runtime_minutes",
+     "pretrain.remove_checkpoints", "plan.gpu", "plan.gpus", "plan.safety", "plan.startup_minutes",
+     "plan.min_runtime_minutes"}
     | {f"pretrain.{k}" for k in OPERATIONAL_KEYS if k != "device"}
     | {f"pretrain.{k}" for k in CHUNK_OPERATIONAL_KEYS if k != "chunk"}
     | {f"pretrain.chunk.{k}" for k in ("runtime_minutes", "margin_minutes", "max_chunks", "max_steps")}))
@@ -64,12 +66,13 @@ def config_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
 
 
 def start_model_shape(config: dict[str, Any]) -> dict[str, Any] | None:
-    """Depth and positions of the start model where they are known without a download: `model_init` (kind
-    random), or the config.json of a local model directory or a package's model; None for a Hub name that
-    is not in the local cache yet. `key` names where they come from, for messages."""
+    """Depth, positions and sizes of the start model where they are known without a download: `model_init`
+    (kind random), or the config.json of a local model directory or a package's model; None for a Hub name
+    that is not in the local cache yet. `key` names where they come from, for messages."""
     init = config.get("model_init") or {}
     if init.get("kind", "pretrained") == "random":
-        return {"layers": init["layers"], "positions": init.get("max_position", 512), "key": "model_init"}
+        return {"layers": init["layers"], "positions": init.get("max_position", 512), "hidden": init.get("hidden"),
+                "intermediate": init.get("intermediate"), "vocab": None, "key": "model_init"}
     from tacl.hub import resolve_pretrained
     from tacl.io import InputError
 
@@ -89,7 +92,8 @@ def start_model_shape(config: dict[str, Any]) -> dict[str, Any] | None:
         path = Path(cached)
     model = json.loads(path.read_text())
     return {"layers": model.get("num_hidden_layers"), "positions": model.get("max_position_embeddings"),
-            "key": f"model ({config['model']})"}
+            "hidden": model.get("hidden_size"), "intermediate": model.get("intermediate_size"),
+            "vocab": model.get("vocab_size"), "key": f"model ({config['model']})"}
 
 
 def plan_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:

@@ -56,7 +56,9 @@ def rerun_lines(jobs: list[Finished]) -> list[str]:
         before = recorded(job.record, job.key)
         if before is None:
             continue
-        changes = changed_keys(before, job.current)
+        # (a record may keep more than the config decides, e.g. a fine-tune's start model's weights, whose
+        # change reruns the job through its input's modification time)
+        changes = changed_keys({k: v for k, v in before.items() if k in job.current}, job.current)
         if changes:
             groups[(job.rule, tuple(changes), job.then)].append(job.label)
     lines = []

@@ -25,7 +25,8 @@ rule similarity:
     conda:
         CONDA_ENV
     resources:
-        runtime=120,
+        **gpu_resources("similarity"),
+        runtime=similarity_runtime,
         mem_mb=16000,
     params:
         device=operational(config["device"]),

@@ -49,10 +49,11 @@ checkpoint pretrain_chunk:
         settings=lambda w: train_settings(w.objective),
         launch=operational(chunk_launch()[0]),
         operational=operational(chunk_operational()),
+        runtime=chunk_minutes,
     shell:
         "{params.launch} python -m tacl pretrain train --run-dir {params.run_dir} --start-model {input.start}"
         " --manifest {input.manifest} --settings {params.settings:q} --chunk {wildcards.chunk}"
-        " --marker {output} {params.operational} > {log} 2>&1"
+        " --marker {output} --runtime-minutes {params.runtime} {params.operational} > {log} 2>&1"
 
 
 rule export_model:
@@ -75,9 +76,10 @@ rule export_model:
         runtime=60,
     params:
         run_dir=lambda w: f"{PRETRAIN}/{w.objective}/run",
+        cleanup=operational("--remove-checkpoints" if config["pretrain"]["remove_checkpoints"] else ""),
     shell:
         "python -m tacl pretrain export --start-model {input.start} --run-dir {params.run_dir}"
-        " --marker {input.final} --out {output.model} --summary {output.summary} > {log} 2>&1"
+        " --marker {input.final} --out {output.model} --summary {output.summary} {params.cleanup} > {log} 2>&1"
 
 
 rule export_start:

@@ -43,6 +43,8 @@ def register(stages: argparse._SubParsersAction) -> None:
     c.add_argument("--marker", help="the final chunk's marker (must say done)")
     c.add_argument("--out", required=True)
     c.add_argument("--summary", required=True)
+    c.add_argument("--remove-checkpoints", action="store_true",
+                   help="after the export is written, remove the run's checkpoints (pretrain.remove_checkpoints)")
     c.set_defaults(func=_export)
 
 
@@ -80,4 +82,4 @@ def _train(a: argparse.Namespace) -> int:
 def _export(a: argparse.Namespace) -> None:
     from tacl.pretrain.export import export
 
-    print(json.dumps(export(a.start_model, a.out, a.summary, a.run_dir, a.marker)))
+    print(json.dumps(export(a.start_model, a.out, a.summary, a.run_dir, a.marker, a.remove_checkpoints)))

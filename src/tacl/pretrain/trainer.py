@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -41,7 +42,7 @@ from tacl.data.pretraining import MicroBatches, micro_batch_loader, unpack
 from tacl.device import fast_fp32_matmul
 from tacl.io import InputError, read_json, stable_hash, write_json_atomic
 from tacl.pretrain import checkpoint
-from tacl.pretrain.deadline import Deadline, StopSignals, end_time
+from tacl.pretrain.deadline import Deadline, StopSignals, describe, end_times
 from tacl.pretrain.distributed import DistEnv, all_max, all_sum, barrier, broadcast_object, init_distributed, shutdown
 from tacl.pretrain.lock import RunLock
 from tacl.pretrain.settings import TrainSettings
@@ -230,6 +231,16 @@ def adopt_run_dir(args: ChunkArgs, identity: dict[str, Any], lock: RunLock) -> N
     lock.acquire()
 
 
+def check_not_removed(run_dir: Path) -> None:
+    """A run whose checkpoints went after its export (pretrain.remove_checkpoints) cannot go on: say so now,
+    rather than train it again from step 0 unasked."""
+    from tacl.pretrain.export import removed_message, removed_note
+
+    note = removed_note(run_dir)
+    if note is not None and checkpoint.latest_tag(run_dir) is None:
+        raise InputError(removed_message(run_dir, note))
+
+
 def check_zero_stage(run_dir: Path, stage: int) -> None:
     """The ZeRO stage is operational (it changes no result), but DeepSpeed's checkpoints of one stage do not
     load into an engine of another: a run keeps the stage its checkpoints were written with."""
@@ -322,6 +333,7 @@ def _setup(args: ChunkArgs, env: DistEnv, lock: RunLock) -> Chunk:
             lock.acquire()
             adopt_run_dir(args, identity, lock)
             check_zero_stage(run_dir, s.zero_stage)
+            check_not_removed(run_dir)
             write_json_atomic(run_dir / "run.json", {"identity": identity, "result": s.result(),
                                                      "settings": s.to_dict(), "world_size": env.world_size})
         except InputError as e:
@@ -473,7 +485,9 @@ def _run_chunk(chunk: Chunk, signals: StopSignals, started: float) -> dict[str, 
     batches = micro_batch_loader(
         MicroBatches(chunk.data, chunk.step, s.steps, chunk.accumulation, env.rank, env.world_size),
         s.loader_workers, pin_memory=env.device.type == "cuda")
-    deadline = Deadline(end_time(started, args.deadline, args.runtime_minutes), 60.0 * args.margin_minutes)
+    ends = end_times(started, args.deadline, args.runtime_minutes)
+    deadline = Deadline(min(ends.values(), default=None), 60.0 * args.margin_minutes)
+    log.info("rank %d of %d on %s: %s", env.rank, env.world_size, socket.gethostname(), describe(ends))
     progress = _progress(env, chunk.step, s.steps)
     start_step, last_save, pending = chunk.step, time.time(), 0
     reason = "target" if chunk.step >= s.steps else None
