@@ -149,7 +149,9 @@ def test_packed_seeds_resume_per_seed_and_equal_one_job_per_seed(demo_data, tmp_
     proc = run_tacl(*finetune_args(demo_data, root, "--seeds", "0", "1", "--marker", str(marker)))
     assert "seed 0: done before with these settings and this start model" in proc.stderr
     assert (root / "seed0" / "metrics.json").read_bytes() == seed0, "seed 0 was not trained again"
-    assert json.loads(marker.read_text())["runs"] == [str(root / f"seed{s}" / "metrics.json") for s in (0, 1)]
+    record = json.loads(marker.read_text())
+    assert record["runs"] == [str(root / f"seed{s}" / "metrics.json") for s in (0, 1)]
+    assert len(set(record["metrics_sha256"])) == 2, "each seed's metrics hashed into the marker"
     alone = tmp_path / "alone"
     run_tacl(*finetune_args(demo_data, alone, "--seed", "1"))
     packed, single = (json.loads((d / "metrics.json").read_text()) for d in (root / "seed1", alone))

@@ -1,7 +1,8 @@
 """`tacl <stage> <command> ...`: the command line every Snakemake rule calls.
 
 Each stage registers its commands in its own `cli.py`; the commands only parse arguments and call a
-function that tests call directly. Bad input ends with one line `tacl: error: ...` and exit status 2.
+function that tests call directly. Bad input ends with one line `tacl: error: ...` and exit status 2 (with
+the traceback before it when TACL_DEBUG is set).
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ import importlib
 import logging
 import os
 import sys
+import traceback
 
 from tacl.io import InputError
+from tacl.workstation import claim_for_job
 
 STAGES = ("data", "pretrain", "finetune", "analysis", "report", "cluster")
 
@@ -42,10 +45,15 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # no load reports and advisory warnings in logs
+    os.environ.setdefault("HF_HUB_VERBOSITY", "error")  # (a Hub out of reach: no line per retry; one error at the end)
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # (also silences transformers' loading bars)
     try:
+        # one machine with several GPUs (profiles/workstation): this job's own GPUs, before CUDA starts
+        claim_for_job(args)
         result = args.func(args)
     except InputError as e:
+        if os.environ.get("TACL_DEBUG"):
+            traceback.print_exc()
         print(f"tacl: error: {e}", file=sys.stderr)
         return 2
     return int(result or 0)

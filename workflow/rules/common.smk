@@ -9,17 +9,57 @@ import sys
 from argparse import Namespace
 
 from tacl import RESULT_VERSIONS, plan
+from tacl.cluster.hooks import scheduler_of_profile
 from tacl.config import start_model_shape
 from tacl.finetune import GLUE_CLASSIFICATION, TASKS
 from tacl.finetune.sweep import parse_setting, task_settings
+from tacl.io import InputError
 from tacl.objectives.registry import OBJECTIVE_PATTERN
 from tacl.pretrain.settings import TrainSettings
+from tacl.workstation import machine_gpus
 
 # Every job runs `python -m tacl` from this checkout's src/ (installed or not, venv or --sdm conda).
 REPO = os.path.abspath(os.path.join(workflow.basedir, ".."))
 SRC = os.path.join(REPO, "src")
+
+
+def workstation_gpus():
+    """config `gpus` (profiles/workstation: one machine with several GPUs, no scheduler): the GPUs the jobs
+    share, found once here; Snakemake's `gpu` resource is their number, so that it starts no more GPU jobs
+    than fit, and each job takes GPUs of its own (tacl.workstation). None without `gpus`."""
+    try:
+        gpus = machine_gpus(config["gpus"])
+    except InputError as e:
+        raise WorkflowError(str(e))
+    if gpus is None:
+        return None
+    p = config["pretrain"]
+    if workflow.is_main_process and scheduler_of_profile(workflow) is not None:
+        raise WorkflowError(
+            f"gpus: {config['gpus']} is for one machine without a scheduler (profiles/workstation); under "
+            "SLURM or PBS the scheduler gives each job its GPUs: set gpus: null"
+        )
+    if p["nodes"] > 1 or p["launcher"] not in ("auto", "torchrun"):
+        raise WorkflowError(
+            "gpus: one machine runs one node's ranks with torchrun: pretrain.nodes must be 1 and "
+            "pretrain.launcher auto or torchrun"
+        )
+    if p["ranks_per_node"] > len(gpus):
+        raise WorkflowError(
+            f"pretrain.ranks_per_node: {p['ranks_per_node']} ranks, one GPU each, but this machine's jobs "
+            f"share {len(gpus)} GPU(s) ({','.join(gpus)}; config `gpus: {config['gpus']}`)"
+        )
+    if "gpu" not in workflow.global_resources:  # (--resources gpu=N given by hand stays)
+        workflow.register_resource("gpu", len(gpus))
+    return gpus
+
+
+GPUS = workstation_gpus()
 # (the prefix is formatted once more by Snakemake, hence the doubled braces)
-shell.prefix(f"set -euo pipefail; export PYTHONPATH={SRC}${{{{PYTHONPATH:+:$PYTHONPATH}}}}; ")
+shell.prefix(
+    f"set -euo pipefail; export PYTHONPATH={SRC}${{{{PYTHONPATH:+:$PYTHONPATH}}}}; "
+    + (f"export TACL_GPUS={','.join(GPUS)}; " if GPUS else "")
+)
 # The software environment of every job with --sdm conda (a path relative to the repository root).
 CONDA_ENV = os.path.join(REPO, config["conda_env"])
 
@@ -504,6 +544,25 @@ def report_args(wildcards=None, input=None):
     if os.path.exists(f"{REPORT}/cls_cosine.png"):
         args += ["--cls-png", f"{REPORT}/cls_cosine.png"]
     return " ".join(shlex.quote(str(a)) for a in args)
+
+
+def write_expected():
+    """onstart: what this results directory is to hold (RESULTS_DIR/expected.json), for `tacl report RESULTS_DIR`
+    (tables from what has finished, at any time) and `tacl status`, which read files only."""
+    from tacl.report.expected import write_expected as write
+
+    write(
+        R,
+        {
+            "results_dir": R,
+            "objectives": config["pretrain"]["objectives"],
+            "models": finetune_models() + contrastive_models(),
+            "analysed_models": finetune_models(),
+            "tasks": config["finetune"]["tasks"],
+            "expected": expected_runs(),
+            "embeddings_enabled": embeddings_enabled(),
+        },
+    )
 
 
 def partial_report():

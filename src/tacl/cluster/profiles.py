@@ -1,4 +1,5 @@
-"""`tacl profiles install`: make `snakemake --profile slurm` and `--profile pbs` work by name.
+"""`tacl profiles install`: make `snakemake --profile slurm`, `--profile pbs` and `--profile workstation` work
+by name.
 
 Snakemake looks a profile given by name up in the working directory, then in the user's config folder
 (`$XDG_CONFIG_HOME/snakemake`, i.e. `~/.config/snakemake`), then in the site's; this repository keeps its
@@ -20,7 +21,7 @@ from pathlib import Path
 from tacl.io import InputError
 
 REPO = Path(__file__).resolve().parents[3]  # the checkout this package was installed from
-NAMES = ("slurm", "pbs")
+NAMES = ("slurm", "pbs", "workstation")
 
 
 def checkout_of(start: Path) -> Path | None:

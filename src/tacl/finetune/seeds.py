@@ -6,7 +6,7 @@ runtime request that is the sum of the seeds' work. Each seed still has its own 
 first; metrics.json, written last). A seed whose metrics.json exists and whose given.json equals what it
 would be given now (the same settings and the same start model's weights) is kept, not trained again: a job
 killed after its first seeds and run again trains only the missing ones. At the end the job writes its
-marker, the rule's output, listing every seed's metrics.json.
+marker, the rule's output, listing every seed's metrics.json and its hash.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tacl.finetune import GIVEN
-from tacl.io import InputError, read_json, write_json_atomic
+from tacl.io import InputError, read_json, sha256_file, write_json_atomic
 
 log = logging.getLogger("tacl.finetune")
 WEIGHTS = ("*.safetensors", "*.bin")
@@ -69,7 +69,9 @@ def run_seeds(seeds: list[int], run_dir: Callable[[int], Path], given: dict[str,
     if failed:
         raise RuntimeError(f"fine-tuning seed(s) {failed} failed (see above); the {len(runs)} other seed(s) are "
                            "kept, and running the job again trains only the failed ones")
-    record = {"seeds": list(seeds), "runs": runs}
+    # (each seed's metrics hashed in: a seed trained again changes the marker, so that what reads it, the
+    # selection and the report, runs again even where Snakemake compares the marker's content)
+    record = {"seeds": list(seeds), "runs": runs, "metrics_sha256": [sha256_file(path)[:16] for path in runs]}
     if marker:
         write_json_atomic(marker, record)
     return record

@@ -509,6 +509,9 @@ def _run_chunk(chunk: Chunk, signals: StopSignals, started: float) -> dict[str, 
                 metrics_log.write({"step": chunk.step, "samples": chunk.step * s.global_batch,
                                    "tokens": chunk.tokens, "lr": chunk.scheduler.get_last_lr()[0], **values,
                                    "elapsed_s": time.time() - started})
+                if progress is None:  # not a terminal (a job's log): a line instead of the bar
+                    log.info(progress_line(chunk.step, s.steps, chunk.step - start_step, args.max_steps, values,
+                                           deadline))
             meter = Meter()
 
         due = (time.time() - last_save) / 60.0 >= s.checkpoint_minutes
@@ -562,8 +565,33 @@ def _save(chunk: Chunk) -> None:
 
 
 def _progress(env: DistEnv, step: int, steps: int):
+    """A progress bar on a terminal (rank 0); None elsewhere, where each metrics line is logged as a
+    `progress_line` instead (a bar's carriage returns make a job's log unreadable)."""
     if not env.is_main or not sys.stderr.isatty():
         return None
     from tqdm import tqdm
 
     return tqdm(total=steps, initial=step, desc="pretrain", unit=" steps")
+
+
+def chunk_time_left(steps_left: int, chunk_steps: int, max_steps: int | None, deadline: Deadline,
+                    now: float | None = None) -> tuple[float, str]:
+    """(seconds, what ends the chunk): the first of the target step, the chunk's step cap (chunk.max_steps) and
+    its deadline minus the margin, at the step time seen so far."""
+    ends = [(steps_left * deadline.step_s, "target")]
+    if max_steps:
+        ends.append((max(0, max_steps - chunk_steps) * deadline.step_s, "max_steps"))
+    if deadline.end is not None:
+        now = time.time() if now is None else now
+        ends.append((max(0.0, deadline.end - deadline.margin_s - now), "deadline"))
+    return min(ends, key=lambda end: end[0])  # (a tie: the first, the target)
+
+
+def progress_line(step: int, steps: int, chunk_steps: int, max_steps: int | None, values: dict[str, float],
+                  deadline: Deadline, now: float | None = None) -> str:
+    """One log line per metrics line: step / total, the loss, tokens/s and the time left in this chunk."""
+    left, end = chunk_time_left(steps - step, chunk_steps, max_steps, deadline, now)
+    minutes, seconds = divmod(round(left), 60)
+    return (f"step {step}/{steps} ({100 * step / steps:.1f}%) loss {values.get('loss', float('nan')):.4f} "
+            f"{values.get('tokens_per_s', 0.0):,.0f} tokens/s; chunk ends in {minutes // 60}:{minutes % 60:02d}:"
+            f"{seconds:02d} ({end})")
