@@ -34,6 +34,14 @@ def test_the_schema_names_exactly_the_registered_objectives_and_tasks():
     assert cluster["enum"] == list(GLUE_CLASSIFICATION)
 
 
+def test_the_report_description_names_exactly_the_registered_objectives():
+    """workflow/report/workflow.rst (a Jinja template of the config alone) names each model of
+    pretrain.objectives from its own dict: the registry's names, no other."""
+    text = (REPO / "workflow" / "report" / "workflow.rst").read_text()
+    names = re.search(r"\{% set names = (\{.*?\}) %\}", text).group(1)
+    assert list(re.findall(r'"(\w+)": "', names)) == list(MODELS)
+
+
 def test_each_task_has_its_spec_and_headline_number():
     from tacl.finetune import glue
     from tacl.finetune.data import NER_TASKS, SQUAD_TASKS
