@@ -61,15 +61,24 @@ def assert_same_weights(a, b, exact=True):
             torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
 
 
+class References(dict):
+    """Uninterrupted 1-rank runs, accumulation 2, one per objective, each trained when a test first asks
+    for it (so that `-k tacl_attn` trains only its own)."""
+
+    def __init__(self, demo_data, tmp_path_factory):
+        super().__init__()
+        self.demo_data, self.tmp_path_factory = demo_data, tmp_path_factory
+
+    def __missing__(self, objective: str):
+        run = self.tmp_path_factory.mktemp(f"ref_{objective}")
+        train(self.demo_data, run, objective_settings(objective))
+        self[objective] = run
+        return run
+
+
 @pytest.fixture(scope="module")
 def reference(demo_data, tmp_path_factory):
-    """Uninterrupted 1-rank runs, accumulation 2, one per objective."""
-    out = {}
-    for objective in RESUMED:
-        run = tmp_path_factory.mktemp(f"ref_{objective}")
-        train(demo_data, run, objective_settings(objective))
-        out[objective] = run
-    return out
+    return References(demo_data, tmp_path_factory)
 
 
 def objective_settings(objective: str) -> str:

@@ -142,11 +142,11 @@ def random_pair_cosines(vectors: np.ndarray, seed: int) -> np.ndarray:
 
 
 def cosine_summary(cosines: np.ndarray) -> dict[str, Any]:
-    """pairs, mean, std (sample), the QUANTILES and the values (rounded to 5 decimals) of a set of cosines."""
+    """pairs, mean, std (sample; None for one pair), the QUANTILES and the values (rounded to 5 decimals) of a set of cosines."""
     c = np.asarray(cosines, dtype=np.float64)
     if len(c) == 0:
         return {"pairs": 0}
-    return {"pairs": len(c), "mean": float(c.mean()), "std": float(c.std(ddof=1)) if len(c) > 1 else float("nan"),
+    return {"pairs": len(c), "mean": float(c.mean()), "std": float(c.std(ddof=1)) if len(c) > 1 else None,
             "quantiles": {f"q{round(100 * q):02d}": float(np.quantile(c, q)) for q in QUANTILES},
             "values": [round(float(x), 5) for x in c]}
 
@@ -208,8 +208,6 @@ def plot(results: list[dict[str, Any]], out_png: str) -> None:
     with atomic_path(out_png) as tmp:
         fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
     plt.close(fig)
-
-
 
 
 def plot_cls(results: list[dict[str, Any]], out_png: str) -> None:

@@ -373,10 +373,10 @@ def cls_table(paths: list[str]) -> pd.DataFrame:
         for part in r.get("cls_cosine", {}).values():
             row = {"model": r["model"], "pairs of": part["label"], "pairs": str(part["pairs"])}
             if part["pairs"]:
-                row.update({"mean": f"{part['mean']:.3f}", "std": f"{part['std']:.3f}",
-                            **{q: f"{v:.3f}" for q, v in part["quantiles"].items()}})
+                row.update({"mean": _number(part["mean"], ".3f"), "std": _number(part["std"], ".3f"),
+                            **{q: _number(v, ".3f") for q, v in part["quantiles"].items()}})
             rows.append(row)
-    return pd.DataFrame(rows).fillna("-")
+    return pd.DataFrame(rows)  # ('-' where there is no number, in every file written)
 
 
 EMBEDDINGS_OFF = ("Not run: `analysis.embeddings.enabled: false` in the config. Set it to true to evaluate "
