@@ -33,7 +33,7 @@ test: venv
 lint: venv
 	PATH=$(abspath $(BIN)):$$PATH snakemake --lint $(DEMO)
 
-# `snakemake --profile slurm` / `--profile pbs` by name: links profiles/slurm and profiles/pbs into
+# `--profile slurm` / `--profile pbs` by bare name: links profiles/slurm and profiles/pbs into
 # ~/.config/snakemake (a profile of your own of that name is left alone). Needs no environment.
 profiles:
 	PYTHONPATH=src $(PYTHON) -m tacl.cluster.profiles

@@ -97,6 +97,7 @@ def test_the_plan_of_the_paper_config_adds_up(tmp_path, monkeypatch):
     assert requested == pytest.approx(sum(asked.values()), abs=0.1)
     assert ratio <= 3.0 and requested / expected == pytest.approx(ratio, abs=0.05)
     assert "longest chain:" in plan and "disk at the peak:" in plan and "checkpoints (3 x 3)" in plan
+    assert "From the schema's defaults" not in out, "config.yaml's own values: nothing taken from the defaults"
 
 
 @pytest.mark.slow
@@ -186,3 +187,35 @@ def test_tacl_plan_passes_snakemakes_arguments(monkeypatch):
     monkeypatch.setattr(subprocess, "call", lambda cmd: seen.append(cmd) or 0)
     assert cli.main(["plan", "--profile", "slurm", "--configfile", "my.yaml"]) == 0
     assert seen[0][-5:] == ["all", "--profile", "slurm", "--configfile", "my.yaml"] and "--dry-run" in seen[0]
+
+
+def test_keys_left_to_the_schema_defaults_that_config_yaml_sets_otherwise_are_named():
+    """A variant given with --replace-workflow-config loses config.yaml's values: the start summary names the
+    keys whose schema default then differs from config.yaml's value (and only those)."""
+    from snakemake.utils import validate
+
+    from tacl.config import defaults_unlike, load_schema, unset_keys
+
+    schema_path = REPO / "workflow/schemas/config.schema.yaml"
+    paper = yaml.safe_load((REPO / "config.yaml").read_text())
+    variant = yaml.safe_load((REPO / "config.yaml").read_text())
+    del variant["device"], variant["finetune"]["preset"], variant["pretrain"]["lr"]
+    variant["pretrain"]["steps"] = 10
+    unset = unset_keys(variant, load_schema(schema_path))
+    assert {"device", "finetune.preset", "pretrain.lr"} <= set(unset) and "pretrain.steps" not in unset
+    validate(variant, str(schema_path), set_default=True)
+    lr = variant["pretrain"]["lr"]
+    expected = ['device "auto" (config.yaml: "cuda")', f'pretrain.lr {lr} (config.yaml: {paper["pretrain"]["lr"]})',
+                'finetune.preset "standard" (config.yaml: "reference")']
+    assert defaults_unlike(unset, variant, paper) == expected[:1] + ([] if lr == paper["pretrain"]["lr"] else
+                                                                      expected[1:2]) + expected[2:]
+    assert defaults_unlike(unset_keys(paper, load_schema(schema_path)), paper, paper) == []
+
+
+def test_corpus_tokens_before_the_data_stage_follow_the_local_files_and_the_cap():
+    from tacl.plan import corpus_tokens
+
+    files = {"kind": "wikiextractor", "paths": [str(REPO / "examples/demo/wikipedia/wiki_*")]}
+    size = sum(p.stat().st_size for p in (REPO / "examples/demo/wikipedia").glob("wiki_*"))
+    assert corpus_tokens(0, files) == size / 4.5 and corpus_tokens(100, files) == 3000
+    assert corpus_tokens(0, {"kind": "hf"}) == 30 * 20_000_000 and corpus_tokens(10, None) == 300

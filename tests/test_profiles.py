@@ -1,4 +1,4 @@
-"""`snakemake --profile slurm` / `--profile pbs` by name, as the README types them, after `tacl profiles install`."""
+"""`snakemake --profile slurm` / `--profile pbs` by bare name after `tacl profiles install` (docs/clusters.md)."""
 
 import os
 import subprocess
@@ -32,7 +32,7 @@ def test_install_links_is_harmless_twice_and_leaves_a_foreign_profile_alone(tmp_
 
 def test_named_profiles_dry_run_from_a_fresh_clone(tmp_path):
     """In a fresh clone, with HOME a new folder: `tacl profiles install`, then `snakemake --profile slurm -n`
-    and `--profile pbs -n` on the demo config, typed as the README types them, from the clone's root."""
+    and `--profile pbs -n` on the demo config, typed by bare name, from the clone's root."""
     clone = fresh_clone(tmp_path / "user")
     home = tmp_path / "home"
     home.mkdir()

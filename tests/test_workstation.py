@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import fcntl
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -84,6 +85,7 @@ def test_workstation_profile_dry_run_and_its_errors(tmp_path, monkeypatch):
     profile = str(REPO / "profiles" / "workstation")
     cfg = demo_config(tmp_path, device="auto", **{"finetune.tasks": ["qnli"]})  # (device cpu: no GPU jobs)
     proc = run_snakemake(tmp_path, cfg, "--profile", profile, "-n")
+    assert re.search(r"From the schema's defaults, unlike config.yaml .*finetune.preset", proc.stderr)
     jobs = proc.stdout.split("\n\n")
     for rule in ("pretrain_chunk", "finetune", "similarity"):
         resources = [j for j in jobs if f"rule {rule}:" in j or f"checkpoint {rule}:" in j]

@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import yaml
 
+from tacl.io import InputError
 from tacl.objectives.registry import MODELS, REGISTRY
 from tacl.pretrain.settings import CHUNK_OPERATIONAL_KEYS, OPERATIONAL_KEYS
 
@@ -39,6 +40,33 @@ def schema_roles(schema: dict[str, Any], prefix: str = "") -> dict[str, str]:
         else:
             roles[key] = spec.get("x-role", "(none)")
     return roles
+
+
+def _lookup(config: dict[str, Any], key: str) -> tuple[bool, Any]:
+    for part in key.split("."):
+        if not isinstance(config, dict) or part not in config:
+            return False, None
+        config = config[part]
+    return True, config
+
+
+def unset_keys(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
+    """The schema's keys (those holding no keys of their own) that `config` does not set: before Snakemake's
+    `validate` fills them in, the keys whose values will be the schema's defaults."""
+    return [key for key in schema_roles(schema) if not _lookup(config, key)[0]]
+
+
+def defaults_unlike(unset: list[str], config: dict[str, Any], reference: dict[str, Any]) -> list[str]:
+    """Of the keys no config file set (`unset_keys`), those whose default differs from `reference`'s value
+    (config.yaml, the paper's experiment): `key default (config.yaml: value)`. A file given with
+    `--replace-workflow-config` loses config.yaml's values; these are the ones that then change."""
+    lines = []
+    for key in unset:
+        present, wanted = _lookup(reference, key)
+        value = _lookup(config, key)[1]
+        if present and value != wanted:
+            lines.append(f"{key} {json.dumps(value)} (config.yaml: {json.dumps(wanted)})")
+    return lines
 
 
 def load_schema(path: str | Path) -> dict[str, Any]:
@@ -173,3 +201,76 @@ def finetune_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]
     problems += [f"finetune.extra_models.{name}: {name} is an objective's name; give the model another"
                  for name in ft["extra_models"] if name in MODELS]
     return problems
+
+
+REFERENCE_BEGIN = "<!-- generated from workflow/schemas/config.schema.yaml by `tacl config reference`; do not edit -->"
+REFERENCE_END = "<!-- end of the generated reference -->"
+
+
+def _type_text(spec: dict[str, Any]) -> str:
+    if "enum" in spec:
+        return "one of " + ", ".join(f"`{v}`" for v in spec["enum"])
+    if "oneOf" in spec or "anyOf" in spec:
+        return " or ".join(_type_text(s) for s in spec.get("oneOf") or spec["anyOf"])
+    kinds = spec.get("type", "any")
+    return " or ".join(kinds) if isinstance(kinds, list) else kinds
+
+
+def _cell(text: str) -> str:
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def reference_markdown(schema: dict[str, Any]) -> str:
+    """Every key of the schema, one table per section: its type, default, role (result: it decides what a job
+    computes, and a change reruns what it changes; operational: it does not) and description. docs/
+    configuration.md holds this text between REFERENCE_BEGIN and REFERENCE_END (a test keeps them equal)."""
+    out = [REFERENCE_BEGIN]
+
+    def section(spec: dict[str, Any], prefix: str, title: str) -> None:
+        rows, nested = [], []
+        for name, sub in spec.get("properties", {}).items():
+            key = f"{prefix}{name}"
+            if "properties" in sub:
+                nested.append((sub, f"{key}.", key))
+            else:
+                rows.append(f"| `{key}` | {_cell(_type_text(sub))} | `{_cell(json.dumps(sub.get('default')))}` | "
+                            f"{sub.get('x-role', '')} | {_cell(sub.get('description', ''))} |")
+        if rows:
+            out.extend(["", f"### {title}", ""])
+            if prefix and spec.get("description"):
+                out.extend([_cell(spec["description"]), ""])
+            out.extend(["| key | type | default | role | description |", "|---|---|---|---|---|", *rows])
+        for sub, sub_prefix, sub_title in nested:
+            section(sub, sub_prefix, sub_title)
+
+    section(schema, "", "Top level")
+    out.extend(["", REFERENCE_END])
+    return "\n".join(out) + "\n"
+
+
+def generated_reference(document: str) -> str:
+    """The generated part of a document (from REFERENCE_BEGIN to REFERENCE_END and its newline)."""
+    start, end = document.find(REFERENCE_BEGIN), document.find(REFERENCE_END)
+    if start < 0 or end < 0:
+        raise InputError(f"no generated reference in it (the lines {REFERENCE_BEGIN!r} ... {REFERENCE_END!r})")
+    return document[start:end + len(REFERENCE_END)] + "\n"
+
+
+def register(commands) -> None:  # noqa: ANN001 (argparse's private subparsers type)
+    c = commands.add_parser("config", help="the configuration's reference")
+    cmds = c.add_subparsers(dest="command", required=True)
+    r = cmds.add_parser("reference", help="every key of the schema as Markdown tables (docs/configuration.md)")
+    r.add_argument("--schema", default=str(Path(__file__).resolve().parents[2] / "workflow/schemas/config.schema.yaml"))
+    r.add_argument("--write", metavar="DOC", help="replace the generated part of DOC instead of printing it")
+    r.set_defaults(func=_reference)
+
+
+def _reference(a) -> None:  # noqa: ANN001
+    from tacl.io import write_text_atomic
+
+    text = reference_markdown(load_schema(a.schema))
+    if not a.write:
+        print(text, end="")
+        return
+    doc = Path(a.write).read_text()
+    write_text_atomic(a.write, doc.replace(generated_reference(doc), text))

@@ -3,7 +3,7 @@ expected, the longest chain of jobs and the disk held at the peak; and the runti
 the scheduler for, sized from the same estimates.
 
 Expected time = the model FLOPs of the work / (GPUs x the GPU's dense bf16 peak x an assumed model FLOPs
-utilisation), plus a start-up allowance per job. FLOPs per token (ISSUE: DESIGN section 11's count): 6 N for
+utilisation), plus a start-up allowance per job. FLOPs per token (docs/development.md, the MFU count): 6 N for
 a trained encoder of N non-embedding parameters (forward and backward), 2 N for a forward-only one (TaCL's
 teacher, evaluation), plus attention, 12 x layers x hidden x sequence length trained, a third of it forward
 only; the MLM head on the masked 15% of positions. Tokens: pretraining, steps x global batch x the mean
@@ -20,8 +20,10 @@ its request from the speed its predecessor measured. An explicit `finetune.runti
 
 from __future__ import annotations
 
+import glob
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 # Train / dev+test examples of each task as published (GLUE, SQuAD: the features, i.e. windows of 384 tokens;
@@ -279,10 +281,19 @@ def checkpoint_bytes(shape: Shape, bf16: bool, zero_stage: int) -> float:
     return shape.total * (weights + masters + 8)
 
 
-def corpus_tokens(max_lines: int) -> float:
-    """Tokens of a cleaned corpus of max_lines lines, before the data stage has counted them (about 30 per
-    line on the shared Wikipedia sample, [CLS] and [SEP] included)."""
-    return 30.0 * (max_lines or 20_000_000)
+def corpus_tokens(max_lines: int, source: dict[str, Any] | None = None) -> float:
+    """Tokens of a cleaned corpus of max_lines lines (0: no cap), before the data stage has counted them:
+    about 30 per line on the shared Wikipedia sample ([CLS] and [SEP] included), and, for local files (a
+    `wikiextractor` or `text` source), at most one per 4.5 bytes of them (the same sample: 4.6); a Hub
+    source without a cap counts as 20M lines."""
+    capped = 30.0 * max_lines if max_lines else None
+    patterns = (source or {}).get("paths") or []
+    found = [[Path(p) for p in glob.glob(pattern)] for pattern in patterns]
+    if patterns and all(found):
+        size = sum(f.stat().st_size for paths in found for p in paths
+                   for f in ([p] if p.is_file() else p.rglob("*")) if f.is_file())
+        return min(size / 4.5, capped) if capped else size / 4.5
+    return capped or 30.0 * 20_000_000
 
 
 def disk_at_peak(shape: Shape, tokens: float, runs: int, keep: int, bf16: bool, zero_stage: int, exported: int,
@@ -360,7 +371,7 @@ def register(stages: Any) -> None:
     """`tacl plan [SNAKEMAKE ARGS]`: the plan of the workflow in the working directory, as a dry run prints it."""
     c = stages.add_parser("plan", help="what a run will cost: jobs, GPU-hours, the longest chain, disk (a dry run)")
     c.add_argument("snakemake_args", nargs="*",
-                   help="Snakemake's own arguments, e.g. --profile slurm --configfile my.yaml")
+                   help="Snakemake's own arguments, e.g. --profile profiles/slurm --configfile my.yaml")
     c.set_defaults(func=_plan)
 
 

@@ -7,6 +7,9 @@ import signal
 import subprocess
 import sys
 from argparse import Namespace
+from pathlib import Path
+
+import yaml
 
 from tacl import RESULT_VERSIONS, plan
 from tacl.cluster.hooks import scheduler_of_profile
@@ -686,7 +689,7 @@ def plan_text():
     kept = sum(len(task_seeds(src)) for src in set(config["finetune"]["start_from"].values()))
     disk = plan.disk_at_peak(
         shape,
-        data["tokens"] if data else plan.corpus_tokens(config["data"]["max_lines"]),
+        data["tokens"] if data else plan.corpus_tokens(config["data"]["max_lines"], config["data"]["source"]),
         len(trained),
         p["keep_checkpoints"],
         bf16,
@@ -775,6 +778,22 @@ def finished_jobs():
         }
         jobs.append(Finished("similarity", path, "given", path, given, m))
     return jobs
+
+
+def defaults_summary():
+    """Before anything runs: the keys that took the schema's default where config.yaml (the paper's
+    experiment) gives another value; with a file merged over config.yaml (no --replace-workflow-config), none.
+    """
+    from tacl.config import defaults_unlike
+
+    paper = Path(workflow.basedir).parent / "config.yaml"
+    lines = defaults_unlike(UNSET_KEYS, config, yaml.safe_load(paper.read_text())) if paper.is_file() else []
+    if lines:
+        print(
+            f"From the schema's defaults, unlike config.yaml (no config file sets them; a file given without "
+            f"--replace-workflow-config is merged over config.yaml and keeps its values): {'; '.join(lines)}",
+            file=sys.stderr,
+        )
 
 
 def rerun_summary():

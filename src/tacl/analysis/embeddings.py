@@ -1,4 +1,4 @@
-"""`tacl analysis embeddings`: sentence embeddings without fine-tuning (DESIGN.md section 12).
+"""`tacl analysis embeddings`: sentence embeddings without fine-tuning (docs/results.md).
 
 For every model, with [CLS] and with mean pooling (the last layer's token vectors averaged over the real
 tokens, [CLS] and [SEP] included, as sentence-transformers does):

@@ -6,7 +6,7 @@ characters; drop the document if fewer than 2 sentences remain.
 
 Two sentence splitters (`data.sentence_splitter`):
 - `blingfire` (default): a statistical splitter; the stop line itself is dropped.
-- `regex`: the reference's own rules (`split_like_reference`, DESIGN.md section 8): dots of titles,
+- `regex`: the reference's own rules (`split_like_reference`): dots of titles,
   suffixes, initials, acronyms, web domains and "Ph.D." are protected, a closing quote moves before its
   terminator, every other '.', '?' and '!' ends a sentence, and whatever follows a paragraph's last
   terminator is dropped (headings, unpunctuated list lines; decimals such as 10.4 are split). As in the

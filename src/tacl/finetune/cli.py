@@ -77,9 +77,11 @@ def _prepare(a: argparse.Namespace) -> None:
 def _finetune(a: argparse.Namespace) -> None:
     from pathlib import Path
 
+    from tacl.device import resolve_device
     from tacl.finetune import finetune_given
     from tacl.finetune.seeds import run_seeds, weights_fingerprint
 
+    resolve_device(a.device)  # a GPU asked for and none usable: stop before anything is written
     model, start_from = a.model, None
     if getattr(a, "start_selection", None):
         from tacl.finetune.submissions import selected_run

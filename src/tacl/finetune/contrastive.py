@@ -1,4 +1,4 @@
-"""Contrastive fine-tuning for classification (DESIGN.md section 12): a batch-level term on the [CLS]
+"""Contrastive fine-tuning for classification (docs/finetuning.md): a batch-level term on the [CLS]
 vectors, added to cross-entropy as loss = (1 - w) * CE + w * L, with w = `contrastive_weight` and the
 temperature `contrastive_tau` among the fine-tuning hyperparameters (0.9 and 0.3 by default, Gunel et al.).
 

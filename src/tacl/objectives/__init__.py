@@ -1,5 +1,5 @@
 """Pretraining objectives, one module each, each a pure loss function plus a small class that turns a
-batch and the model outputs into named loss terms (exact definitions in ../shared/DESIGN.md section 4).
+batch and the model outputs into named loss terms (exact definitions in docs/pretraining.md, Objectives).
 The list of objectives, and what each name builds, is tacl.objectives.registry:
 
     mlm_nsp   BERT masked LM + next sentence prediction (the "more pretraining" control)

@@ -1,4 +1,4 @@
-"""COCO-LM (Meng et al. 2021), continual variant (DESIGN.md section 12).
+"""COCO-LM (Meng et al. 2021), continual variant (docs/pretraining.md).
 
 An auxiliary MLM transformer (`aux_layers` layers, initialised from the start model's embeddings, first
 layers and MLM head) reads the masked sequence and learns its own MLM loss; at the selected positions its

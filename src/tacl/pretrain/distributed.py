@@ -149,7 +149,7 @@ def barrier() -> None:
 
 
 def shutdown() -> None:
-    """barrier + destroy, or an occasional SIGABRT at exit (DESIGN.md section 7)."""
+    """barrier + destroy, or an occasional SIGABRT at exit (docs/development.md)."""
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()

@@ -103,7 +103,7 @@ def uses_autocast(s: TrainSettings, bf16: bool) -> bool:
 def ds_config(s: TrainSettings, accumulation: int, bf16: bool, cpu: bool, universal: bool = False) -> dict[str, Any]:
     """DeepSpeed's configuration. `bf16`: the run computes in bf16 (at ZeRO 0 under autocast, where DeepSpeed
     sees an fp32 model and the trainer clips the gradient itself, without a host sync)."""
-    bucket = 5e6 if cpu else 5e8  # DESIGN.md section 7: the default buckets allocate GBs per step on CPU
+    bucket = 5e6 if cpu else 5e8  # the default buckets allocate GBs per step on CPU
     deepspeed_bf16 = bf16 and not uses_autocast(s, bf16)
     config = {
         "checkpoint": {"load_universal": universal},
