@@ -14,8 +14,9 @@ project's own data stage (not timed).
    model FLOPs of these very examples (DESIGN.md section 11).
 3. Step time: the trainer's own hot path (`tacl.pretrain.trainer._setup` + `optimizer_step`: DeepSpeed
    engine, worker-built batches grouped by length, gathered MLM head, teacher under inference_mode, bf16
-   and fused AdamW on a GPU) for MLM+NSP, TaCL, TaCL with cross-sequence negatives, TACO and COCO-LM, as
-   ratios to MLM+NSP; and TaCL the reference's
+   and fused AdamW on a GPU) for every objective (MLM+NSP, TaCL, TaCL with cross-sequence negatives, TaCL
+   with attention-weighted tokens, TACO, COCO-LM) as ratios to MLM+NSP, tacl_attn also to TaCL (the cost of
+   its weights: the teacher's hidden states kept, one layer's attention recomputed in fp32); and TaCL the reference's
    way on the same model and examples: fp32, every sequence padded to 256, the teacher in train mode with
    autograd (its parameters frozen, i.e. out of the optimizer, but requiring grad, so its graph is built
    and back-propagated through), vocabulary logits at every position, batches built in the main process.
@@ -60,10 +61,10 @@ from tacl.data.pretraining import (Batching, MicroBatches, PretrainingData, micr
                                    padding_fraction, unpack)
 from tacl.data.shards import ShardSet  # noqa: E402
 from tacl.device import dense_bf16_peak, fast_fp32_matmul  # noqa: E402
+from tacl.objectives.registry import OBJECTIVES  # noqa: E402
 
 A100_PEAK, ASSUMED_MFU = 312e12, 0.5
 MAX_LEN = 256
-OBJECTIVES = ("mlm_nsp", "tacl", "tacl_batch", "taco", "coco_lm")
 
 
 # -- data (not timed) ----------------------------------------------------------------------------------------
@@ -182,13 +183,13 @@ def model_flops(config, lengths: np.ndarray, masked: int, teacher: bool, head: b
     return student + ((2 * n * tokens + 4 * layers * h * squares) if teacher else 0.0)
 
 
-def objective_flops(objective: str, config, lengths: np.ndarray, aux_layers: int) -> float:
-    """Model FLOPs of one micro-batch for an objective: the student, plus TaCL's teacher forward; COCO-LM's
+def objective_flops(objective: str, config, lengths: np.ndarray, aux_layers: int, teacher: bool) -> float:
+    """Model FLOPs of one micro-batch for an objective: the student, plus a teacher's forward; COCO-LM's
     auxiliary model (its layers and MLM head), the main model on the corrupted sequences and again on the
     cropped views (crop 0.9 of the tokens between [CLS] and [SEP], no head)."""
     masked = int(round(0.15 * lengths.sum()))
     if objective != "coco_lm":
-        return model_flops(config, lengths, masked, objective in ("tacl", "tacl_batch"))
+        return model_flops(config, lengths, masked, teacher)
     import copy
 
     aux = copy.copy(config)
@@ -290,10 +291,11 @@ def time_ours(objective: str, manifest: str, start: str, tmp: str, device: str, 
     flops = 0.0
     config = chunk.engine.module.model.config
     aux_layers = getattr(chunk.engine.module.objective, "aux_layers", None) or 0
+    teacher = chunk.engine.module.objective.needs_teacher
     for step in range(warm, warm + steps):
         for j in range(chunk.accumulation):
             _, index = chunk.data.locate(chunk.data.micro_positions(step, j))
-            flops += objective_flops(objective, config, chunk.data.shards.lengths(index), aux_layers)
+            flops += objective_flops(objective, config, chunk.data.shards.lengths(index), aux_layers, teacher)
     optimizer = type(chunk.engine.optimizer).__name__
     del batches, chunk
     lock.release()
@@ -457,6 +459,9 @@ def main() -> None:
             line += f"  {r['tflops']:6.1f} TFLOP/s" + (f", MFU {100 * r['mfu']:.1f}%" if peak else "")
             line += f"\n   {'':16s} syncs: {r['syncs']}" if r["syncs"] != "-" else ""
         print(line)
+    if "tacl_attn" in results:
+        print(f"   tacl_attn / tacl: {results['tacl_attn']['s_per_step'] / results['tacl']['s_per_step']:.3f}x the "
+              "time per step (the attention weights' cost)")
     ratio = t_ref / results["tacl"]["s_per_step"]
     print(f"   ours / reference, TaCL: {ratio:.2f}x the tokens/s" + (f" (compiled: "
           f"{t_ref / results['tacl compiled']['s_per_step']:.2f}x)" if "tacl compiled" in results else ""))

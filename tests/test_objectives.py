@@ -1,6 +1,7 @@
 """Each loss against a slow reference written with loops, on random tensors with padding and sequences
 that have no masked token."""
 
+import copy
 import math
 
 import pytest
@@ -314,3 +315,173 @@ def test_coco_lm_samples_follow_the_auxiliary_distribution():
     share = torch.bincount(draws[:, 0], minlength=4).float() / 4000
     assert (share - probs[0]).abs().max() < 0.03 and share[1] == 0
     assert (draws[:, 1] == 3).all()
+
+
+# -- TaCL with attention-weighted tokens ---------------------------------------------------------------------------
+
+
+def received_reference(hidden, wq, bq, wk, bk, heads, valid):
+    """The attention each token receives, by loops: explicit softmax over the real keys of each query, per head."""
+    bsz, length, _ = hidden.shape
+    d = wq.shape[0] // heads
+    q, k = hidden @ wq.T + bq, hidden @ wk.T + bk
+    received = [[0.0] * length for _ in range(bsz)]
+    for b in range(bsz):
+        keys = [j for j in range(length) if valid[b, j]]
+        for h in range(heads):
+            part = slice(h * d, (h + 1) * d)
+            for i in keys:  # the real query tokens
+                scores = {j: float(q[b, i, part] @ k[b, j, part]) / math.sqrt(d) for j in keys}
+                top = max(scores.values())
+                denom = sum(math.exp(s - top) for s in scores.values())
+                for j in keys:
+                    received[b][j] += math.exp(scores[j] - top) / denom / heads
+    return received
+
+
+def test_tacl_attn_loss_matches_loops():
+    """The weighted loss from random tensors: explicit attention probabilities of a layer's own query and key
+    projections, the weights |M| a_i^p / sum a^p, and each anchor's log-softmax term, all by loops."""
+    from tacl.objectives.tacl_attn import attention_received, token_weights
+
+    g = torch.Generator().manual_seed(5)
+    student, teacher, valid, special, anchors = random_batch(5)
+    bsz, length, _ = student.shape
+    heads, width = 2, 6
+    x = torch.randn(bsz, length, width, generator=g, dtype=torch.float64)
+    wq, wk = (torch.randn(width, width, generator=g, dtype=torch.float64) for _ in range(2))
+    bq, bk = (torch.randn(width, generator=g, dtype=torch.float64) for _ in range(2))
+    received = attention_received(x, wq, bq, wk, bk, heads, valid[:, None, None, :], valid)
+    ref_received = received_reference(x, wq, bq, wk, bk, heads, valid)
+    torch.testing.assert_close(received, torch.tensor(ref_received, dtype=torch.float64), rtol=1e-9, atol=1e-12)
+    n_real = valid.sum(1)
+    torch.testing.assert_close(received.sum(1), n_real.double())  # every real query's row sums to 1
+    candidates = valid & ~special
+    tau = 0.5
+    masked = [(b, i) for b in range(bsz) for i in range(length) if anchors[b, i]]
+    for power in (1.0, 2.5):
+        weights = token_weights(received, anchors, power)
+        norm = sum(ref_received[b][i] ** power for b, i in masked)
+        ref_weights = {(b, i): len(masked) * ref_received[b][i] ** power / norm for b, i in masked}
+        terms = []
+        for b, i in masked:
+            sims = {j: cos(student[b, i], teacher[b, j]) / tau for j in range(length) if candidates[b, j]}
+            log_softmax = sims[i] - math.log(sum(math.exp(v) for v in sims.values()))
+            terms.append(-ref_weights[(b, i)] * log_softmax)
+        loss, _ = tacl_loss(student, teacher, anchors, candidates, tau, weights)
+        assert loss.item() == pytest.approx(sum(terms) / len(masked), rel=1e-6)  # (the cosines in fp32)
+        assert [weights[b, i].item() for b, i in masked] == pytest.approx(list(ref_weights.values()), rel=1e-9)
+        assert weights[~anchors].abs().sum() == 0
+
+
+def test_tacl_attn_weights_sum_to_the_masked_count():
+    from tacl.objectives.tacl_attn import token_weights
+
+    g = torch.Generator().manual_seed(0)
+    anchors = torch.rand(4, 30, generator=g) < 0.2
+    anchors[1] = False  # a sequence without a masked token
+    received = torch.rand(4, 30, generator=g) * 3
+    for power in (0.0, 1.0, 3.0, 200.0):  # (a large power would overflow a^p without the scaling)
+        w = token_weights(received, anchors, power)
+        assert torch.isfinite(w).all() and w.dtype == torch.float32
+        assert w.sum().item() == pytest.approx(anchors.sum().item(), rel=1e-5)
+        assert (w[~anchors] == 0).all()
+    assert (token_weights(received, anchors, 0.0)[anchors] == 1).all(), "power 0: every token alike"
+    assert token_weights(received, torch.zeros_like(anchors), 1.0).abs().sum() == 0, "no anchor: no weight"
+
+
+def tiny_pretraining_batch(seed: int = 0):
+    """A student, a teacher with other weights, and a micro-batch as the loader makes it (padding, [CLS]/[SEP],
+    masked positions, fixed-length gather list)."""
+    from transformers import BertConfig, BertForPreTraining, BertModel
+
+    from tacl.data.pretraining import masked_positions
+
+    config = BertConfig(vocab_size=60, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=32, attn_implementation="sdpa")
+    torch.manual_seed(seed)
+    student, teacher = BertForPreTraining(config), BertModel(config, add_pooling_layer=False)
+    teacher.requires_grad_(False)
+    with torch.no_grad():  # sharper attention than a fresh BERT's (nearly uniform at this size)
+        for layer in teacher.encoder.layer:
+            layer.attention.self.query.weight.mul_(30.0)
+    g = torch.Generator().manual_seed(seed)
+    _, _, valid, special, anchors = random_batch(seed, bsz=4, length=12)
+    clean = torch.where(valid, torch.randint(5, 60, valid.shape, generator=g), 0)
+    clean = torch.where(special, 3, clean)
+    labels = torch.where(anchors, clean, -100)
+    batch = {"clean_ids": clean, "input_ids": torch.where(anchors, 4, clean), "token_type_ids": torch.zeros_like(clean),
+             "attention_mask": valid.long(), "special_tokens_mask": special, "mlm_mask": anchors,
+             "nsp_labels": torch.tensor([0, 1, 0, 1]), **masked_positions(labels.numpy())}
+    return student, teacher, batch
+
+
+@pytest.mark.parametrize("negatives", ["real", "batch"])
+def test_tacl_attn_uniform_is_tacl_exactly_and_attention_weights_matter(negatives):
+    """weighting uniform: TaCL's loss and gradient, bit for bit; power 0 goes through the weighted path with every
+    weight 1 (equal within rounding); the attention weights give another loss."""
+    from tacl.objectives.tacl import TaCL
+    from tacl.objectives.tacl_attn import TaCLAttn
+
+    student, teacher, batch = tiny_pretraining_batch()
+
+    def run(objective):
+        student.zero_grad()
+        torch.manual_seed(0)  # (the student's dropout)
+        losses, metrics = objective(student, teacher, batch, torch.Generator())
+        losses["tacl"].backward()
+        return losses["tacl"].detach(), [p.grad.clone() for p in student.parameters() if p.grad is not None], metrics
+
+    tacl, tacl_grads, _ = run(TaCL(tau=0.1, negatives=negatives))
+    uniform, uniform_grads, metrics = run(TaCLAttn(tau=0.1, negatives=negatives, weighting="uniform"))
+    assert torch.equal(uniform, tacl) and all(torch.equal(a, b) for a, b in zip(uniform_grads, tacl_grads))
+    assert "tacl_weight_ess" not in metrics
+    flat, _, metrics = run(TaCLAttn(tau=0.1, negatives=negatives, power=0.0))
+    assert flat.item() == pytest.approx(tacl.item(), rel=1e-6) and accuracy(metrics["tacl_weight_ess"]) == 1.0
+    weighted, _, metrics = run(TaCLAttn(tau=0.1, negatives=negatives, power=4.0))
+    assert abs(weighted.item() - tacl.item()) > 1e-4 * tacl.item() and accuracy(metrics["tacl_weight_ess"]) < 1.0
+
+
+def test_tacl_attn_weights_are_the_teachers_own_attention():
+    """The objective's weights from the teacher's layer (one SDPA pass, the layer's attention recomputed) equal
+    those from the same teacher's attention probabilities as eager attention returns them."""
+    from transformers import BertModel
+
+    from tacl.objectives.tacl_attn import TaCLAttn, token_weights
+
+    _, teacher, batch = tiny_pretraining_batch(1)
+    config = copy.deepcopy(teacher.config)
+    config._attn_implementation = "eager"
+    eager = BertModel(config, add_pooling_layer=False).eval()
+    eager.load_state_dict(teacher.state_dict())
+    real = batch["attention_mask"].bool()
+    with torch.no_grad():
+        probs = eager(input_ids=batch["clean_ids"], token_type_ids=batch["token_type_ids"],
+                      attention_mask=batch["attention_mask"], output_attentions=True).attentions
+    for layer in (1, 2, -1):
+        with torch.inference_mode():
+            h, weights = TaCLAttn(layer=layer).teacher_side(teacher.eval(), batch, {})
+        p = probs[layer - 1 if layer > 0 else layer]  # [B, heads, query, key]
+        received = (p.mean(1) * real[:, :, None]).sum(1)
+        torch.testing.assert_close(weights, token_weights(received, batch["mlm_mask"], 1.0), rtol=1e-5, atol=1e-6)
+        assert h.shape == (4, 12, 16)
+
+
+def test_tacl_attn_bad_settings_name_the_key(tmp_path):
+    from transformers import BertConfig
+
+    from tacl.io import InputError
+    from tacl.objectives.tacl_attn import TaCLAttn
+
+    BertConfig(num_hidden_layers=2).save_pretrained(tmp_path)
+    for layer in (1, 2, -1, -2):
+        TaCLAttn(layer=layer).check(str(tmp_path))
+    for layer in (3, -3):
+        with pytest.raises(InputError, match=rf"pretrain.tacl_attn.layer: {layer}, but the start model has 2 layers"):
+            TaCLAttn(layer=layer).check(str(tmp_path))
+    with pytest.raises(InputError, match="pretrain.tacl_attn.weighting: 'softmax' is not one of attention, uniform"):
+        TaCLAttn(weighting="softmax")
+    with pytest.raises(InputError, match="pretrain.tacl_attn.power: -1.0 is negative"):
+        TaCLAttn(power=-1.0)
+    with pytest.raises(InputError, match="pretrain.tacl_attn.layer: 0 is not a layer"):
+        TaCLAttn(layer=0)

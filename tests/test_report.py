@@ -99,14 +99,20 @@ def test_glue_average_is_berts_on_its_published_numbers():
 
 
 def test_differences_beyond_seed_noise(tmp_path):
-    """Paired by seed: tacl - mlm_nsp on RTE = +4, +5, +6 (clearly beyond noise); taco - mlm_nsp = +1, -1, +0.5."""
+    """Paired by seed: tacl - mlm_nsp on RTE = +4, +5, +6 (clearly beyond noise); taco - mlm_nsp = +1, -1, +0.5;
+    tacl_attn, a variant of tacl, also against tacl: +2 on every seed."""
     base = [0.60, 0.62, 0.64]
     for seed, acc in enumerate(base):
         write_run(tmp_path, "mlm_nsp", "rte", seed, "glue", {"dev": {"accuracy": acc}})
         write_run(tmp_path, "tacl", "rte", seed, "glue", {"dev": {"accuracy": acc + (0.04, 0.05, 0.06)[seed]}})
         write_run(tmp_path, "taco", "rte", seed, "glue", {"dev": {"accuracy": acc + (0.01, -0.01, 0.005)[seed]}})
+        write_run(tmp_path, "tacl_attn", "rte", seed, "glue", {"dev": {"accuracy": acc + (0.06, 0.07, 0.08)[seed]}})
     write_run(tmp_path, "none", "rte", 0, "glue", {"dev": {"accuracy": 0.5}})
-    table = differences_table(collect(tmp_path), ["none", "mlm_nsp", "tacl", "taco"])
+    table = differences_table(collect(tmp_path), ["none", "mlm_nsp", "tacl", "tacl_attn", "taco"])
+    assert list(table[table.model == "tacl_attn"].vs) == ["mlm_nsp", "none", "tacl"]  # a variant: also vs tacl
+    assert list(table[table.vs == "tacl"].model) == ["tacl_attn"]
+    row = table[(table.model == "tacl_attn") & (table.vs == "tacl")].iloc[0]
+    assert row["mean difference"] == "+2.00" and row["paired"] == "yes" and row["95% interval"] == "[+2.00, +2.00]"
     row = table[(table.model == "tacl") & (table.vs == "mlm_nsp")].iloc[0]
     half = stats.t.ppf(0.975, 2) * 1.0 / 3 ** 0.5  # the diffs 4, 5, 6: mean 5, sd 1
     assert row["mean difference"] == "+5.00" and row["paired"] == "yes"

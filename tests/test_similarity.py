@@ -103,3 +103,61 @@ def test_minilm_mean_pooling_on_sts_b_dev(tmp_path):
     assert result["sts_pairs"] == 300 and result["labelled"] == 200 and result["cluster_task"] == "sst2"
     assert 0.78 < result["mean"]["sts_spearman"] < 0.92, result
     assert result["cls"]["sts_spearman"] < result["mean"]["sts_spearman"], "the model was trained with mean pooling"
+
+
+def test_cls_cosines_equal_a_direct_computation(demo_data, tokenizer, tmp_path):
+    """The [CLS] figure's numbers (random held-out pairs; STS-B dev pairs scored 4 or more) against each
+    sentence encoded alone and the pairs made by hand; the sentence-embedding scores of the same job are
+    those of `run_embeddings`; the table and the figure are drawn from them."""
+    import json
+
+    import numpy as np
+    from transformers import AutoModel
+
+    from conftest import write_embeddings_fixture
+    from tacl.analysis.embeddings import prepare, run_embeddings
+    from tacl.analysis.similarity import plot_cls, run_similarity
+    from tacl.report.tables import cls_table
+
+    heldout = tmp_path / "heldout.txt"
+    heldout.write_text("".join(f"Sentence {i} of the held-out text, with {'some ' * (i % 5)}words.\n"
+                               for i in range(40)))
+    glue = write_embeddings_fixture(tmp_path / "glue", rows=24)
+    prepare({"kind": "tsv", "data_dir": str(glue)}, "sst2", 0, 0, 0, str(tmp_path / "data.json"))
+    result = run_similarity(str(demo_data["start"]), str(heldout), 11, 3, str(tmp_path / "sim.json"), 64, "tiny",
+                            "cpu", str(tmp_path / "data.json"), str(tmp_path / "emb.json"))
+    assert json.loads((tmp_path / "sim.json").read_text()) == result
+
+    model = AutoModel.from_pretrained(demo_data["start"]).eval()
+
+    def cls(sentence):
+        with torch.no_grad():
+            v = model(**tokenizer(sentence, return_tensors="pt", truncation=True, max_length=64)).last_hidden_state
+        return v[0, 0].double()
+
+    def cosine(a, b):
+        return float(torch.nn.functional.cosine_similarity(cls(a), cls(b), dim=0))
+
+    sentences = sample_sentences(str(heldout), 11, 3)
+    order = np.random.default_rng(3).permutation(11)
+    expected = {"random": [cosine(sentences[order[k]], sentences[order[5 + k]]) for k in range(5)]}
+    data = json.loads((tmp_path / "data.json").read_text())
+    expected["sts_top"] = [cosine(a, b) for a, b, score in data["sts"] if score >= 4]
+    assert 0 < len(expected["sts_top"]) < len(data["sts"])
+    for key, values in expected.items():
+        got = result["cls_cosine"][key]
+        assert got["pairs"] == len(values) and got["values"] == pytest.approx(values, abs=2e-5)
+        assert got["mean"] == pytest.approx(np.mean(values), abs=1e-6)
+        assert got["std"] == pytest.approx(np.std(values, ddof=1), abs=1e-6)
+        assert got["quantiles"] == pytest.approx({f"q{q:02d}": np.quantile(values, q / 100)
+                                                  for q in (5, 25, 50, 75, 95)}, abs=1e-6)
+    assert json.loads((tmp_path / "emb.json").read_text()) == run_embeddings(
+        str(demo_data["start"]), str(tmp_path / "data.json"), str(tmp_path / "alone.json"), "tiny", "cpu")
+
+    table = cls_table([str(tmp_path / "sim.json")])
+    assert list(table["pairs of"]) == ["random held-out pairs", "STS-B dev pairs scored >= 4"]
+    assert list(table["mean"]) == [f"{np.mean(v):.3f}" for v in expected.values()]
+    assert list(table["q50"]) == [f"{np.median(v):.3f}" for v in expected.values()]
+    plot_cls([result, {**result, "model": "other", "cls_cosine": {"random": result["cls_cosine"]["random"]}}],
+             str(tmp_path / "cls.png"))
+    assert (tmp_path / "cls.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

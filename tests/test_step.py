@@ -20,13 +20,13 @@ import torch
 
 from sync_guard import HostSync, SyncGuard
 from tacl.data.pretraining import MicroBatches, micro_batch_loader
+from tacl.objectives.registry import OBJECTIVES
 from tacl.pretrain import checkpoint
 from tacl.pretrain.lock import RunLock
 from tacl.pretrain.model import checkpoint_state_dict
 from tacl.pretrain.settings import TrainSettings
 from tacl.pretrain.trainer import ChunkArgs, Meter, NonFiniteGradient, _save, _setup, optimizer_step
 
-OBJECTIVES = ("mlm_nsp", "tacl", "tacl_batch", "taco", "coco_lm")
 STEPS = 3  # DeepSpeed's throughput timer synchronises from its third step on
 STRICT_TERMS = ("mlm", "nsp", "aux_mlm")
 # DeepSpeed's own host reads in BF16_Optimizer.step (ZeRO 1 with bf16), per optimizer step: the overflow check

@@ -97,7 +97,8 @@ def test_config_errors_name_the_key():
     assert config_errors(cfg, schema) == [
         "finetune.contrastive.forms.1: 'simclr' is not one of ['kl', 'scl']",
         "pretrain.coco_lm.aux_layer: unknown key (did you mean 'aux_layers'?)",
-        "pretrain.objectives.1: 'coco' is not one of ['none', 'mlm_nsp', 'tacl', 'tacl_batch', 'taco', 'coco_lm']",
+        "pretrain.objectives.1: 'coco' is not one of ['none', 'mlm_nsp', 'tacl', 'tacl_batch', 'tacl_attn', 'taco', "
+        "'coco_lm']",
     ]
 
 
@@ -147,6 +148,9 @@ def test_plan_errors_name_each_key(tmp_path):
         "pretrain.micro_batch: 1, but taco, coco_lm take negatives": {"pretrain.micro_batch": 1},
         "pretrain.coco_lm.aux_layers: 9 layers for the auxiliary model, but the start model has 2 (model_init)":
             {"pretrain.coco_lm": {"aux_layers": 9}},
+        "pretrain.tacl_attn.layer: -3, but the start model has 2 layers (model_init: 1..2, or -1 for the last)":
+            {"pretrain.tacl_attn": {"layer": -3}},
+        "pretrain.tacl_attn.layer: 0, but the start model has 2 layers": {"pretrain.tacl_attn": {"layer": 0}},
         "pretrain.chunk.margin_minutes: 0.75 leaves no time to train": {"pretrain.chunk.margin_minutes": 0.75},
         "data.max_len: 256 tokens, but the start model has 128 positions (model_init)": {"data.max_len": 256},
         "finetune.hparams.tasks.qnli.max_len: 200 tokens, but the start model has 128 positions":
@@ -276,7 +280,7 @@ def test_demo_end_to_end_survives_a_kill(tmp_path, monkeypatch):
     assert len(list(results.glob("finetune/minilm/qnli/lr*/seed0/metrics.json"))) == 2  # the demo's QNLI sweep
     run_snakemake(clone, cfg, "--report", str(clone / "report.html"), repo=clone)
     html = (clone / "report.html").read_text()
-    assert "glue_dev.png" in html and "self_similarity.png" in html
+    assert "glue_dev.png" in html and "self_similarity.png" in html and "cls_cosine.png" in html
 
 
 @pytest.mark.slow
@@ -417,7 +421,7 @@ def test_the_same_config_twice_gives_byte_identical_tables(finished_demo, tmp_pa
     runs = [finished_demo["results"] / "report", tmp_path / "results" / "report"]
     csvs = sorted(p.name for p in runs[0].glob("*.csv"))
     assert {"runs.csv", "summary.csv", "glue_dev.csv", "differences.csv", "self_similarity.csv", "anisotropy.csv",
-            "embeddings.csv", "training_curves.csv"} <= set(csvs)
+            "embeddings.csv", "training_curves.csv", "cls_cosine.csv"} <= set(csvs)
     assert csvs == sorted(p.name for p in runs[1].glob("*.csv"))
     for name in csvs:
         assert (runs[0] / name).read_bytes() == (runs[1] / name).read_bytes(), name
@@ -426,6 +430,8 @@ def test_the_same_config_twice_gives_byte_identical_tables(finished_demo, tmp_pa
     assert f"coco_lm,qnli,{setting},glue,standard,,1,dev,accuracy," in rows
     assert f"coco_lm+scl,qnli,{setting},glue,standard,,1,dev," in rows
     assert "coco_lm" in (runs[0] / "embeddings.csv").read_text()
+    cls = (runs[0] / "cls_cosine.csv").read_text()
+    assert "coco_lm,random held-out pairs,10," in cls and "coco_lm,STS-B dev pairs scored >= 4," in cls
 
 
 def expected_speed(lines: list[dict]) -> tuple[float, float] | None:

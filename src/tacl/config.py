@@ -13,6 +13,7 @@ from typing import Any, Callable
 import yaml
 
 from tacl.io import InputError
+from tacl.objectives.registry import MODELS, REGISTRY
 from tacl.pretrain.settings import CHUNK_OPERATIONAL_KEYS, OPERATIONAL_KEYS
 
 
@@ -92,10 +93,6 @@ def config_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
     return sorted(problems)
 
 
-# Objectives whose negatives come from the other sequences of a micro-batch.
-NEEDS_TWO_SEQUENCES = ("taco", "coco_lm", "tacl_batch")
-
-
 def start_model_shape(config: dict[str, Any]) -> dict[str, Any] | None:
     """Depth, positions and sizes of the start model where they are known without a download: `model_init`
     (kind random), or the config.json of a local model directory or a package's model; None for a Hub name
@@ -141,7 +138,7 @@ def plan_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
                 f"pretrain.global_batch: {p['global_batch']} must be pretrain.micro_batch ({p['micro_batch']}) x "
                 f"accumulation steps x {ranks} rank(s) (pretrain.nodes x pretrain.ranks_per_node), i.e. a "
                 f"multiple of {p['micro_batch'] * ranks}")
-        needs_two = [o for o in trained if o in NEEDS_TWO_SEQUENCES]
+        needs_two = [o for o in trained if REGISTRY[o].two_sequences]
         if needs_two and p["micro_batch"] < 2:
             problems.append(f"pretrain.micro_batch: {p['micro_batch']}, but {', '.join(needs_two)} take negatives "
                             "from the other sequences of a micro-batch: 2 or more")
@@ -156,6 +153,10 @@ def plan_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
     if "coco_lm" in trained and aux is not None and shape["layers"] and aux > shape["layers"]:
         problems.append(f"pretrain.coco_lm.aux_layers: {aux} layers for the auxiliary model, but the start model "
                         f"has {shape['layers']} ({shape['key']})")
+    layer = p.get("tacl_attn", {}).get("layer", -1)
+    if "tacl_attn" in trained and shape["layers"] and not 0 < abs(layer) <= shape["layers"]:
+        problems.append(f"pretrain.tacl_attn.layer: {layer}, but the start model has {shape['layers']} layers "
+                        f"({shape['key']}: 1..{shape['layers']}, or -1 for the last)")
     positions = shape["positions"]
     lengths = [("data.max_len", config["data"]["max_len"]),
                ("analysis.similarity_max_len", config["analysis"]["similarity_max_len"])]
@@ -197,9 +198,8 @@ def finetune_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]
             problems.append(f"{key}: {source} must be a task that starts from the pretrained model itself")
     problems += [f"finetune.sweep.tasks.{task}: {task} is not among finetune.tasks"
                  for task in ft["sweep"].get("tasks") or {} if task not in tasks]
-    objectives = schema["properties"]["pretrain"]["properties"]["objectives"]["items"]["enum"]
     problems += [f"finetune.extra_models.{name}: {name} is an objective's name; give the model another"
-                 for name in ft["extra_models"] if name in objectives]
+                 for name in ft["extra_models"] if name in MODELS]
     return problems
 
 

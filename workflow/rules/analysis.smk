@@ -1,5 +1,6 @@
-# Analysis: layer-wise self-similarity and anisotropy of every model on held-out sentences, one plot, and
-# sentence embeddings without fine-tuning (STS-B dev, clustering of a labelled set).
+# Analysis: layer-wise self-similarity and anisotropy of every model on held-out sentences, the [CLS]
+# cosines of random and of similar sentence pairs, two plots, and sentence embeddings without fine-tuning
+# (STS-B dev, clustering of a labelled set).
 
 
 localrules:
@@ -8,8 +9,8 @@ localrules:
 
 
 rule similarity:
-    # one job per model for the representation analyses (the model is loaded once): self-similarity and
-    # anisotropy on held-out sentences, sentence embeddings on STS-B dev and the labelled set
+    # one job per model for the representation analyses (the model is loaded once): self-similarity,
+    # anisotropy and [CLS] cosines on held-out sentences, sentence embeddings on STS-B dev and the labelled set
     input:
         **embeddings_files()[0],
         model=f"{MODELS}/{{model}}",
@@ -44,17 +45,23 @@ rule similarity_plot:
     input:
         expand(f"{R}/analysis/similarity/{{model}}.json", model=finetune_models()),
     output:
-        report(
+        similarity=report(
             f"{REPORT}/self_similarity.png",
             category="Self-similarity",
             caption="../report/self_similarity.rst",
+        ),
+        cls=report(
+            f"{REPORT}/cls_cosine.png",
+            category="Self-similarity",
+            caption="../report/cls_cosine.rst",
         ),
     log:
         f"{LOGS}/analysis/similarity_plot.log",
     conda:
         CONDA_ENV
     shell:
-        "python -m tacl analysis plot --inputs {input} --out {output} > {log} 2>&1"
+        "python -m tacl analysis plot --inputs {input} --out {output.similarity} --cls-out {output.cls}"
+        " > {log} 2>&1"
 
 
 rule embeddings_data:

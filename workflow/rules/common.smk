@@ -14,8 +14,10 @@ import yaml
 from tacl import RESULT_VERSIONS, plan
 from tacl.cluster.hooks import scheduler_of_profile
 from tacl.config import start_model_shape
+from tacl.finetune import GLUE_CLASSIFICATION, TASKS
 from tacl.finetune.sweep import parse_setting, task_settings
 from tacl.io import InputError
+from tacl.objectives.registry import OBJECTIVE_PATTERN
 from tacl.pretrain.settings import TrainSettings
 from tacl.workstation import machine_gpus
 
@@ -80,7 +82,6 @@ START = f"{MODELS}/start"
 PRETRAIN = f"{R}/pretrain"
 FINETUNE = f"{R}/finetune"
 REPORT = f"{R}/report"
-GLUE_TASKS = ["cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli"]
 DATASETS_CACHE = f"{config['resources_dir']}/datasets"
 
 
@@ -352,8 +353,8 @@ def contrastive_tasks():
     if not c["forms"]:
         return []
     if c["tasks"] is None:
-        return [t for t in config["finetune"]["tasks"] if t in GLUE_TASKS and t != "stsb"]
-    bad = [t for t in c["tasks"] if t not in GLUE_TASKS or t == "stsb"]
+        return [t for t in config["finetune"]["tasks"] if t in GLUE_CLASSIFICATION]
+    bad = [t for t in c["tasks"] if t not in GLUE_CLASSIFICATION]
     if bad:
         raise WorkflowError(
             f"finetune.contrastive.tasks: {', '.join(bad)}: contrastive fine-tuning needs a GLUE "
@@ -408,9 +409,7 @@ def embeddings_source():
 
 
 def task_family(task):
-    if task in GLUE_TASKS:
-        return "glue"
-    return "squad" if task.startswith("squad") else "ner"
+    return TASKS[task]
 
 
 def task_source(task):
@@ -519,7 +518,7 @@ def keeps_weights(task):
 
 def report_outputs():
     zips = [f"{REPORT}/submissions/{m}.zip" for m in finetune_models() + contrastive_models()]
-    return [f"{REPORT}/report.md", f"{REPORT}/self_similarity.png", *zips]
+    return [f"{REPORT}/report.md", f"{REPORT}/self_similarity.png", f"{REPORT}/cls_cosine.png", *zips]
 
 
 def report_args(wildcards=None, input=None):
@@ -545,6 +544,8 @@ def report_args(wildcards=None, input=None):
     ]
     if os.path.exists(f"{REPORT}/self_similarity.png"):
         args += ["--similarity-png", f"{REPORT}/self_similarity.png"]
+    if os.path.exists(f"{REPORT}/cls_cosine.png"):
+        args += ["--cls-png", f"{REPORT}/cls_cosine.png"]
     return " ".join(shlex.quote(str(a)) for a in args)
 
 

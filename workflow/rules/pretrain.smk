@@ -38,7 +38,7 @@ checkpoint pretrain_chunk:
     benchmark:
         f"{BENCH}/pretrain/{{objective}}/chunk-{{chunk}}.tsv"
     wildcard_constraints:
-        objective="mlm_nsp|tacl|tacl_batch|taco|coco_lm",
+        objective=OBJECTIVE_PATTERN,
         chunk=r"\d+",
     conda:
         CONDA_ENV
@@ -68,7 +68,7 @@ rule export_model:
     benchmark:
         f"{BENCH}/pretrain/{{objective}}/export.tsv"
     wildcard_constraints:
-        objective="mlm_nsp|tacl|tacl_batch|taco|coco_lm",
+        objective=OBJECTIVE_PATTERN,
     conda:
         CONDA_ENV
     resources:

@@ -12,6 +12,7 @@ rule report:
         runs=finetune_outputs(),
         similarity=expand(f"{R}/analysis/similarity/{{model}}.json", model=finetune_models()),
         similarity_png=f"{REPORT}/self_similarity.png",
+        cls_png=f"{REPORT}/cls_cosine.png",
         embeddings=embeddings_outputs(),
     output:
         report(
@@ -49,6 +50,12 @@ rule report:
             category="Tables",
             subcategory="Anisotropy",
             caption="../report/anisotropy.rst",
+        ),
+        report(
+            multiext(f"{REPORT}/cls_cosine", ".md", ".csv", ".tex"),
+            category="Tables",
+            subcategory="[CLS] cosines",
+            caption="../report/cls_cosine_table.rst",
         ),
         report(f"{REPORT}/glue_dev.png", category="GLUE dev", caption="../report/glue_plot.rst"),
         report(

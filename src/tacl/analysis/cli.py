@@ -6,7 +6,7 @@ import argparse
 import json
 
 from tacl.device import DEVICES
-from tacl.io import InputError
+from tacl.finetune import GLUE_CLASSIFICATION
 
 
 def register(stages: argparse._SubParsersAction) -> None:
@@ -28,7 +28,7 @@ def register(stages: argparse._SubParsersAction) -> None:
     c = cmds.add_parser("embeddings-data", help="STS-B dev pairs and a labelled set, once (login node)")
     c.add_argument("--source", required=True, help="a GLUE source as JSON (tsv folder or hf)")
     c.add_argument("--cache-dir", help="Hugging Face datasets cache (a source's own cache_dir wins)")
-    c.add_argument("--cluster-task", default="sst2")
+    c.add_argument("--cluster-task", default="sst2", choices=GLUE_CLASSIFICATION)
     c.add_argument("--max-pairs", type=int, default=0, help="0 = all")
     c.add_argument("--max-sentences", type=int, default=0, help="0 = all")
     c.add_argument("--seed", type=int, default=0)
@@ -43,31 +43,32 @@ def register(stages: argparse._SubParsersAction) -> None:
     c.add_argument("--device", default="auto", choices=DEVICES)
     c.add_argument("--out", required=True)
     c.set_defaults(func=_embeddings)
-    c = cmds.add_parser("plot", help="one line per model, layer on x")
-    c.add_argument("--inputs", nargs="+", required=True)
-    c.add_argument("--out", required=True)
+    c = cmds.add_parser("plot", help="self-similarity (one line per model, layer on x) and [CLS] cosines")
+    c.add_argument("--inputs", nargs="+", required=True, help="the models' similarity JSON files")
+    c.add_argument("--out", required=True, help="the self-similarity and anisotropy plot")
+    c.add_argument("--cls-out", help="also the [CLS] cosine figure")
     c.set_defaults(func=_plot)
 
 
 def _similarity(a: argparse.Namespace) -> None:
     from tacl.analysis.similarity import run_similarity
 
-    print(json.dumps(run_similarity(a.model, a.heldout, a.sentences, a.seed, a.out, a.max_len, a.name,
-                                    a.device)))
-    if a.embeddings_data:
-        from tacl.analysis.embeddings import run_embeddings
-
-        if not a.embeddings_out:
-            raise InputError("--embeddings-data needs --embeddings-out")
-        print(json.dumps(run_embeddings(a.model, a.embeddings_data, a.embeddings_out, a.name, a.device)))
+    result = run_similarity(a.model, a.heldout, a.sentences, a.seed, a.out, a.max_len, a.name, a.device,
+                            a.embeddings_data, a.embeddings_out)
+    for part in result["cls_cosine"].values():
+        part.pop("values", None)  # (in the JSON file, not in the log)
+    print(json.dumps(result))
 
 
 def _plot(a: argparse.Namespace) -> None:
     from pathlib import Path
 
-    from tacl.analysis.similarity import plot
+    from tacl.analysis.similarity import plot, plot_cls
 
-    plot([json.loads(Path(p).read_text()) for p in a.inputs], a.out)
+    results = [json.loads(Path(p).read_text()) for p in a.inputs]
+    plot(results, a.out)
+    if a.cls_out:
+        plot_cls(results, a.cls_out)
 
 
 def _embeddings_data(a: argparse.Namespace) -> None:

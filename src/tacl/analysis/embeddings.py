@@ -79,27 +79,31 @@ def cluster_scores(embeddings: np.ndarray, labels: list[str], seed: int = 0) -> 
     return {"ari": float(adjusted_rand_score(labels, found)), "ami": float(adjusted_mutual_info_score(labels, found))}
 
 
-def evaluate(model_dir: str, data: dict[str, Any], device: str = "auto", max_len: int = 128,
-             seed: int = 0) -> dict[str, Any]:
-    from transformers import AutoModel, AutoTokenizer
+def evaluate(model: Any, data: dict[str, Any], device: str = "auto", max_len: int = 128,
+             seed: int = 0) -> tuple[dict[str, Any], np.ndarray]:
+    """The scores of one model (a directory, or a tacl.analysis.similarity.Encoder already loaded), and the
+    cosines of the STS-B pairs' [CLS] vectors (in data["sts"]'s order, for the [CLS] figure)."""
+    from tacl.analysis.similarity import load_encoder
 
-    from tacl.device import resolve_device
-    from tacl.hub import resolve_pretrained
-
-    where = resolve_device(device)
-    path = resolve_pretrained(model_dir)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModel.from_pretrained(path).to(where).eval()
-    first = embed(model, tokenizer, [p[0] for p in data["sts"]], where, max_len)
-    second = embed(model, tokenizer, [p[1] for p in data["sts"]], where, max_len)
+    encoder = load_encoder(model, device)
+    first = embed(encoder.model, encoder.tokenizer, [p[0] for p in data["sts"]], encoder.device, max_len)
+    second = embed(encoder.model, encoder.tokenizer, [p[1] for p in data["sts"]], encoder.device, max_len)
     gold = np.array([p[2] for p in data["sts"]])
-    labelled = embed(model, tokenizer, [s for s, _ in data["labelled"]], where, max_len)
+    labelled = embed(encoder.model, encoder.tokenizer, [s for s, _ in data["labelled"]], encoder.device, max_len)
     labels = [label for _, label in data["labelled"]]
     result: dict[str, Any] = {}
     for pooling in POOLINGS:
         result[pooling] = {"sts_spearman": sts_spearman(first[pooling], second[pooling], gold),
                            **cluster_scores(labelled[pooling], labels, seed)}
-    return result
+    return result, cosine_rows(first["cls"], second["cls"])
+
+
+def embeddings_result(model: Any, data: dict[str, Any], name: str, device: str = "auto", max_len: int = 128,
+                      seed: int = 0) -> tuple[dict[str, Any], np.ndarray]:
+    """What `run_embeddings` writes, and the STS-B pairs' [CLS] cosines."""
+    scores, cls_cosines = evaluate(model, data, device, max_len, seed)
+    return {"model": name, "sts_pairs": len(data["sts"]), "cluster_task": data["cluster_task"],
+            "labelled": len(data["labelled"]), **scores}, cls_cosines
 
 
 def run_embeddings(model_dir: str, data_json: str, out_json: str, name: str | None = None, device: str = "auto",
@@ -107,9 +111,7 @@ def run_embeddings(model_dir: str, data_json: str, out_json: str, name: str | No
     from tacl.device import resolve_device
 
     resolve_device(device)  # a job that asked for a GPU and has none stops before reading anything
-    data = read_json(data_json)
-    result = {"model": name or Path(model_dir).name, "sts_pairs": len(data["sts"]),
-              "cluster_task": data["cluster_task"], "labelled": len(data["labelled"]),
-              **evaluate(model_dir, data, device, max_len, seed)}
+    result, _ = embeddings_result(model_dir, read_json(data_json), name or Path(model_dir).name, device, max_len,
+                                  seed)
     write_json_atomic(out_json, result)
     return result

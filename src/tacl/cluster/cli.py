@@ -10,13 +10,15 @@ import json
 import logging
 import sys
 
+from tacl.objectives.registry import OBJECTIVES
+
 
 def register(stages: argparse._SubParsersAction) -> None:
     p = stages.add_parser("submit", help="submit one stage to SLURM with submitit (no Snakemake)")
     cmds = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     c = cmds.add_parser("pretrain", help="one pretraining run: timeout -> checkpoint -> requeue until done")
     c.add_argument("--config", default="config.yaml", help="the workflow config (paths, pretrain settings)")
-    c.add_argument("--objective", required=True, choices=["mlm_nsp", "tacl", "taco"])
+    c.add_argument("--objective", required=True, choices=OBJECTIVES)
     c.add_argument("--folder", default="results/submitit", help="submitit's logs and pickles")
     c.add_argument("--timeout-min", type=int, default=1440)
     c.add_argument("--signal-delay-s", type=int, default=120)

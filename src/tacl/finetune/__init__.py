@@ -6,6 +6,18 @@ from typing import Any
 
 from tacl import RESULT_VERSIONS
 
+# The one list of fine-tuning tasks, with their family, in the order the tables show them. The rules
+# (GLUE_TASKS in workflow/rules/common.smk) and the command line's choices come from it; the schema's enums,
+# each family's specs (glue.TASKS, data.SQUAD_TASKS, data.NER_TASKS) and each task's headline number
+# (sweep.HEADLINE_DEV) are checked equal to it (tests/test_registry.py). No heavy import here: the
+# Snakefile reads it while it parses.
+TASKS = {"cola": "glue", "sst2": "glue", "mrpc": "glue", "stsb": "glue", "qqp": "glue", "mnli": "glue",
+         "qnli": "glue", "rte": "glue", "wnli": "glue", "squad_v1": "squad", "squad_v2": "squad",
+         "conll2003": "ner"}
+GLUE_TASKS = tuple(t for t, family in TASKS.items() if family == "glue")
+GLUE_REGRESSION = ("stsb",)  # the GLUE task with a score, not a class (no contrastive fine-tuning, no clustering)
+GLUE_CLASSIFICATION = tuple(t for t in GLUE_TASKS if t not in GLUE_REGRESSION)
+
 # What a fine-tuning preset fixes (`finetune.preset`); a task family's defaults and the config's hparams go
 # around it (tacl.finetune.common.hyperparameters). reference: what the TaCL reference passed, i.e. the Hugging
 # Face Trainer's defaults (no warmup, no weight decay, linear decay, AdamW eps 1e-8, clipping at 1.0).

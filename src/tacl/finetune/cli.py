@@ -6,7 +6,7 @@ import argparse
 import json
 
 from tacl.device import DEVICES
-from tacl.finetune import PRESETS
+from tacl.finetune import PRESETS, TASKS
 from tacl.io import with_cache
 
 
@@ -28,7 +28,7 @@ def register(stages: argparse._SubParsersAction) -> None:
     c.set_defaults(func=_submissions)
 
     c = cmds.add_parser("prepare", help="fetch or check a task's data (login node)")
-    c.add_argument("--task", required=True)
+    c.add_argument("--task", required=True, choices=TASKS)
     c.add_argument("--source", required=True, help="the task family's source as JSON")
     c.add_argument("--cache-dir", help="Hugging Face datasets cache (a source's own cache_dir wins)")
     c.add_argument("--out", required=True)
@@ -42,7 +42,7 @@ def register(stages: argparse._SubParsersAction) -> None:
         if name == "glue":
             start.add_argument("--start-selection",
                                help="start from the weights of another task's selected run (its selected.json)")
-        c.add_argument("--task", required=True)
+        c.add_argument("--task", required=True, choices=[t for t, family in TASKS.items() if family == name])
         seeds = c.add_mutually_exclusive_group(required=True)
         seeds.add_argument("--seed", type=int, help="one seed, trained in --out")
         seeds.add_argument("--seeds", type=int, nargs="+",
@@ -119,10 +119,7 @@ def _train(a: argparse.Namespace, model: str, start_from, source: dict, hp: dict
     if a.command == "squad":
         from tacl.finetune.data import SQUAD_TASKS
         from tacl.finetune.qa import finetune_squad
-        from tacl.io import InputError
 
-        if a.task not in SQUAD_TASKS:
-            raise InputError(f"finetune squad: task {a.task!r} is not one of {sorted(SQUAD_TASKS)}")
         return finetune_squad(model, SQUAD_TASKS[a.task], source, hp, seed, out, a.precision, a.device, a.preset)
     from tacl.finetune.ner import finetune_ner
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tacl.finetune import TASKS
 from tacl.io import InputError, write_json_atomic
 
 SQUAD_TASKS = {"squad_v1": "1.1", "squad_v2": "2.0"}
@@ -14,15 +15,9 @@ NER_TASKS = ("conll2003",)
 
 
 def family(task: str) -> str:
-    from tacl.finetune import glue
-
-    if task in glue.TASKS:
-        return "glue"
-    if task in SQUAD_TASKS:
-        return "squad"
-    if task in NER_TASKS:
-        return "ner"
-    raise InputError(f"finetune.tasks: unknown task {task!r}")
+    if task not in TASKS:
+        raise InputError(f"finetune.tasks: unknown task {task!r} (known: {', '.join(TASKS)})")
+    return TASKS[task]
 
 
 def prepare(task: str, source: dict[str, Any], out_json: str) -> dict[str, Any]:

@@ -1,9 +1,11 @@
 """Pretraining objectives, one module each, each a pure loss function plus a small class that turns a
 batch and the model outputs into named loss terms (exact definitions in docs/pretraining.md, Objectives).
+The list of objectives, and what each name builds, is tacl.objectives.registry:
 
     mlm_nsp   BERT masked LM + next sentence prediction (the "more pretraining" control)
     tacl      MLM + NSP + TaCL token contrastive loss against a frozen teacher (Su et al. 2021)
     tacl_batch  tacl with cross-sequence negatives (tacl.negatives: batch), its own model in the tables
+    tacl_attn   tacl with each masked token's term weighted by the attention it receives in the teacher
     taco      MLM + TACO token-alignment contrastive loss (Fu et al. 2022), continual variant
     coco_lm   COCO-LM: auxiliary MLM corrupts, corrective LM + sequence contrast (Meng et al. 2021)
 
@@ -11,16 +13,21 @@ The hot path has no host-device synchronisation: every loss and metric stays a t
 shapes never depend on tensor values (fixed-shape gathers and ignore_index instead of boolean indexing or
 `nonzero`). An objective returns (losses, metrics): losses are 0-d tensors, metrics are counts
 `[correct, total]` that the trainer sums over a logging interval and divides once when it logs.
+
+The package imports no torch itself (the Snakefile reads the registry while it parses); the objective
+modules do.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
-import torch
+from tacl.objectives.registry import OBJECTIVES, build_objective, objective_params  # noqa: F401 (the API)
 
-OBJECTIVES = ("mlm_nsp", "tacl", "tacl_batch", "taco", "coco_lm")
+if TYPE_CHECKING:
+    import torch
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -28,6 +35,7 @@ def in_fp32(loss: F) -> F:
     """Run a loss function in fp32 even inside torch.autocast: its floating-point tensor arguments are cast to
     fp32 and autocast is off while it runs (under autocast, a `.float()` before a matmul does not stop the
     matmul from running in bf16: the similarity logits of a contrastive loss would come out bf16)."""
+    import torch
 
     def fp32(x: Any) -> Any:  # (float64 stays as it is)
         return x.float() if isinstance(x, torch.Tensor) and x.dtype in (torch.bfloat16, torch.float16) else x
@@ -43,6 +51,8 @@ def in_fp32(loss: F) -> F:
 
 def counts(correct: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """[correct among valid, valid] as an int64 pair (an accuracy, summable over micro-batches)."""
+    import torch
+
     return torch.stack([(correct & valid).sum(), valid.sum()])
 
 
@@ -62,24 +72,3 @@ def encoder_inputs(batch: dict[str, torch.Tensor], ids: str = "input_ids") -> di
     """A BERT encoder's keyword arguments for this batch (the padding mask as `sdpa_mask`)."""
     return {"input_ids": batch[ids], "token_type_ids": batch["token_type_ids"],
             "attention_mask": sdpa_mask(batch["attention_mask"])}
-
-
-def build_objective(name: str, params: dict[str, Any] | None = None):
-    params = params or {}
-    if name == "mlm_nsp":
-        from tacl.objectives.mlm_nsp import MlmNsp
-
-        return MlmNsp()
-    if name in ("tacl", "tacl_batch"):
-        from tacl.objectives.tacl import TaCL
-
-        return TaCL(**{**params, **({"negatives": "batch", "name": "tacl_batch"} if name == "tacl_batch" else {})})
-    if name == "coco_lm":
-        from tacl.objectives.coco_lm import COCOLM
-
-        return COCOLM(**params)
-    if name == "taco":
-        from tacl.objectives.taco import TACO
-
-        return TACO(**params)
-    raise ValueError(f"unknown objective {name!r} (known: {', '.join(OBJECTIVES)})")

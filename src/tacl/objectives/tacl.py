@@ -23,11 +23,12 @@ _EXCLUDED = -1e9  # a logit that softmax turns into exactly 0 (-inf would make N
 
 @in_fp32
 def tacl_loss(student: torch.Tensor, teacher: torch.Tensor, anchors: torch.Tensor, candidates: torch.Tensor,
-              tau: float) -> tuple[torch.Tensor, torch.Tensor]:
+              tau: float, weights: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """student, teacher [B, L, H]; anchors [B, L] bool (the set M); candidates [B, L] bool (allowed j,
     the same for every anchor of a sequence) or [B, L, L] (row i: the j allowed for anchor i); every
     anchor must be among its own candidates. Returns (loss, accuracy counts: anchors whose own teacher
-    vector is the most similar). No anchor at all: loss 0 (attached to the graph).
+    vector is the most similar). No anchor at all: loss 0 (attached to the graph). `weights` [B, L]
+    (tacl_attn): anchor i's term counts w_i times, the sum still divided by |M|; None: every w_i = 1.
 
     Every position is a row of one fixed-shape cross-entropy; rows that are not anchors are ignored."""
     s = F.normalize(student.float(), dim=-1)
@@ -37,23 +38,33 @@ def tacl_loss(student: torch.Tensor, teacher: torch.Tensor, anchors: torch.Tenso
     logits = logits.masked_fill(~allowed, _EXCLUDED)
     length = anchors.shape[1]
     target = torch.where(anchors, torch.arange(length, device=anchors.device), IGNORE_INDEX)
-    loss = F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
+    loss = _summed(logits.flatten(0, 1), target.flatten(), weights)
     return loss / anchors.sum().clamp(min=1), counts(logits.argmax(-1) == target, anchors)
+
+
+def _summed(logits: torch.Tensor, target: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    """The cross-entropy of the rows whose target is not IGNORE_INDEX, summed (each times its weight)."""
+    if weights is None:
+        return F.cross_entropy(logits, target, ignore_index=IGNORE_INDEX, reduction="sum")
+    per_row = F.cross_entropy(logits, target, ignore_index=IGNORE_INDEX, reduction="none")  # 0 where ignored
+    return (per_row * weights.flatten()).sum()
 
 
 @in_fp32
 def tacl_batch_loss(student: torch.Tensor, teacher: torch.Tensor, index: torch.Tensor, targets: torch.Tensor,
-                    candidates: torch.Tensor, tau: float) -> tuple[torch.Tensor, torch.Tensor]:
+                    candidates: torch.Tensor, tau: float,
+                    weights: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """TaCL with cross-sequence negatives: the anchors are the fixed-length list of flat positions `index`
     [K] into B*L (`targets` [K] is IGNORE_INDEX for list padding); an anchor's candidates are the allowed
     tokens `candidates` [B, L] of every sequence of the micro-batch, its positive the teacher's vector at
-    its own position. student, teacher [B, L, H]. Only the K anchor rows are computed: [K, B*L] logits."""
+    its own position. student, teacher [B, L, H]. Only the K anchor rows are computed: [K, B*L] logits.
+    `weights` [K]: as in `tacl_loss`, per entry of the list."""
     s = F.normalize(student.flatten(0, 1).index_select(0, index).float(), dim=-1)
     t = F.normalize(teacher.flatten(0, 1).float(), dim=-1)
     logits = (s @ t.T / tau).masked_fill(~candidates.flatten()[None, :], _EXCLUDED)
     valid = targets != IGNORE_INDEX
     target = torch.where(valid, index, IGNORE_INDEX)
-    loss = F.cross_entropy(logits, target, ignore_index=IGNORE_INDEX, reduction="sum")
+    loss = _summed(logits, target, weights)
     return loss / valid.sum().clamp(min=1), counts(logits.argmax(-1) == target, valid)
 
 
@@ -87,14 +98,25 @@ class TaCL:
         losses, metrics = mlm_nsp_terms(model, batch, out.last_hidden_state, out.pooler_output)
         teacher.train(self.teacher_train_mode)
         with torch.inference_mode():  # no autograd record at all (the teacher is frozen)
-            h = teacher(**encoder_inputs(batch, "clean_ids")).last_hidden_state
-        h = h.clone()  # an ordinary tensor again, so that the loss may save it for the student's backward
+            h, weights = self.teacher_side(teacher, batch, metrics)
+        # ordinary tensors again, so that the loss may save them for the student's backward
+        h = h.clone()
+        weights = None if weights is None else weights.clone()
         anchors = batch["mlm_mask"]
         real = batch["attention_mask"].bool() & ~batch["special_tokens_mask"]
         if self.negatives == "batch":  # the real tokens of every sequence of the micro-batch
-            losses["tacl"], metrics["tacl_acc"] = tacl_batch_loss(out.last_hidden_state, h, batch["mlm_index"],
-                                                                  batch["mlm_targets"], real, self.tau)
+            index = batch["mlm_index"]
+            listed = None if weights is None else weights.flatten().index_select(0, index)
+            losses["tacl"], metrics["tacl_acc"] = tacl_batch_loss(out.last_hidden_state, h, index,
+                                                                  batch["mlm_targets"], real, self.tau, listed)
             return losses, metrics
         candidates = real if self.negatives == "real" else torch.ones_like(anchors)
-        losses["tacl"], metrics["tacl_acc"] = tacl_loss(out.last_hidden_state, h, anchors, candidates, self.tau)
+        losses["tacl"], metrics["tacl_acc"] = tacl_loss(out.last_hidden_state, h, anchors, candidates, self.tau,
+                                                        weights)
         return losses, metrics
+
+    def teacher_side(self, teacher: Any, batch: dict[str, torch.Tensor],
+                     metrics: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(under inference_mode) The teacher's last layer on the clean sequences, and the anchors' weights
+        [B, L] (None: every anchor counts once, TaCL's own loss)."""
+        return teacher(**encoder_inputs(batch, "clean_ids")).last_hidden_state, None

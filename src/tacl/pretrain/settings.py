@@ -16,6 +16,7 @@ from typing import Any
 
 from tacl import RESULT_VERSIONS
 from tacl.io import InputError, stable_hash
+from tacl.objectives.registry import objective_params
 
 RESULT_KEYS = ("objective", "steps", "global_batch", "lr", "warmup_ratio", "weight_decay", "adam_eps", "adam_betas",
                "grad_clip", "precision", "seed", "pad_to_max_len", "group_by_length", "max_len", "objective_params")
@@ -30,10 +31,6 @@ CHUNK_OPERATIONAL_KEYS = ("ranks_per_node", "cpus_per_rank", "nodes", "launcher"
 DATA_VERSION = RESULT_VERSIONS["pretrain"]
 # Before the split above, a run's identity was a hash of these (precision left out); kept to read such runs.
 LEGACY_TRAJECTORY_KEYS = tuple(k for k in RESULT_KEYS if k != "precision") + ("data_version",)
-
-
-# objectives that read another objective's config section (tacl_batch is tacl with negatives: batch)
-PARAMS_SECTION = {"tacl_batch": "tacl"}
 
 
 @dataclass
@@ -69,7 +66,7 @@ class TrainSettings:
         keys = {k: pretrain[k] for k in cls.__dataclass_fields__ if k in pretrain}
         keys.pop("objective", None)
         return cls(objective=objective, max_len=max_len,
-                   objective_params=dict(pretrain.get(PARAMS_SECTION.get(objective, objective), {})),
+                   objective_params=objective_params(pretrain, objective),
                    **{k: v for k, v in keys.items() if k not in ("max_len", "objective_params")})
 
     @classmethod

@@ -310,6 +310,7 @@ def _setup(args: ChunkArgs, env: DistEnv, lock: RunLock) -> Chunk:
     from tacl.data.shards import ShardSet
     from tacl.hub import load_tokenizer, tokenizer_hash
     from tacl.objectives import build_objective
+    from tacl.objectives.registry import spec
     from tacl.pretrain.model import load_student, load_teacher
 
     s = args.settings
@@ -317,7 +318,7 @@ def _setup(args: ChunkArgs, env: DistEnv, lock: RunLock) -> Chunk:
     # -- everything that can be wrong is checked before the model is built ---------------------------
     accumulation = s.accumulation(env.world_size)
     objective = build_objective(s.objective, s.objective_params)
-    if s.objective in ("taco", "coco_lm", "tacl_batch") and s.micro_batch < 2:
+    if spec(s.objective).two_sequences and s.micro_batch < 2:
         raise InputError(f"pretrain.micro_batch must be >= 2 for {s.objective} (negatives come from other sequences)")
     if hasattr(objective, "check"):
         objective.check(args.start_model)  # e.g. COCO-LM's auxiliary model is no larger than the main one

@@ -23,6 +23,7 @@ def register(stages: argparse._SubParsersAction) -> None:
     p.add_argument("--embeddings-disabled", action="store_true",
                    help="the sentence-embedding evaluation is off (analysis.embeddings.enabled: false)")
     p.add_argument("--similarity-png")
+    p.add_argument("--cls-png", help="the [CLS] cosine figure")
     p.add_argument("--out")
     p.set_defaults(func=_report, parser=p)
 
@@ -49,7 +50,7 @@ def _report(a: argparse.Namespace) -> None:
         from tacl.report.tables import build_report
 
         result = build_report(a.results, a.models, a.tasks, json.loads(a.expected), a.similarity, a.out,
-                              a.similarity_png, a.embeddings, not a.embeddings_disabled)
+                              a.similarity_png, a.embeddings, not a.embeddings_disabled, a.cls_png)
     print(json.dumps(result))
 
 

@@ -41,10 +41,11 @@ def report_inputs(results_dir: str | Path, wanted: dict[str, Any]) -> dict[str, 
     root = Path(results_dir)
     similarity = [root / "analysis" / "similarity" / f"{m}.json" for m in wanted["analysed_models"]]
     embeddings = [root / "analysis" / "embeddings" / f"{m}.json" for m in wanted["analysed_models"]]
-    png = root / "report" / "self_similarity.png"
+    png, cls_png = root / "report" / "self_similarity.png", root / "report" / "cls_cosine.png"
     return {"results_dir": str(root), "models": wanted["models"], "tasks": wanted["tasks"],
             "expected": wanted["expected"], "similarity": [str(p) for p in similarity if p.is_file()],
             "out_dir": str(root / "report"), "similarity_png": str(png) if png.is_file() else None,
+            "cls_png": str(cls_png) if cls_png.is_file() else None,
             "embeddings": [str(p) for p in embeddings if p.is_file()] if wanted["embeddings_enabled"] else [],
             "embeddings_enabled": wanted["embeddings_enabled"], "name": wanted["results_dir"]}
 

@@ -23,6 +23,7 @@ import pandas as pd
 
 from tacl.finetune.sweep import HEADLINE_DEV, select
 from tacl.io import write_text_atomic
+from tacl.objectives.registry import REGISTRY
 from tacl.report.curves import write_curves
 from tacl.report.document import Document, markdown, save_png, table_text
 
@@ -290,31 +291,32 @@ def interval(diffs: list[float] | None, a: list[float], b: list[float]) -> tuple
 
 
 def differences_table(long: pd.DataFrame, models: list[str]) -> pd.DataFrame:
-    """For every headline number and every model against each control (mlm_nsp, none): the mean
-    difference over seeds with its 95% interval, paired by fine-tuning seed where both have the same seeds,
-    and whether it exceeds seed noise (the interval excludes 0)."""
+    """For every headline number and every model against each control (mlm_nsp, none), and a variant of an
+    objective (tacl_batch, tacl_attn) against that objective (tacl): the mean difference over seeds with its
+    95% interval, paired by fine-tuning seed where both have the same seeds, and whether it exceeds seed noise
+    (the interval excludes 0)."""
     rows = []
     for label, task, split, metric, _ in HEADLINE:
         part = long[(long.task == task) & (long.split == split) & (long.metric == metric)] if not long.empty else long
         values = {m: dict(zip(g.seed.astype(int), g.value)) for m, g in part.groupby("model")} if not part.empty else {}
-        for control in CONTROLS:
-            if control not in values:
-                continue
-            for model in models:
-                if model in CONTROLS[: CONTROLS.index(control) + 1] or model not in values:
-                    continue  # a control against itself, or none against mlm_nsp (mlm_nsp vs none says it)
-                ours, base = values[model], values[control]
-                paired = sorted(ours) == sorted(base)
-                diffs = [ours[s] - base[s] for s in sorted(ours)] if paired else None
-                ci = interval(diffs, list(ours.values()), list(base.values()))
-                mean = (sum(ours.values()) / len(ours)) - (sum(base.values()) / len(base))
-                rows.append({
-                    "task": label, "split": split, "model": model, "vs": control,
-                    "seeds": f"{len(ours)} vs {len(base)}", "paired": "yes" if paired else "no",
-                    "mean difference": f"{mean:+.2f}",
-                    "95% interval": f"[{ci[1]:+.2f}, {ci[2]:+.2f}]" if ci else "- (fewer than 2 seeds)",
-                    "beyond seed noise": ("yes" if ci[1] > 0 or ci[2] < 0 else "no") if ci else "-",
-                })
+        pairs = [(model, control) for control in CONTROLS if control in values for model in models
+                 # not a control against itself, nor none against mlm_nsp (mlm_nsp vs none says it)
+                 if model not in CONTROLS[: CONTROLS.index(control) + 1] and model in values]
+        pairs += [(model, REGISTRY[model].variant_of) for model in models if model in values and model in REGISTRY
+                  and REGISTRY[model].variant_of in values]
+        for model, control in pairs:
+            ours, base = values[model], values[control]
+            paired = sorted(ours) == sorted(base)
+            diffs = [ours[s] - base[s] for s in sorted(ours)] if paired else None
+            ci = interval(diffs, list(ours.values()), list(base.values()))
+            mean = (sum(ours.values()) / len(ours)) - (sum(base.values()) / len(base))
+            rows.append({
+                "task": label, "split": split, "model": model, "vs": control,
+                "seeds": f"{len(ours)} vs {len(base)}", "paired": "yes" if paired else "no",
+                "mean difference": f"{mean:+.2f}",
+                "95% interval": f"[{ci[1]:+.2f}, {ci[2]:+.2f}]" if ci else "- (fewer than 2 seeds)",
+                "beyond seed noise": ("yes" if ci[1] > 0 or ci[2] < 0 else "no") if ci else "-",
+            })
     columns = ["task", "split", "model", "vs", "seeds", "paired", "mean difference", "95% interval",
                "beyond seed noise"]
     return pd.DataFrame(rows, columns=columns)
@@ -360,6 +362,21 @@ def similarity_table(paths: list[str], key: str = "self_similarity") -> pd.DataF
 def _number(value: float | None, spec: str) -> str:
     """`value` formatted, or '-' where there is no number (never `nan`)."""
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
+
+
+def cls_table(paths: list[str]) -> pd.DataFrame:
+    """One row per model and pair set of the [CLS] cosine figure (analysis/similarity/MODEL.json's
+    `cls_cosine`): pairs, mean, std and quantiles."""
+    rows = []
+    for p in paths:
+        r = json.loads(Path(p).read_text())
+        for part in r.get("cls_cosine", {}).values():
+            row = {"model": r["model"], "pairs of": part["label"], "pairs": str(part["pairs"])}
+            if part["pairs"]:
+                row.update({"mean": _number(part["mean"], ".3f"), "std": _number(part["std"], ".3f"),
+                            **{q: _number(v, ".3f") for q, v in part["quantiles"].items()}})
+            rows.append(row)
+    return pd.DataFrame(rows)  # ('-' where there is no number, in every file written)
 
 
 EMBEDDINGS_OFF = ("Not run: `analysis.embeddings.enabled: false` in the config. Set it to true to evaluate "
@@ -427,7 +444,7 @@ def glue_figure(summary: pd.DataFrame, models: list[str], tasks: list[str],
 def build_report(results_dir: str, models: list[str], tasks: list[str], expected: list[dict[str, Any]],
                  similarity: list[str], out_dir: str, similarity_png: str | None = None,
                  embeddings: list[str] | None = None, embeddings_enabled: bool = True,
-                 name: str | None = None) -> dict[str, Any]:
+                 cls_png: str | None = None, name: str | None = None) -> dict[str, Any]:
     """Every table and plot for the configured models and tasks, report.md and report.html; returns the runs
     found and missing. `name`: how the report's title names the results (default: results_dir)."""
     out = Path(out_dir)
@@ -446,11 +463,12 @@ def build_report(results_dir: str, models: list[str], tasks: list[str], expected
     sim = similarity_table(similarity)
     diffs = differences_table(long, models)
     anisotropy = similarity_table(similarity, "anisotropy")
+    cls = cls_table(similarity)
     sentence = embeddings_table(embeddings or [])
     sweep = sweep_table(every, chosen)
     tables = {"glue_dev": glue, "glue_published": glue_reference_table(refs), "squad_dev": squad,
               "differences": diffs, "status": status, "self_similarity": sim, "anisotropy": anisotropy,
-              "embeddings": sentence, "sweep": sweep}
+              "cls_cosine": cls, "embeddings": sentence, "sweep": sweep}
     several = sweep.groupby(["model", "task"]).size().max() > 1 if not sweep.empty else False
     doc = Document()
     doc.heading(f"Results ({name or results_dir})", 1)
@@ -496,15 +514,22 @@ def build_report(results_dir: str, models: list[str], tasks: list[str], expected
     doc.heading("Differences beyond seed noise")
     doc.table(diffs)
     doc.paragraph("Each model minus the control (mlm_nsp: as much continued pretraining without the contrastive "
-                  "loss; none: the start model), on the headline number of each task: mean over fine-tuning "
-                  "seeds, 95% t interval, paired by seed where both ran the same seeds (Welch otherwise). 'yes' = "
-                  "the interval excludes 0.")
+                  "loss; none: the start model), and a variant of TaCL (tacl_batch, tacl_attn) minus tacl itself, "
+                  "on the headline number of each task: mean over fine-tuning seeds, 95% t interval, paired by "
+                  "seed where both ran the same seeds (Welch otherwise). 'yes' = the interval excludes 0.")
     doc.heading("Self-similarity (lower = more distinguishable token vectors)")
     doc.table(sim)
     doc.heading("Anisotropy (mean cosine between tokens of different sentences: self-similarity's baseline)")
     doc.table(anisotropy)
     if similarity_png:
         doc.figure("self-similarity and anisotropy", similarity_png)
+    doc.heading("[CLS] cosines (sequence-level anisotropy)")
+    doc.table(cls)
+    doc.paragraph("The cosine between the last layer's [CLS] vectors of two sentences: random pairs of held-out "
+                  "sentences, and STS-B dev pairs with a gold score of 4 or more (where the sentence-embedding "
+                  "evaluation runs). Numbers: pairs, mean, sample std and quantiles of the cosine.")
+    if cls_png:
+        doc.figure("[CLS] cosines", cls_png, CLS_CAPTION)
     if embeddings_enabled:
         doc.heading("Sentence embeddings without fine-tuning (x100)")
         doc.table(sentence)
@@ -535,3 +560,10 @@ CURVES_CAPTION = ("Each pretraining run's loss terms (left axis; `loss` is the t
                   "rate (right axis, dotted) against the optimizer step, from its run/metrics.jsonl, one point "
                   "per `pretrain.log_every` steps; a dashed vertical line marks a chunk that resumed there from "
                   "the checkpoint. The points: training_curves.csv.")
+
+
+CLS_CAPTION = ("For each model, the distribution of the cosine between the last layer's [CLS] vectors of two "
+               "sentences, over random pairs of held-out sentences (filled) and, where the sentence-embedding "
+               "evaluation runs, over the STS-B dev pairs with a gold score of 4 or more (outline). Random pairs "
+               "near 1 mean [CLS] vectors that all point one way; the gap between the two distributions is what "
+               "[CLS] tells apart. The numbers: cls_cosine.csv.")

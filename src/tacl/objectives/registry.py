@@ -1,0 +1,65 @@
+"""The one list of pretraining objectives: what a name builds, which `pretrain.<section>` keys it reads and
+what the workflow must know about it. Everything else that names objectives comes from here: the
+trainer (`build_objective`), the settings (`objective_params`), the config check (`two_sequences`), the
+rules' wildcard constraints (`OBJECTIVE_PATTERN` in workflow/rules/common.smk), the command line and the
+benchmark's choices; the schema's enums are checked equal to it (tests/test_registry.py).
+
+Imported by the Snakefile while it parses: nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Objective:
+    name: str
+    builds: str  # "module:Class" in tacl.objectives, called with the objective's params
+    summary: str
+    sections: tuple[str, ...] = ()  # pretrain.<section> dicts merged (in order) into its params
+    fixed: dict[str, Any] = field(default_factory=dict)  # params the objective sets itself, over the sections'
+    two_sequences: bool = False  # negatives come from the other sequences of a micro-batch (micro_batch >= 2)
+    variant_of: str | None = None  # the objective it changes one thing of: the report's differences compare the two
+
+
+REGISTRY: dict[str, Objective] = {o.name: o for o in (
+    Objective("mlm_nsp", "mlm_nsp:MlmNsp", "BERT masked LM + next sentence prediction (the control)"),
+    Objective("tacl", "tacl:TaCL", "MLM + NSP + TaCL token contrast against a frozen teacher", ("tacl",)),
+    Objective("tacl_batch", "tacl:TaCL", "TaCL with the other sequences' tokens as negatives too", ("tacl",),
+              {"negatives": "batch", "name": "tacl_batch"}, two_sequences=True, variant_of="tacl"),
+    Objective("tacl_attn", "tacl_attn:TaCLAttn", "TaCL with each masked token weighted by the attention it "
+              "receives in the teacher", ("tacl", "tacl_attn"), variant_of="tacl"),
+    Objective("taco", "taco:TACO", "MLM + TACO token-alignment contrast", ("taco",), two_sequences=True),
+    Objective("coco_lm", "coco_lm:COCOLM", "COCO-LM: corrective LM + sequence contrast with an auxiliary MLM",
+              ("coco_lm",), two_sequences=True),
+)}
+OBJECTIVES = tuple(REGISTRY)
+# every model a config may name in pretrain.objectives and finetune.models: the start model itself, then these
+MODELS = ("none", *OBJECTIVES)
+# the rules' wildcard constraint for an objective's name
+OBJECTIVE_PATTERN = "|".join(OBJECTIVES)
+
+
+def spec(name: str) -> Objective:
+    if name not in REGISTRY:
+        raise ValueError(f"unknown objective {name!r} (known: {', '.join(OBJECTIVES)})")
+    return REGISTRY[name]
+
+
+def objective_params(pretrain: dict[str, Any], name: str) -> dict[str, Any]:
+    """The objective's settings from config.yaml's `pretrain` section: its sections' keys, merged (none for a
+    name that is no objective, e.g. "" for the settings every objective shares; build_objective names it)."""
+    params: dict[str, Any] = {}
+    for section in REGISTRY[name].sections if name in REGISTRY else ():
+        params.update(pretrain.get(section) or {})
+    return params
+
+
+def build_objective(name: str, params: dict[str, Any] | None = None) -> Any:
+    """The objective `name` with `params` (from `objective_params`), e.g. TaCL(tau=0.01, ...)."""
+    o = spec(name)
+    module, cls = o.builds.split(":")
+    return getattr(importlib.import_module(f"tacl.objectives.{module}"), cls)(**{**(params or {}), **o.fixed})
