@@ -61,7 +61,7 @@ def rng_state() -> dict[str, Any]:
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
-        state["cuda_device"] = torch.cuda.current_device()  # the GPU this rank trains on (set by distributed.py)
+        state["cuda_device"] = torch.cuda.current_device()  # this rank's GPU (distributed.py set it)
     return state
 
 
@@ -76,8 +76,8 @@ def set_rng_state(state: dict[str, Any], local_rank: int = 0) -> None:
 def set_cuda_rng_states(states: list[torch.Tensor], saved_device: int | None, local_rank: int) -> None:
     """Restore the saved CUDA generator states of the GPUs this process sees. A rank that now sees fewer GPUs
     than were saved (torchrun with 4 visible per process, then srun with 1 per task) gets the state of the GPU
-    it trained on (`saved_device`; in checkpoints that did not record it, the GPU its local rank picked) on the
-    GPU it trains on now; the other saved states have no device here and are left, as the log says. (Dropout
+    it trained on (`saved_device`; in checkpoints that did not record it, the GPU its local rank picked) on
+    the GPU it trains on now; the other saved states have no device here and are left, as the log says. (Dropout
     and TACO draws are seeded per micro-batch, so the trajectory does not depend on these states; restoring
     them keeps any other CUDA draw where it was.)"""
     visible = torch.cuda.device_count()
@@ -89,8 +89,9 @@ def set_cuda_rng_states(states: list[torch.Tensor], saved_device: int | None, lo
     if not isinstance(source, int) or source >= len(states):
         source = min(current, len(states) - 1)
     torch.cuda.set_rng_state(states[source], current)
-    log.info("checkpoint holds CUDA RNG states of %d GPUs, this process sees %d: restored saved GPU %d's state "
-             "on GPU %d (the GPU this rank trains on), left the others", len(states), visible, source, current)
+    log.info("checkpoint holds CUDA RNG states of %d GPUs, this process sees %d: restored saved GPU %d's "
+             "state on GPU %d (the GPU this rank trains on), left the others", len(states), visible, source,
+             current)
 
 
 def save(engine: Any, run_dir: str | os.PathLike, step: int, client_state: dict[str, Any], env: DistEnv,
