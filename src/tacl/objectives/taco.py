@@ -6,8 +6,10 @@ of the sequence if there is none) and K negatives drawn uniformly from the other
 positive and negatives are detached. Loss: InfoNCE with temperature tau, averaged over anchors, added to
 MLM (NSP only if `keep_nsp`).
 
-Pairs are drawn on the device with fixed shapes (no Python loop, no `nonzero`); the logits are gathered
-from one [B*L, B*L] similarity matrix, so no [N, K, hidden] copy of the negatives is kept for backward.
+Pairs are drawn on the device with fixed shapes (no Python loop, no `nonzero`). Only the 1 + K similarities
+of each anchor are computed (`gathered_dots`), not the [B*L, B*L] matrix they are a 51-column sample of
+(268 MB and 2 * 103 GFLOP per 32 x 256 micro-batch of BERT-base; benchmarks/taco_similarities.py measures
+both ways).
 """
 
 from __future__ import annotations
@@ -68,6 +70,32 @@ def sample_taco_pairs(valid: torch.Tensor, window: int, k: int,
     return positive, negatives, pool > 0
 
 
+class _GatheredDots(torch.autograd.Function):
+    """dots[n, c] = q[n] . keys[columns[n, c]], differentiable in q only (keys are detached). Both ways are
+    one fused PyTorch kernel that reads the rows of `keys` it needs: forward the per-sample-weight gradient
+    kernel of embedding_bag (a dot per (anchor, column)), backward embedding_bag itself with the incoming
+    gradient as per-sample weights (sum_c grad[n, c] * keys[columns[n, c]]). No [N, C, H] copy of the
+    gathered rows is made or kept, and every shape is fixed by the input shapes."""
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, keys: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+        n, c = columns.shape
+        samples = torch.arange(n * c, device=columns.device)
+        ctx.save_for_backward(keys, columns)
+        return torch.ops.aten._embedding_bag_per_sample_weights_backward(
+            q.contiguous(), keys, columns.reshape(-1), samples[::c], samples // c, 0).view(n, c)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        keys, columns = ctx.saved_tensors
+        return F.embedding_bag(columns, keys, mode="sum", per_sample_weights=grad.contiguous()), None, None
+
+
+def gathered_dots(q: torch.Tensor, keys: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+    """q [N, H] . keys[columns] -> [N, C] (`_GatheredDots`); the gradient reaches q only."""
+    return _GatheredDots.apply(q, keys.detach(), columns)
+
+
 @in_fp32
 def taco_loss(g: torch.Tensor, valid: torch.Tensor, positive: torch.Tensor, negatives: torch.Tensor,
               tau: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,10 +104,9 @@ def taco_loss(g: torch.Tensor, valid: torch.Tensor, positive: torch.Tensor, nega
     Returns (loss averaged over valid anchors, accuracy counts: positive scored above every negative)."""
     bsz, length, hidden = g.shape
     flat = g.reshape(bsz * length, hidden)
-    sims = flat @ flat.detach().T  # [B*L, B*L]; backward needs only the detached keys
     own = (torch.arange(bsz, device=g.device)[:, None] * length + positive).reshape(-1, 1)
     columns = torch.cat([own, negatives.reshape(bsz * length, -1)], 1)
-    logits = sims.gather(1, columns).float() / tau  # [B*L, 1 + K]
+    logits = gathered_dots(flat, flat, columns) / tau  # [B*L, 1 + K]
     anchors = valid.flatten()
     target = torch.where(anchors, 0, IGNORE_INDEX)
     loss = F.cross_entropy(logits, target, ignore_index=IGNORE_INDEX, reduction="sum")
