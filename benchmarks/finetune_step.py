@@ -7,7 +7,8 @@ do (GLUE max_len 128; SQuAD windows of 384, stride 128), with the real all-MiniL
 
 1. Padding: the share of padded positions in one epoch's batches (GLUE batch 32, SQuAD 12), random batches
    padded to their longest row rounded up to 8 (the loop before), random batches padded to their longest,
-   and grouped by length (`tacl.finetune.common.epoch_batches`, as `train` makes them).
+   grouped by length (`tacl.finetune.common.epoch_batches`, as `train` makes them) and padded to the longest
+   rounded up to 8, and grouped, padded to the longest (now).
 2. Step time: `tacl.finetune.common.train_step` (the fine-tune's own step: AdamW, clipping, the model's
    loss) on the same task's rows, grouped against random batches, the two alternating in blocks of steps;
    ms per step, real (non-padding) tokens/s and the ratio grouped / random. CPU (default): the real MiniLM
@@ -67,7 +68,7 @@ def padding(lengths: np.ndarray, batches: list[np.ndarray], multiple: int = 1) -
 
 def padding_table(tokenizer: Any, glue_dir: Path) -> dict[str, dict[str, float]]:
     print("1. padding share of one epoch's batches (seed 0): random, padded to the longest rounded up to 8 "
-          "(before) | random, to the longest | grouped by length (now)")
+          "(before) | random, to the longest | grouped by length, rounded up to 8 | grouped, to the longest (now)")
     out = {}
     for task in [*GLUE_FILES, "squad_v2 (demo sample)"]:
         rows = squad_rows(tokenizer) if task.startswith("squad") else glue_rows(tokenizer, task, glue_dir)
@@ -75,11 +76,11 @@ def padding_table(tokenizer: Any, glue_dir: Path) -> dict[str, dict[str, float]]
         lengths = np.array([len(r["input_ids"]) for r in rows])
         random = epoch_batches(lengths, batch, np.random.default_rng(0), grouped=False)
         grouped = epoch_batches(lengths, batch, np.random.default_rng(0), grouped=True)
-        out[task] = {"rows": len(rows), "mean_length": float(lengths.mean()), "random_to_8": padding(lengths, random, 8),
-                     "random": padding(lengths, random), "grouped": padding(lengths, grouped)}
-        r = out[task]
+        r = out[task] = {"rows": len(rows), "mean_length": float(lengths.mean()),
+                         "random_to_8": padding(lengths, random, 8), "random": padding(lengths, random),
+                         "grouped_to_8": padding(lengths, grouped, 8), "grouped": padding(lengths, grouped)}
         print(f"   {task:23s} {len(rows):6d} rows of mean length {r['mean_length']:5.1f}, batch {batch}: "
-              f"{100 * r['random_to_8']:5.1f}% | {100 * r['random']:5.1f}% | {100 * r['grouped']:5.1f}%")
+              + " | ".join(f"{100 * r[k]:5.1f}%" for k in ("random_to_8", "random", "grouped_to_8", "grouped")))
     return out
 
 

@@ -60,6 +60,7 @@ from tacl.data.pretraining import (Batching, MicroBatches, PretrainingData, micr
                                    padding_fraction, unpack)
 from tacl.data.shards import ShardSet  # noqa: E402
 from tacl.device import dense_bf16_peak, fast_fp32_matmul  # noqa: E402
+from tacl.io import write_text_atomic  # noqa: E402
 
 A100_PEAK, ASSUMED_MFU = 312e12, 0.5
 MAX_LEN = 256
@@ -354,7 +355,8 @@ def main() -> None:
     ap.add_argument("--wikipedia", default=str(REPO.parent / "shared" / "data" / "wikipedia"),
                     help="the folder of WikiExtractor files (wiki_*); default: ../shared/data/wikipedia")
     ap.add_argument("--sentence-splitter", default="blingfire", choices=("blingfire", "regex"))
-    ap.add_argument("--json", help="also write the step figures to this JSON file")
+    ap.add_argument("--json", help="also write the step figures to this JSON file (rewritten after each one; "
+                    "\"complete\": true once all are in)")
     ap.add_argument("--tiny", action="store_true",
                     help="a 2 x 64 model, global batch 8: a smoke test of the script (its figures mean nothing)")
     args = ap.parse_args()
@@ -426,45 +428,55 @@ def main() -> None:
         print(f"   ours, {w} worker processes{' ' * 29}{r:8.0f}/s  {r / demand:5.2f}x the demand"
               f"  ({r / ref_rate:.1f}x the reference; {cpu_ms:.2f} ms of the training process per micro-batch)")
 
-    # 3. step time
+    # 3. step time (each figure into --json as soon as it is measured: a time limit keeps what was done)
     precision = "bf16, ZeRO 1" if args.gpu else "fp32, ZeRO 0"
     print(f"\n3. optimizer step, BERT {size['layers']}x{size['hidden']}, vocabulary {len(tokenizer)}, global batch "
           f"{global_batch} in micro-batches of {micro}, {args.steps} timed steps after the warm-up; ours {precision}, "
-          "the reference fp32" + (" with TF32 matmuls" if args.gpu else "") + ":")
-    results = {}
-    for objective in objectives:
-        results[objective] = time_ours(objective, manifest, start, tmp, device, args.steps, global_batch, micro,
-                                       workers=2, zero_stage=zero_stage)
-    failed = {}
-    if args.compile:
-        try:  # (a node whose compiler tool chain is incomplete still gets the other figures)
-            results["tacl compiled"] = time_ours("tacl", manifest, start, tmp, device, args.steps, global_batch,
-                                                 micro, workers=2, zero_stage=zero_stage, compile=True)
-        except Exception as e:  # noqa: BLE001 - reported, not hidden
-            failed["tacl compiled"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
-            print(f"   tacl compiled: FAILED, {failed['tacl compiled']}")
-    t_ref = time_reference(manifest, tokenizer, start, ENV.device, args.steps, global_batch, micro)
-    results["tacl reference"] = {**results["tacl"], "s_per_step": t_ref, "syncs": "-", "optimizer": "AdamW (fp32)"}
-    base = results["mlm_nsp"]["s_per_step"] if "mlm_nsp" in results else None
+          "the reference fp32" + (" with TF32 matmuls" if args.gpu else "") + ":", flush=True)
+    record: dict[str, Any] = {
+        "device": where, "bf16_peak_tflops": peak / 1e12 if peak else None, "steps": args.steps,
+        "global_batch": global_batch, "micro_batch": micro, "zero_stage": zero_stage, "size": size, "padding": pad,
+        "results": {}, "failed": {}, "complete": False}
+    results, failed = record["results"], record["failed"]
 
-    for name, r in results.items():
+    def save() -> None:
+        if args.json:
+            write_text_atomic(args.json, json.dumps(record, indent=1, default=str))
+
+    def report(name: str, r: dict[str, Any]) -> None:
         r["tokens_per_s"] = r["tokens_per_step"] / r["s_per_step"]
         r["tflops"] = r["flops_per_step"] / r["s_per_step"] / 1e12
         r["mfu"] = r["tflops"] * 1e12 / peak if peak else None
+        results[name] = r
+        base = results["mlm_nsp"]["s_per_step"] if "mlm_nsp" in results else None
         line = (f"   {name:16s} {r['s_per_step'] * 1000:9.1f} ms/step {r['tokens_per_s']:10.0f} tokens/s"
                 + (f"  {r['s_per_step'] / base:5.2f}x mlm_nsp's time" if base else ""))
         if args.gpu:
             line += f"  {r['tflops']:6.1f} TFLOP/s" + (f", MFU {100 * r['mfu']:.1f}%" if peak else "")
             line += f"\n   {'':16s} syncs: {r['syncs']}" if r["syncs"] != "-" else ""
-        print(line)
-    ratio = t_ref / results["tacl"]["s_per_step"]
-    print(f"   ours / reference, TaCL: {ratio:.2f}x the tokens/s" + (f" (compiled: "
-          f"{t_ref / results['tacl compiled']['s_per_step']:.2f}x)" if "tacl compiled" in results else ""))
-    if args.json:
-        Path(args.json).write_text(json.dumps({
-            "device": where, "bf16_peak_tflops": peak / 1e12 if peak else None, "steps": args.steps,
-            "global_batch": global_batch, "micro_batch": micro, "zero_stage": zero_stage, "size": size,
-            "padding": pad, "tacl_speedup": ratio, "results": results, "failed": failed}, indent=1, default=str))
+        print(line, flush=True)
+        save()
+
+    save()
+    for objective in objectives:
+        report(objective, time_ours(objective, manifest, start, tmp, device, args.steps, global_batch, micro,
+                                    workers=2, zero_stage=zero_stage))
+    t_ref = time_reference(manifest, tokenizer, start, ENV.device, args.steps, global_batch, micro)
+    report("tacl reference", {**results["tacl"], "s_per_step": t_ref, "syncs": "-", "optimizer": "AdamW (fp32)"})
+    record["tacl_speedup"] = t_ref / results["tacl"]["s_per_step"]
+    print(f"   ours / reference, TaCL: {record['tacl_speedup']:.2f}x the tokens/s", flush=True)
+    save()
+    if args.compile:  # last: a first compile of BERT-base takes minutes, and the figures above are kept
+        try:  # (a node whose compiler tool chain is incomplete still gets the other figures)
+            report("tacl compiled", time_ours("tacl", manifest, start, tmp, device, args.steps, global_batch,
+                                              micro, workers=2, zero_stage=zero_stage, compile=True))
+            print(f"   ours compiled / reference, TaCL: {t_ref / results['tacl compiled']['s_per_step']:.2f}x the "
+                  "tokens/s", flush=True)
+        except Exception as e:  # noqa: BLE001 - reported, not hidden
+            failed["tacl compiled"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+            print(f"   tacl compiled: FAILED, {failed['tacl compiled']}")
+    record["complete"] = True
+    save()
     if failed:
         raise SystemExit(f"failed: {', '.join(failed)}")
     tmp_dir.cleanup()
