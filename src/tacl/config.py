@@ -143,4 +143,9 @@ def finetune_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]
     objectives = schema["properties"]["pretrain"]["properties"]["objectives"]["items"]["enum"]
     problems += [f"finetune.extra_models.{name}: {name} is an objective's name; give the model another"
                  for name in ft["extra_models"] if name in objectives]
+    hparams = ft["hparams"]
+    given = [(f"finetune.hparams.{family}", hparams.get(family) or {}) for family in ("glue", "squad", "ner")]
+    given += [(f"finetune.hparams.tasks.{task}", hp or {}) for task, hp in (hparams.get("tasks") or {}).items()]
+    problems += [f"{key}.group_by_length: {hp['group_by_length']!r} is not true or false" for key, hp in given
+                 if not isinstance(hp.get("group_by_length", True), bool)]
     return problems
