@@ -10,8 +10,9 @@ number of steps is the same, and the order is fixed by the seed, as without grou
 which examples share a batch (ones of similar length, drawn from a random megabatch), as with Hugging Face's
 LengthGroupedSampler (which keeps each megabatch's batches longest first instead of shuffling them). Off for
 contrastive fine-tuning, whose in-batch negatives would all be of the anchor's length
-(tacl.finetune.contrastive.DEFAULTS). Batches are not rounded up to a multiple of 8: that added 7-18 points
-of padding to short-sentence tasks, and no kernel here needs it. Prediction runs the rows sorted by length.
+(tacl.finetune.contrastive.DEFAULTS). Batches are not rounded up to a multiple of 8: on grouped batches that
+added 4-18 points of padding (SST-2's rows are 13 tokens long on average), and no kernel here needs it.
+benchmarks/finetune_step.py measures all of this. Prediction runs the rows sorted by length.
 
 Speed on a GPU: a batch is pinned and copied without blocking, the padding mask goes in as SDPA's 4-D mask,
 AdamW is PyTorch's fused kernel and the loss stays on the device (read every LOG_EVERY steps): a step
