@@ -80,10 +80,11 @@ class _GatheredDots(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, q: torch.Tensor, keys: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
         n, c = columns.shape
-        samples = torch.arange(n * c, device=columns.device)
+        offsets = torch.arange(0, n * c, c, device=columns.device)  # bag n: samples n*c .. n*c + c - 1
+        bag_of_sample = torch.arange(n * c, device=columns.device) // c
         ctx.save_for_backward(keys, columns)
         return torch.ops.aten._embedding_bag_per_sample_weights_backward(
-            q.contiguous(), keys, columns.reshape(-1), samples[::c], samples // c, 0).view(n, c)
+            q.contiguous(), keys, columns.reshape(-1), offsets, bag_of_sample, 0).view(n, c)  # (0: mode sum)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
