@@ -37,7 +37,8 @@ def pytest_runtest_makereport(item, call):
     if report.skipped and item.get_closest_marker(MARK) is not None and must_run():
         report.outcome = "failed"
         report.longrepr = (f"CI=true: the SLURM end-to-end test {item.name} may not skip, but it was skipped: "
-                           f"{skip_reason(report.longrepr)} (see the [slurm-ci] lines of .ci/run)")
+                           f"{skip_reason(report.longrepr)} (see the [slurm-ci] and [slurm-nodes] lines of "
+                           ".ci/run)")
 
 
 def pytest_terminal_summary(terminalreporter):

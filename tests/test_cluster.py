@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import pickle
+import re
+import time
 
 import pytest
 import yaml
 
-from tacl.cluster.preflight import JobRequest, parse_partitions, problems
+from tacl.cluster.preflight import JobRequest, parse_node_states, parse_partitions, problems
 from tacl.scheduler import slurm_minutes, slurm_seconds
 from tacl.cluster.submit import PretrainRun, run_from_config
 from tacl.io import InputError
@@ -48,6 +50,47 @@ def test_preflight_names_rule_and_key():
     assert "partition 'a100' does not exist on this cluster (partitions: cpu, gpu, long)" in missing
     [placeholder] = problems([request(partition="cpu", account="${TACL_SLURM_ACCOUNT}")], parts)
     assert "slurm_account is '${TACL_SLURM_ACCOUNT}': export the variable" in placeholder
+
+
+SINFO = ("gpu|gpu01|mixed\ngpu|gpu02|down*\ngpu|gpu03|drained\ngpu|gpu04|idle*\ngpu|gpu05|allocated\n"
+         "gpu|gpu06|idle~\ncpu|cn01|idle\nlong|cn01|idle\n")
+
+
+def test_preflight_counts_the_nodes_that_take_jobs():
+    """Down, drained or not responding (`*`) nodes do not count: a job that needs them waits in the queue
+    until they come back (a powered-down node, `~`, is started by SLURM and counts)."""
+    parts, states = parse_partitions(SCONTROL), parse_node_states(SINFO)
+    assert states["gpu"]["gpu02"] == "down*" and states["cpu"] == {"cn01": "idle"}
+
+    def chunk(nodes: int) -> JobRequest:
+        return JobRequest("pretrain_chunk", "gpu", 60, "p123", "k", nodes, "pretrain.nodes")
+
+    assert problems([chunk(3), request(partition="cpu")], parts, states) == []
+    [short] = problems([chunk(4)], parts, states)
+    assert short == ("rule pretrain_chunk: asks for 4 nodes, partition 'gpu' has 3 that take jobs; not "
+                     "answering or out of service: gpu02 (down*), gpu03 (drained), gpu04 (idle*). The job "
+                     "would wait in the queue until enough come back (`sinfo -p gpu`); lower pretrain.nodes "
+                     "or wait for the nodes")
+    [few] = problems([chunk(7)], parts, states)
+    assert few == "rule pretrain_chunk: asks for 7 nodes, partition 'gpu' has 6; lower pretrain.nodes"
+    assert problems([chunk(0)], parts, states) == [] and problems([chunk(9)], parts, None) == []
+
+
+def test_chunk_log_names_each_end_time_and_its_source(monkeypatch):
+    """What each rank logs at a chunk's start: the earliest end first, then the other sources."""
+    from tacl.pretrain import deadline
+
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setattr(deadline, "time_left", lambda: 100.0)
+    ends = deadline.end_times(time.time(), None, 5)
+    assert list(ends) == ["runtime 5 min", "squeue, SLURM job 7"]
+    assert ends["squeue, SLURM job 7"] == pytest.approx(time.time() + 100, abs=2)
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(ends["squeue, SLURM job 7"]))
+    assert deadline.describe(ends).startswith(f"ends {stamp} (squeue, SLURM job 7; runtime 5 min 20")
+    assert deadline.end_time(time.time(), None, 5) == pytest.approx(ends["squeue, SLURM job 7"], abs=2)
+    monkeypatch.setattr(deadline, "time_left", lambda: None)
+    none = "no end time (no scheduler limit, no runtime, no deadline)"
+    assert deadline.describe(deadline.end_times(time.time())) == none
 
 
 def test_submitit_callable_pickles_and_resubmits_itself(tmp_path):
@@ -129,7 +172,9 @@ def test_paper_config_on_supek_profile_passes_the_slurm_plugin(tmp_path, nodes):
     assert {"clean", "shard", "pretrain_chunk", "finetune", "similarity", "export_model"} <= set(lines)
     chunk = lines["pretrain_chunk"]
     f = flags(chunk)
-    assert " -t 1410 " in chunk and " -p gpu " in chunk and " -A p123 " in chunk and "--mem 200000" in chunk
+    runtime = int(re.search(r" -t (\d+) ", chunk).group(1))
+    assert 60 < runtime < 1410, "sized to the run's work, below pretrain.chunk.runtime_minutes"
+    assert " -p gpu " in chunk and " -A p123 " in chunk and "--mem 200000" in chunk
     assert f["--gres"] == "gpu:4" and f["--nodes"] == str(nodes) and f["--signal"] == "USR1@600"
     assert "--gpus" not in f and "--ntasks-per-gpu" not in f
     if nodes == 1:  # one task; torchrun starts the 4 ranks

@@ -378,8 +378,8 @@ def test_queue_limits_and_pbs_preflight_messages():
         "rule pretrain_chunk: runtime 1500 min is over the 24:00:00 walltime limit of queue 'gpu' "
         "(resources_max.walltime); lower pretrain.chunk.runtime_minutes"]
     assert pbs_problems([request(nodes=3)], queues, 4) == [
-        "rule pretrain_chunk: 12 GPU(s) asked for, over the 8 of queue 'gpu' (resources_max.ngpus); lower gpu in "
-        "the profile or pretrain.nodes"]
+        "rule pretrain_chunk: 12 GPU(s) asked for, over the 8 of queue 'gpu' (resources_max.ngpus); lower "
+        "pretrain.ranks_per_node or pretrain.nodes"]
     assert pbs_problems([request()], queues, 2) == [
         "rule pretrain_chunk: the profile gives each of its 1 node(s) 4 GPU(s) (gpu under set-resources), but "
         "pretrain.ranks_per_node is 2 (one rank per GPU); make them agree"]
@@ -455,8 +455,23 @@ def test_pbs_preflight_stops_before_the_first_qsub(tmp_path):
     state = tmp_path / "pbs"
     env = pbs_profile(tmp_path, state)
     env["TACL_PBS_CPU_QUEUE"] = "short"
+    # a profile of an earlier version, which set the chunk's GPUs itself (the workflow sets them now)
+    profile = yaml.safe_load((tmp_path / "profile" / "config.yaml").read_text())
+    profile["set-resources"]["pretrain_chunk"]["gpu"] = 4
+    (tmp_path / "profile" / "config.yaml").write_text(yaml.safe_dump(profile))
     cfg = demo_config(tmp_path, **{"pretrain.nodes": 2, "pretrain.ranks_per_node": 2, "pretrain.global_batch": 16,
                                    "pretrain.chunk.runtime_minutes": 1500})
+    # a dry run checks too: a queue variable left unset is named
+    unset = os.environ.pop("TACL_PBS_GPU_QUEUE", None)
+    try:
+        with with_env({k: v for k, v in env.items() if k != "TACL_PBS_GPU_QUEUE"}):
+            proc = run_snakemake(tmp_path, cfg, "--profile", str(tmp_path / "profile"), "-n", check=False,
+                                 timeout=300)
+    finally:
+        if unset is not None:
+            os.environ["TACL_PBS_GPU_QUEUE"] = unset
+    assert proc.returncode != 0 and "PBS preflight: this dry run stops here." in proc.stderr, proc.stderr[-3000:]
+    assert "rule finetune: pbs_queue is '${TACL_PBS_GPU_QUEUE}': export the variable" in proc.stderr
     with with_env(env):
         proc = run_snakemake(tmp_path, cfg, "--profile", str(tmp_path / "profile"), check=False, timeout=300)
     assert proc.returncode != 0
@@ -568,7 +583,7 @@ def test_data_stage_through_cluster_generic_and_a_stand_in_pbs(tmp_path):
     state = tmp_path / "pbs"
     env = pbs_profile(tmp_path, state, history=False)
     env["BASH_FUNC_module%%"] = BASH_FUNC
-    cfg = demo_config(tmp_path)
+    cfg = demo_config(tmp_path, device="auto")  # (the GPU rules then ask the gpu queue for its least, 1 GPU)
     with with_env(env):
         run_snakemake(tmp_path, cfg, "--profile", str(tmp_path / "profile"), str(tmp_path / "results/data/summary.json"),
                       timeout=600)

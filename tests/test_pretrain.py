@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from conftest import run_tacl
-from tacl.io import InputError
+from tacl.io import InputError, read_json
 from tacl.pretrain import checkpoint
 from tacl.pretrain.lock import RunLock
 from tacl.pretrain.metrics import read_events, read_metrics
@@ -307,12 +307,43 @@ def test_stale_locks_of_gone_scheduler_jobs_are_taken_over(tmp_path, monkeypatch
         pass
 
 
-def test_checkpoint_from_another_run_is_refused(demo_data, tmp_path):
+def test_changed_result_settings_start_again_and_a_change_undone_comes_back(demo_data, tmp_path):
+    """Operational settings change between chunks and the run goes on; a result setting changed makes chunk 0
+    set the old run aside (naming the change) and start from the start model, while a later chunk of a
+    chain stops; undoing the change brings the set-aside run back. A run.json of the earlier format (a hash
+    of the result settings without the precision) reads as the same run."""
     run = tmp_path / "run"
-    train(demo_data, run, settings("mlm_nsp", steps=2))
-    proc = train(demo_data, run, settings("mlm_nsp", steps=2, lr=1e-4), check=False)
-    assert proc.returncode == 2
-    assert f"{run / 'run.json'}: the checkpoints here belong to another run (differs in: trajectory)" in proc.stderr
+    train(demo_data, run, settings("mlm_nsp", steps=4), "--max-steps", "2")
+    ops = {"log_every": 2, "micro_batch": 2, "loader_workers": 0, "keep_checkpoints": 1}
+    proc = train(demo_data, run, settings("mlm_nsp", steps=4, **ops), "--chunk", "1")
+    assert "resumed from step00000002 at step 2" in proc.stderr and not (tmp_path / "superseded").exists()
+    first = final_weights(run)
+    record = read_json(run / "run.json")
+    assert record["result"]["lr"] == 2e-3 and record["identity"]["result"]["precision"] == "fp32"
+
+    proc = train(demo_data, run, settings("mlm_nsp", steps=4, zero_stage=1), "--chunk", "2", check=False)
+    assert proc.returncode == 2 and "written at ZeRO stage 0 and pretrain.zero_stage is now 1" in proc.stderr
+
+    changed = settings("mlm_nsp", steps=4, lr=1e-3)
+    proc = train(demo_data, run, changed, "--chunk", "1", check=False)
+    assert proc.returncode == 2 and "lr 0.002 -> 0.001" in proc.stderr and "this is chunk 1 of the chain" in proc.stderr
+    proc = train(demo_data, run, changed, "--max-steps", "1")
+    assert "the result settings changed (lr 0.002 -> 0.001)" in proc.stderr, proc.stderr[-3000:]
+    (aside,) = (tmp_path / "superseded").iterdir()
+    assert_same_weights(final_weights(aside), first)
+    assert read_json(run / "run.json")["result"]["lr"] == 1e-3 and checkpoint.latest_tag(run) == "step00000001"
+
+    proc = train(demo_data, run, settings("mlm_nsp", steps=4, **ops))
+    assert "is back in" in proc.stderr and checkpoint.latest_tag(run) == "step00000004"
+    assert_same_weights(final_weights(run), first)
+    assert len(list((tmp_path / "superseded").iterdir())) == 1  # the lr 1e-3 run, set aside in its turn
+
+    legacy = read_json(run / "run.json")
+    del legacy["identity"]["result"], legacy["result"]
+    legacy["identity"]["trajectory"] = TrainSettings.from_dict(legacy["settings"]).legacy_trajectory_hash()
+    (run / "run.json").write_text(json.dumps(legacy))
+    proc = train(demo_data, run, settings("mlm_nsp", steps=4))
+    assert "changed" not in proc.stderr and checkpoint.latest_tag(run) == "step00000004"
 
 
 def test_bad_batch_split_fails_before_training(demo_data, tmp_path):

@@ -37,8 +37,17 @@ def test_named_profiles_dry_run_from_a_fresh_clone(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("XDG_CONFIG_HOME", "TACL_SHARED_DATA")}
+    # the variables the README has a user export; a login node whose scheduler does not answer (a dry run asks
+    # it: here, stand-ins that fail, so that the test cluster of CI is not the one asked)
+    schedulers = tmp_path / "bin"
+    schedulers.mkdir()
+    for command in ("scontrol", "qstat"):
+        (schedulers / command).write_text("#!/bin/sh\nexit 1\n")
+        (schedulers / command).chmod(0o755)
     env.update(HOME=str(home), PYTHONPATH=str(clone / "src"),
-               PATH=f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}")
+               PATH=f"{schedulers}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}",
+               TACL_SLURM_ACCOUNT="p123", TACL_SLURM_CPU_PARTITION="cpu", TACL_SLURM_GPU_PARTITION="gpu",
+               TACL_PBS_CPU_QUEUE="cpu", TACL_PBS_GPU_QUEUE="gpu")
 
     def run(*cmd):
         return subprocess.run(cmd, cwd=clone, env=env, capture_output=True, text=True, timeout=300)
@@ -59,3 +68,18 @@ def test_named_profiles_dry_run_from_a_fresh_clone(tmp_path):
     (home / ".config" / "snakemake" / "pbs" / "config.yaml").write_text("jobs: 1\n")
     refused = run(sys.executable, "-m", "tacl", "profiles", "install")
     assert refused.returncode == 1 and "pbs is a profile of your own: left alone" in refused.stderr
+
+
+def test_install_links_the_checkout_it_is_run_from(tmp_path):
+    """An environment installed from one checkout, run in another: the profiles of the one it is run from
+    (from any folder in it); run from no checkout, the installed one's, saying so."""
+    from tacl.cluster.profiles import which_checkout
+
+    other = tmp_path / "other"
+    (other / "workflow").mkdir(parents=True)
+    (other / "workflow" / "Snakefile").write_text("")
+    (other / "profiles" / "slurm").mkdir(parents=True)
+    (other / "results" / "deep").mkdir(parents=True)
+    assert which_checkout(other / "results" / "deep") == (other, "the checkout you are in")
+    repo, why = which_checkout(tmp_path)
+    assert repo == REPO and "the checkout this environment was installed from" in why and str(tmp_path) in why

@@ -143,3 +143,53 @@ def test_headline_rows_use_the_selected_setting(tree):
     row = diffs[(diffs.model == "tacl") & (diffs.vs == "none") & (diffs.task == "RTE")].iloc[0]
     assert row["mean difference"] == "+15.00" and row["seeds"] == "2 vs 1"
     assert "optimistic as estimates of dev itself" in (out / "report.md").read_text()
+
+
+def test_a_layer_a_model_does_not_have_is_a_dash_and_no_plan_is_one_error(tmp_path):
+    """Models of 2 and 3 layers side by side: '-' in the 2-layer row's L3, never `nan`, in every file; `tacl
+    report RESULTS_DIR` without the workflow's expected.json stops with one message naming it."""
+    from tacl.io import InputError
+    from tacl.report.expected import report_now
+
+    paths = []
+    for name, values in (("small", [0.5, 0.4]), ("large", [0.6, 0.5, 0.45])):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"model": name, "layers": list(range(1, len(values) + 1)),
+                                    "self_similarity": values, "anisotropy": values}))
+        paths.append(str(path))
+    out = tmp_path / "report"
+    build_report(str(tmp_path), ["small", "large"], ["rte"], [], paths, str(out))
+    for suffix in ("csv", "md", "tex"):
+        text = (out / f"self_similarity.{suffix}").read_text()
+        assert "nan" not in text.lower() and "-" in text, suffix
+    rows = pd.read_csv(out / "self_similarity.csv", dtype=str).set_index("model")
+    assert rows.loc["small", "L3"] == "-" and rows.loc["large", "L3"] == "0.450"
+    assert "| small   | 0.500 | 0.400 | -     |" in (out / "report.md").read_text()
+    with pytest.raises(InputError, match=r"expected\.json: not found; the workflow writes it when Snakemake starts"):
+        report_now(tmp_path)
+
+
+def test_gpu_hours_are_each_jobs_seconds_times_its_gpus(tmp_path):
+    """From the benchmark files: a chunk that ran on 4 GPUs (its marker), a fine-tune on one (its metrics.json),
+    a similarity job (no device record: one GPU, as the others ran on GPUs), an export on the CPU."""
+    from tacl.report.status import hours
+
+    def bench(rel, seconds):
+        path = tmp_path / "benchmarks" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"s\th:m:s\tmax_rss\n{seconds}\t0:00:00\t1.0\n")
+
+    cuda = {"device": "cuda:0", "gpu": "NVIDIA A100-SXM4-40GB", "gpus": 4}
+    bench("pretrain/tacl/chunk-0.tsv", 3600)
+    (tmp_path / "pretrain/tacl").mkdir(parents=True)
+    (tmp_path / "pretrain/tacl/chunk-0.json").write_text(json.dumps({"world_size": 4, "device": cuda}))
+    bench("pretrain/tacl/export.tsv", 360)
+    bench(f"finetune/tacl/rte/{S}.tsv", 1800)  # (one job: every seed of the setting)
+    write_run(tmp_path, "tacl", "rte", 0, "glue", {"dev": {"accuracy": 0.7}})
+    m = tmp_path / "finetune" / "tacl" / "rte" / S / "seed0" / "metrics.json"
+    m.write_text(json.dumps({**json.loads(m.read_text()), "device": {**cuda, "gpus": 1}}))
+    bench("analysis/similarity-tacl.tsv", 720)
+    h = hours(tmp_path)
+    assert h["benchmark_files"] == 4
+    assert h["job_hours"] == pytest.approx((3600 + 360 + 1800 + 720) / 3600)
+    assert h["gpu_hours"] == pytest.approx(4 + 0.5 + 0.2)

@@ -59,16 +59,19 @@ def weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return checkpoint_state_dict(run_dir / "checkpoints", checkpoint.latest_tag(run_dir))
 
 
-def uninterrupted(run_dir: Path, out: Path, threads: int, nproc: int = 1) -> dict[str, torch.Tensor]:
-    """The same run (settings from run.json) in one go, outside SLURM, with the jobs' thread count (CPU
-    matrix products sum in another order with another number of threads)."""
+def reference_args(run_dir: Path, out: Path, nproc: int = 1) -> list[str]:
+    """`tacl` arguments of the same run (settings from run.json) in one go, outside SLURM."""
     root = run_dir.parents[2]
     settings = json.loads((run_dir / "run.json").read_text())["settings"]
-    args = ["pretrain", "train", "--run-dir", str(out), "--start-model", str(root / "models" / "start"),
+    return ["pretrain", "train", "--run-dir", str(out), "--start-model", str(root / "models" / "start"),
             "--manifest", str(root / "data" / "shards" / "manifest.json"), "--settings", json.dumps(settings),
-            "--no-tensorboard"]
-    run_tacl(*args, *(["--nproc", str(nproc)] if nproc > 1 else []), timeout=600,
-             env={"OMP_NUM_THREADS": str(threads)})
+            "--no-tensorboard", *(["--nproc", str(nproc)] if nproc > 1 else [])]
+
+
+def uninterrupted(run_dir: Path, out: Path, threads: int, nproc: int = 1) -> dict[str, torch.Tensor]:
+    """The same run in one go, with the jobs' thread count (CPU matrix products sum in another order with
+    another number of threads)."""
+    run_tacl(*reference_args(run_dir, out, nproc), timeout=600, env={"OMP_NUM_THREADS": str(threads)})
     return weights(out)
 
 

@@ -234,6 +234,13 @@ def test_demo_end_to_end_survives_a_kill(tmp_path, monkeypatch):
         os.killpg(first.pid, signal.SIGKILL)
         first.wait()
     killed_runs = {p.parents[2].name for p in results.glob("pretrain/*/run/checkpoints/latest")}
+    # `tacl status` now: a run killed mid-chunk (its LOCK names a process that is gone), its figures against its files
+    from conftest import run_tacl
+
+    status = json.loads(run_tacl("status", str(results), "--json").stdout)
+    check_status_against_files(results, status)
+    assert [r["objective"] for r in status["pretrain"]] == ["mlm_nsp", "tacl", "taco"]
+    assert any(r["state"] != "done" for r in status["pretrain"]) and all(r["done"] == 0 for r in status["finetune"])
     run_snakemake(clone, cfg, "--unlock", repo=clone)
     run_snakemake(clone, cfg, "--cores", "2", "--rerun-incomplete", repo=clone)
 
@@ -335,8 +342,8 @@ def test_failed_task_sweep_extension_and_intermediate_start(tmp_path):
     cfg["finetune"]["squad_source"]["v2_0_dev"] = str(good_dev)
     cfg["finetune"]["sweep"] = {"tasks": {"qnli": {"lr": [1e-3, 1e-4]}}}
     dry = run_snakemake(tmp_path, cfg, "-n")
-    assert job_counts(dry.stdout)["finetune"] == 3  # squad_v2's one seed, QNLI's new lr x 2 seeds
-    assert re.findall(r"wildcards: model=none, task=qnli, setting=(\S+), seed=\d", dry.stdout) == ["lr1e-4_b16_e1"] * 2
+    assert job_counts(dry.stdout)["finetune"] == 2  # squad_v2's setting, QNLI's new lr (its 2 seeds in one job)
+    assert re.findall(r"wildcards: model=none, task=qnli, setting=(\S+)$", dry.stdout, re.M) == ["lr1e-4_b16_e1"]
     again = run_snakemake(tmp_path, cfg, "--cores", "2")
     out = again.stdout + again.stderr
     assert "wildcards: model=none, task=squad_v2" in out
@@ -379,26 +386,40 @@ def test_failed_task_sweep_extension_and_intermediate_start(tmp_path):
         assert "squad_v2-dev-predictions.json" in z.namelist() and "MNLI-m.tsv" not in z.namelist()
 
 
+def small_dag_config(root) -> dict:
+    """Data, a pretraining run in two chunks, fine-tunes with two seeds (one model also contrastive),
+    similarity, sentence embeddings, report: the smallest DAG with every kind of job."""
+    cfg = demo_config(root)
+    cfg["data"]["max_lines"] = 3000
+    cfg["pretrain"].update(objectives=["none", "coco_lm"], steps=12, log_every=4)
+    cfg["pretrain"]["chunk"].update(runtime_minutes=30, max_steps=6)
+    cfg["finetune"].update(tasks=["qnli"], seeds_small=2, contrastive={"forms": ["scl"], "models": ["coco_lm"]})
+    cfg["finetune"]["hparams"]["glue"].update(max_train_examples=64, max_eval_examples=64, epochs=1)
+    cfg["analysis"]["similarity_sentences"] = 20
+    cfg["analysis"]["embeddings"] = {"enabled": True, "cluster_task": "sst2", "source": {
+        "kind": "tsv", "data_dir": str(write_embeddings_fixture(root / "glue"))}}
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def finished_demo(tmp_path_factory):
+    """The small DAG run once to the end (shared by the tests below; the last one changes it and puts it back)."""
+    root = tmp_path_factory.mktemp("finished_demo")
+    cfg = small_dag_config(root)
+    run_snakemake(root, cfg, "--cores", "2")
+    return {"dir": root, "cfg": cfg, "results": root / "results"}
+
+
 @pytest.mark.slow
-def test_the_same_config_twice_gives_byte_identical_tables(tmp_path):
-    """A small DAG (data, a pretraining run, fine-tunes with two seeds, similarity, report) run twice from
-    scratch in fresh results directories: on CPU every CSV of the report is the same, byte for byte."""
-    runs = []
-    for name in ("first", "second"):
-        cfg = demo_config(tmp_path / name)
-        cfg["data"]["max_lines"] = 3000
-        cfg["pretrain"].update(objectives=["none", "coco_lm"], steps=12, log_every=4)
-        cfg["pretrain"]["chunk"].update(runtime_minutes=30)
-        cfg["finetune"].update(tasks=["qnli"], seeds_small=2, contrastive={"forms": ["scl"], "models": ["coco_lm"]})
-        cfg["finetune"]["hparams"]["glue"].update(max_train_examples=64, max_eval_examples=64, epochs=1)
-        cfg["analysis"]["similarity_sentences"] = 20
-        cfg["analysis"]["embeddings"] = {"enabled": True, "cluster_task": "sst2", "source": {
-            "kind": "tsv", "data_dir": str(write_embeddings_fixture(tmp_path / name / "glue"))}}
-        run_snakemake(tmp_path / name, cfg, "--cores", "2")
-        runs.append(tmp_path / name / "results" / "report")
+def test_the_same_config_twice_gives_byte_identical_tables(finished_demo, tmp_path):
+    """The small DAG run twice from scratch in fresh results directories: on CPU every CSV of the report is the
+    same, byte for byte."""
+    cfg = small_dag_config(tmp_path)
+    run_snakemake(tmp_path, cfg, "--cores", "2")
+    runs = [finished_demo["results"] / "report", tmp_path / "results" / "report"]
     csvs = sorted(p.name for p in runs[0].glob("*.csv"))
     assert {"runs.csv", "summary.csv", "glue_dev.csv", "differences.csv", "self_similarity.csv", "anisotropy.csv",
-            "embeddings.csv"} <= set(csvs)
+            "embeddings.csv", "training_curves.csv"} <= set(csvs)
     assert csvs == sorted(p.name for p in runs[1].glob("*.csv"))
     for name in csvs:
         assert (runs[0] / name).read_bytes() == (runs[1] / name).read_bytes(), name
@@ -407,3 +428,215 @@ def test_the_same_config_twice_gives_byte_identical_tables(tmp_path):
     assert f"coco_lm,qnli,{setting},glue,standard,,1,dev,accuracy," in rows
     assert f"coco_lm+scl,qnli,{setting},glue,standard,,1,dev," in rows
     assert "coco_lm" in (runs[0] / "embeddings.csv").read_text()
+
+
+def expected_speed(lines: list[dict]) -> tuple[float, float] | None:
+    """(tokens/s, s/step) of the latest chunk with two metric lines or more, between its first and last: the
+    status's figures, computed here from metrics.jsonl by hand."""
+    starts = [i for i, m in enumerate(lines) if m.get("event") == "chunk_start"] + [len(lines)]
+    for a, b in reversed(list(zip(starts, starts[1:]))):
+        chunk = [m for m in lines[a + 1:b] if "event" not in m]
+        if len(chunk) >= 2:
+            seconds = chunk[-1]["elapsed_s"] - chunk[0]["elapsed_s"]
+            return (chunk[-1]["tokens"] - chunk[0]["tokens"]) / seconds, seconds / (chunk[-1]["step"] - chunk[0]["step"])
+    return None
+
+
+def check_status_against_files(results, status: dict) -> None:
+    """Every figure of `tacl status --json` against the files it reads."""
+    for run in status["pretrain"]:
+        folder = results / "pretrain" / run["objective"]
+        lines = [json.loads(x) for x in (folder / "run" / "metrics.jsonl").read_text().splitlines()] \
+            if (folder / "run" / "metrics.jsonl").is_file() else []
+        markers = [json.loads((folder / f"chunk-{k}.json").read_text()) for k in range(len(run["chunks"]))]
+        assert not (folder / f"chunk-{len(markers)}.json").exists()
+        assert [c["reason"] for c in run["chunks"]] == [m["reason"] for m in markers]
+        assert run["step"] == max([0] + [m["step"] for m in lines if "event" not in m] + [m["step"] for m in markers])
+        latest = folder / "run" / "checkpoints" / "latest"
+        assert run["checkpoint"] == (latest.read_text().strip() if latest.is_file() else None)
+        lock = folder / "run" / "LOCK"
+        if markers and markers[-1]["done"]:
+            assert run["state"] == "done"
+        elif lock.is_file():  # (a process of this host)
+            pid = json.loads(lock.read_text())["pid"]
+            assert run["state"] == ("running" if os.path.exists(f"/proc/{pid}") else "killed")
+        else:
+            assert run["state"] == ("waiting" if markers or lines else "not started")
+        speed = expected_speed(lines)
+        if speed is None:
+            assert run["tokens_per_s"] is None
+        else:
+            assert run["tokens_per_s"] == pytest.approx(speed[0])
+            if run["state"] != "done":
+                assert run["seconds_left"] == pytest.approx((run["steps"] - run["step"]) * speed[1])
+    expected = json.loads((results / "expected.json").read_text())["expected"]
+    for row in status["finetune"]:
+        runs = [e for e in expected if (e["model"], e["task"]) == (row["model"], row["task"])]
+        done = [e for e in runs if (results / "finetune" / e["model"] / e["task"] / e["setting"]
+                                    / f"seed{e['seed']}" / "metrics.json").is_file()]
+        assert (row["expected"], row["done"]) == (len(runs), len(done))
+        assert row["done"] + row["failed"] + row["started"] + row["missing"] == row["expected"]
+    seconds = 0.0
+    for tsv in (results / "benchmarks").rglob("*.tsv"):
+        header, *values = [line.split("\t") for line in tsv.read_text().splitlines()]
+        seconds += sum(float(v[header.index("s")]) for v in values)
+    assert status["hours"]["job_hours"] == pytest.approx(seconds / 3600)
+
+
+@pytest.mark.slow
+def test_status_of_the_finished_demo(finished_demo):
+    """`tacl status RESULTS_DIR` (files only): the pretraining run done in its two chunks, every fine-tune done,
+    the hours of the benchmark files (no GPU-hours: the demo ran on the CPU); each figure against its file."""
+    from conftest import run_tacl
+
+    results = finished_demo["results"]
+    status = json.loads(run_tacl("status", str(results), "--json").stdout)
+    check_status_against_files(results, status)
+    (run,) = status["pretrain"]
+    assert (run["objective"], run["state"], run["step"], run["steps"]) == ("coco_lm", "done", 12, 12)
+    assert [c["reason"] for c in run["chunks"]] == ["max_steps", "target"] and run["seconds_left"] is None
+    assert run["tokens_per_s"] > 0 and run["speed_from_steps"] == [8, 12]
+    assert {(r["model"], r["done"], r["expected"]) for r in status["finetune"]} == {
+        ("none", 2, 2), ("coco_lm", 2, 2), ("coco_lm+scl", 2, 2)}
+    assert status["failed_logs"] == [] and status["hours"]["gpu_hours"] == 0.0
+    text = run_tacl("status", str(results)).stdout
+    assert re.search(r"^coco_lm +done +12/12 +[\d,]+ +- +2 \(max_steps, target\) +step00000012 *$", text, re.M), text
+    assert re.search(r"^coco_lm\+scl +qnli +2/2 +0 +0 +0 *$", text, re.M), text
+
+
+@pytest.mark.slow
+def test_chunk_logs_have_progress_lines(finished_demo):
+    """A chunk's log (stderr not a terminal): one line per log_every steps with step / total, the loss of
+    metrics.jsonl, tokens/s and the time left in the chunk, and what ends it."""
+    results = finished_demo["results"]
+    metrics = {m["step"]: m for m in map(json.loads, (results / "pretrain/coco_lm/run/metrics.jsonl").read_text()
+                                         .splitlines()) if "event" not in m}
+    pattern = re.compile(r"step (\d+)/12 \([\d.]+%\) loss (\S+) ([\d,]+) tokens/s; chunk ends in "
+                         r"(\d+):(\d\d):(\d\d) \((target|max_steps|deadline)\)")
+    found = {}
+    for k in (0, 1):
+        for m in pattern.finditer((results / f"logs/pretrain/coco_lm/chunk-{k}.log").read_text()):
+            found[int(m.group(1))] = (k, m)
+    assert sorted(found) == sorted(metrics) == [4, 8, 12]
+    for step, (chunk, m) in found.items():
+        assert m.group(2) == f"{metrics[step]['loss']:.4f}"
+        assert m.group(3) == f"{metrics[step]['tokens_per_s']:,.0f}"
+    assert found[4][0] == 0 and found[4][1].group(7) == "max_steps"  # (chunk 0 stops at the cap, step 6)
+    assert found[12][0] == 1 and found[12][1].group(4, 5, 6, 7) == ("0", "00", "00", "target")
+
+
+@pytest.mark.slow
+def test_report_has_training_curves_and_the_chance_line(finished_demo):
+    """The report's curves: one line per objective and loss term (and the lr), the points those of
+    metrics.jsonl, the chunk boundary marked, in report.md and report.html with a caption; the GLUE plot has
+    the chance row's line; no table holds `nan`."""
+    import pandas as pd
+
+    from tacl.report.curves import curves_figure, pretraining_runs
+    from tacl.report.tables import baselines, glue_figure, summarise, collect
+
+    results = finished_demo["results"]
+    report = results / "report"
+    lines = [json.loads(x) for x in (results / "pretrain/coco_lm/run/metrics.jsonl").read_text().splitlines()]
+    metrics = [m for m in lines if "event" not in m]
+    terms = [k for k in metrics[0] if k not in ("step", "samples", "tokens", "lr", "tokens_per_s", "elapsed_s")
+             and not k.endswith("_acc")]
+    curves = pd.read_csv(report / "training_curves.csv")
+    assert set(curves.objective) == {"coco_lm"} and set(curves.series) == set(terms) | {"lr"} and len(terms) >= 3
+    for term in terms + ["lr"]:
+        part = curves[curves.series == term]
+        assert list(part.step) == [m["step"] for m in metrics]
+        assert list(part.value) == pytest.approx([m[term] for m in metrics])
+    (run,) = pretraining_runs(results)
+    fig = curves_figure([run])
+    ax = fig.axes[0]
+    plotted = {line.get_label(): line for line in ax.get_lines()}
+    assert set(plotted) == set(terms) | {"chunk boundary"}
+    assert list(plotted["loss"].get_xdata()) == [m["step"] for m in metrics]
+    assert list(plotted["chunk boundary"].get_xdata()) == [6, 6]  # chunk 1 resumed at step 6
+    assert [line.get_label() for line in fig.axes[1].get_lines()] == ["lr"]
+    md = (report / "report.md").read_text()
+    assert "![training curves](training_curves.png)" in md and "a dashed vertical line marks a chunk" in md
+    html = (report / "report.html").read_text()
+    assert html.count("<figure><img") >= 3 and "a dashed vertical line marks a chunk" in html
+    chance = baselines(results, ["qnli"])
+    summary = summarise(collect(results))
+    fig = glue_figure(summary, ["none", "coco_lm"], ["qnli"], chance)
+    (line,) = [c for c in fig.axes[0].collections if c.get_label() == "chance (majority class / constant)"]
+    assert line.get_segments()[0][0][1] == pytest.approx(100 * chance["qnli"]["dev"]["dev"]["accuracy"])
+    for table in list(report.glob("*.md")) + list(report.glob("*.csv")) + list(report.glob("*.tex")):
+        assert not re.search(r"\bnan\b", table.read_text(), re.I), table
+
+
+def claims(log: str) -> list[tuple[float, str]]:
+    """(time, GPUs) of each `tacl.workstation` claim line of a job's log."""
+    from datetime import datetime
+
+    return [(datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp(), m.group(2))
+            for m in re.finditer(r"^(\S+ \S+) INFO tacl.workstation: GPU\(s\) (\S+) for this job", log, re.M)]
+
+
+@pytest.mark.slow
+def test_tables_now_then_the_workstation_profile_fills_the_missing_runs(finished_demo, tmp_path, monkeypatch):
+    """`tacl report RESULTS_DIR`, from the runs the workflow wrote it expects: on the finished demo the same files,
+    byte for byte, as the workflow's report; with three fine-tunes removed, tables naming them missing, and no
+    training. Then `--profile workstation` with two stand-in GPUs (a fake nvidia-smi) runs the three fine-tunes:
+    two start together, each with its own CUDA_VISIBLE_DEVICES, the third waits for one of them; the report
+    after that (both ways) equals the first one byte for byte (the fine-tunes are deterministic on the CPU)."""
+    import shutil
+
+    from conftest import run_tacl
+
+    results, cfg = finished_demo["results"], finished_demo["cfg"]
+    report = results / "report"
+    final = {p.name: p.read_bytes() for p in report.iterdir() if p.is_file()}
+    assert {"report.md", "report.html", "glue_dev.png", "training_curves.png", "glue_dev.csv"} <= set(final)
+    run_tacl("report", str(results))
+    assert {p.name: p.read_bytes() for p in report.iterdir() if p.is_file()} == final
+
+    setting = f"lr{number(cfg['finetune']['hparams']['glue']['lr'])}_b16_e1"
+    removed = [f"none/qnli/{setting}/seed1", f"coco_lm/qnli/{setting}/seed0", f"coco_lm+scl/qnli/{setting}/seed1"]
+    for run in removed:
+        shutil.rmtree(results / "finetune" / run)
+        (results / "finetune" / run).with_name("seeds.json").unlink(missing_ok=True)  # (its job's output)
+    logs = {p: p.stat().st_mtime_ns for p in (results / "logs").rglob("*.log")}
+    now = json.loads(run_tacl("report", str(results)).stdout)
+    assert sorted(now["missing"]) == sorted(removed) and now["runs"] == 3
+    md = (report / "report.md").read_text()
+    assert f"Missing or failed (3): " in md and all(run in md for run in removed)
+    assert re.search(r"\| coco_lm\+scl +\| qnli +\| 1/2 ", md), md
+    assert not any((results / "finetune" / run).exists() for run in removed), "no training started"
+    assert {p: p.stat().st_mtime_ns for p in (results / "logs").rglob("*.log")} == logs
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text("#!/bin/sh\n[ \"$1\" = -L ] || exit 9\n"
+                                     "echo 'GPU 0: Stand-in (UUID: GPU-0)'\necho 'GPU 1: Stand-in (UUID: GPU-1)'\n")
+    (fake / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    monkeypatch.setenv("TACL_GPU_LOCKS", str(tmp_path / "locks"))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    # one job per setting trains the seed that is missing (the other is kept); device auto: a GPU job
+    targets = [str((results / "finetune" / run).with_name("seeds.json")) for run in removed]
+    proc = run_snakemake(finished_demo["dir"], cfg, *targets, "--profile", str(REPO / "profiles/workstation"),
+                         "--config", "gpus=auto", "device=auto")
+    assert 'Provided resources: gpu=Resource("gpu", 2)' in proc.stdout + proc.stderr
+    jobs = []
+    for run in removed:
+        (claim,) = claims((results / "logs/finetune" / f"{os.path.dirname(run)}.log").read_text())
+        metrics = results / "finetune" / run / "metrics.json"
+        device = json.loads(metrics.read_text())["device"]
+        assert device["cuda_visible_devices"] == claim[1] in ("0", "1")
+        jobs.append((claim[0], metrics.stat().st_mtime, claim[1]))
+    first, second, third = sorted(jobs)
+    assert second[0] < first[1], "two GPU jobs ran together"
+    assert first[2] != second[2], "each with a GPU of its own"
+    assert third[0] >= min(first[1], second[1]) - 0.5, "the third waited for a free GPU"
+
+    run_tacl("report", str(results))  # every run there again: the tables of the first report, byte for byte
+    assert {p.name: p.read_bytes() for p in report.iterdir() if p.is_file()} == final
+    # the workflow's own report rule again, unasked: the retrained seeds changed their settings' markers (each
+    # seed's metrics hashed in), so the selection and the report run again, with the tables of the first report
+    again = run_snakemake(finished_demo["dir"], cfg, "--cores", "2")
+    assert "rule report:" in again.stdout + again.stderr
+    assert {p.name: p.read_bytes() for p in report.iterdir() if p.is_file()} == final

@@ -1,7 +1,8 @@
 """`tacl <stage> <command> ...`: the command line every Snakemake rule calls.
 
 Each stage registers its commands in its own `cli.py`; the commands only parse arguments and call a
-function that tests call directly. Bad input ends with one line `tacl: error: ...` and exit status 2.
+function that tests call directly. Bad input ends with one line `tacl: error: ...` and exit status 2 (with
+the traceback before it when TACL_DEBUG is set).
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ import importlib
 import logging
 import os
 import sys
+import traceback
 
 from tacl.io import InputError
+from tacl.workstation import claim_for_job
 
 STAGES = ("data", "pretrain", "finetune", "analysis", "report", "cluster")
 
@@ -23,23 +26,34 @@ def build_parser() -> argparse.ArgumentParser:
     for name in STAGES:
         importlib.import_module(f"tacl.{name}.cli").register(stages)
     importlib.import_module("tacl.device").register(stages)  # `tacl doctor`
+    importlib.import_module("tacl.plan").register(stages)  # `tacl plan`
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["plan"] and argv[1:2] not in (["-h"], ["--help"]):
+        args = parser.parse_args(["plan"])
+        args.snakemake_args = argv[1:]  # (Snakemake's own: --profile, --configfile, ...)
+    else:
+        args = parser.parse_args(argv)
     if not getattr(args, "online", False):
         # Only the download commands (run on the login node) may reach the Hugging Face Hub; every other
         # command reads the local cache, as compute nodes without internet must.
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # no load reports and advisory warnings in logs
+    os.environ.setdefault("HF_HUB_VERBOSITY", "error")  # (a Hub out of reach: no line per retry; one error at the end)
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # (also silences transformers' loading bars)
     try:
+        # one machine with several GPUs (profiles/workstation): this job's own GPUs, before CUDA starts
+        claim_for_job(args)
         result = args.func(args)
     except InputError as e:
+        if os.environ.get("TACL_DEBUG"):
+            traceback.print_exc()
         print(f"tacl: error: {e}", file=sys.stderr)
         return 2
     return int(result or 0)

@@ -12,6 +12,33 @@ from typing import Any, Callable
 
 import yaml
 
+from tacl.pretrain.settings import CHUNK_OPERATIONAL_KEYS, OPERATIONAL_KEYS
+
+
+# The config keys that decide no result, only where and how a job runs (the schema marks each key with its
+# `x-role`, result or operational; tests/test_reruns.py keeps the two equal). Changing one reruns nothing:
+# the workflow hands them to jobs outside the parameters Snakemake compares. The trainer's own are in
+# tacl.pretrain.settings; the rest lay jobs out (ranks, nodes, chunk times) or name places.
+OPERATIONAL_CONFIG_KEYS = tuple(sorted(
+    {"results_dir", "resources_dir", "conda_env", "device", "gpus", "data.clean_workers", "finetune.runtime_minutes",
+     "pretrain.remove_checkpoints", "plan.gpu", "plan.gpus", "plan.safety", "plan.startup_minutes",
+     "plan.min_runtime_minutes"}
+    | {f"pretrain.{k}" for k in OPERATIONAL_KEYS if k != "device"}
+    | {f"pretrain.{k}" for k in CHUNK_OPERATIONAL_KEYS if k != "chunk"}
+    | {f"pretrain.chunk.{k}" for k in ("runtime_minutes", "margin_minutes", "max_chunks", "max_steps")}))
+
+
+def schema_roles(schema: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """{dotted key: its `x-role`} of every key the schema defines that holds no keys of its own."""
+    roles = {}
+    for name, spec in schema.get("properties", {}).items():
+        key = f"{prefix}{name}"
+        if "properties" in spec:
+            roles.update(schema_roles(spec, f"{key}."))
+        else:
+            roles[key] = spec.get("x-role", "(none)")
+    return roles
+
 
 def load_schema(path: str | Path) -> dict[str, Any]:
     return yaml.safe_load(Path(path).read_text())
@@ -42,12 +69,13 @@ NEEDS_TWO_SEQUENCES = ("taco", "coco_lm", "tacl_batch")
 
 
 def start_model_shape(config: dict[str, Any]) -> dict[str, Any] | None:
-    """Depth and positions of the start model where they are known without a download: `model_init` (kind
-    random), or the config.json of a local model directory or a package's model; None for a Hub name that
-    is not in the local cache yet. `key` names where they come from, for messages."""
+    """Depth, positions and sizes of the start model where they are known without a download: `model_init`
+    (kind random), or the config.json of a local model directory or a package's model; None for a Hub name
+    that is not in the local cache yet. `key` names where they come from, for messages."""
     init = config.get("model_init") or {}
     if init.get("kind", "pretrained") == "random":
-        return {"layers": init["layers"], "positions": init.get("max_position", 512), "key": "model_init"}
+        return {"layers": init["layers"], "positions": init.get("max_position", 512), "hidden": init.get("hidden"),
+                "intermediate": init.get("intermediate"), "vocab": None, "key": "model_init"}
     from tacl.hub import resolve_pretrained
     from tacl.io import InputError
 
@@ -67,7 +95,8 @@ def start_model_shape(config: dict[str, Any]) -> dict[str, Any] | None:
         path = Path(cached)
     model = json.loads(path.read_text())
     return {"layers": model.get("num_hidden_layers"), "positions": model.get("max_position_embeddings"),
-            "key": f"model ({config['model']})"}
+            "hidden": model.get("hidden_size"), "intermediate": model.get("intermediate_size"),
+            "vocab": model.get("vocab_size"), "key": f"model ({config['model']})"}
 
 
 def plan_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:

@@ -4,11 +4,13 @@ when HF_HUB_OFFLINE=1, as on compute nodes)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import json
+import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from tacl.io import InputError
 
@@ -40,11 +42,72 @@ def resolve_pretrained(name: str) -> str:
     return name
 
 
+NOT_FOUND = {"RepositoryNotFoundError", "GatedRepoError", "RevisionNotFoundError", "DatasetNotFoundError",
+             "HFValidationError"}
+NOT_CACHED = {"LocalEntryNotFoundError", "OfflineModeIsEnabled", "FileNotFoundError"}
+UNREACHABLE = {"ConnectionError", "ConnectError", "ConnectTimeout", "ReadTimeout", "TimeoutException",
+               "ProxyError", "SSLError", "LocalEntryNotFoundError"}
+
+
+def hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def hub_failure(error: BaseException) -> tuple[str, str] | None:
+    """(kind, why in words) of a failed fetch from the Hugging Face Hub, kind "missing" (no such name) or
+    "offline" (the Hub cannot be asked); None when the error is not the Hub's. transformers, datasets and
+    huggingface_hub wrap one another's exceptions: the whole chain is read."""
+    chain, seen = [], set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        chain.append(error)
+        error = error.__cause__ or error.__context__
+    names = {type(e).__name__ for e in chain}
+    if names & NOT_FOUND:
+        return "missing", "not on the Hugging Face Hub (no such name, or a private or gated one)"
+    if hub_offline() and names & (NOT_CACHED | UNREACHABLE):
+        return "offline", "not in the cache, and HF_HUB_OFFLINE=1 keeps this process off the Hub"
+    if names & UNREACHABLE:
+        deepest = [e for e in chain if isinstance(e, ConnectionError) or type(e).__name__ in UNREACHABLE][-1]
+        words = str(deepest).strip().splitlines()
+        return "offline", f"the Hugging Face Hub cannot be reached ({words[0][:100] if words else type(deepest).__name__})"
+    return None
+
+
+def hub_cache() -> str:
+    from huggingface_hub import constants
+
+    return constants.HF_HUB_CACHE
+
+
+@contextlib.contextmanager
+def from_hub(name: str, what: str, key: str, cache: str | None = None) -> Iterator[None]:
+    """Turn a failed fetch of `name` (a model, tokenizer or dataset) from the Hub into one InputError: the
+    name, why, the cache folder it looked in (`cache`, else the Hub cache of HF_HOME) and what to do (`key`:
+    the config key that names it). A local folder's or package's errors pass unchanged."""
+    try:
+        yield
+    except InputError:
+        raise
+    except Exception as e:
+        failure = None if name.startswith(PACKAGE_PREFIX) or Path(name).exists() else hub_failure(e)
+        if failure is None:
+            raise
+        kind, why = failure
+        todo = (f"check the name (https://huggingface.co/{'datasets/' if what == 'dataset' else ''}{name}; "
+                "`hf auth login` for a gated one)" if kind == "missing" else
+                "fetch it into that cache on a machine that reaches the Hub (the download rules do, on the login "
+                "node" + ("" if cache else "; HF_HOME must name the same folder there and here") + ")")
+        raise InputError(f"{what} {name!r}: {why}; looked in the cache {cache or hub_cache()}. What to do: {todo}, "
+                         f"or point {key} at a local folder (TACL_DEBUG=1 shows the traceback)") from e
+
+
 def load_tokenizer(name: str) -> Any:
     """A fast (Rust) WordPiece tokenizer; a slow one is refused (it is 5-10x slower on the corpus)."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(resolve_pretrained(name))
+    with from_hub(name, "tokenizer", "`tokenizer`, `model` or `finetune.extra_models` (whichever names it)"):
+        tok = AutoTokenizer.from_pretrained(resolve_pretrained(name))
     if not getattr(tok, "is_fast", False):
         raise InputError(f"tokenizer {name!r}: no fast tokenizer available (tokenizer.json missing)")
     return tok

@@ -88,3 +88,9 @@ def require_file(path: str | os.PathLike, what: str = "input file") -> Path:
     if not path.is_file():
         raise InputError(f"{path}: {what} not found")
     return path
+
+
+def with_cache(source: dict[str, Any], cache_dir: str | None) -> dict[str, Any]:
+    """A data source with the datasets cache folder the workflow passes apart (the cache decides where, not
+    what: it is not among the parameters that decide a rerun); a source's own cache_dir wins."""
+    return {"cache_dir": cache_dir, **source} if cache_dir else source

@@ -24,13 +24,15 @@ rule similarity:
     conda:
         CONDA_ENV
     resources:
-        runtime=120,
+        **gpu_resources("similarity"),
+        runtime=similarity_runtime,
         mem_mb=16000,
     params:
+        device=operational(config["device"]),
         n=config["analysis"]["similarity_sentences"],
         seed=config["analysis"]["similarity_seed"],
         max_len=config["analysis"]["similarity_max_len"],
-        device=config["device"],
+        version=RESULT_VERSIONS["analysis"],
         embeddings=embeddings_args,
     shell:
         "python -m tacl analysis similarity --model {input.model} --name {wildcards.model}"
@@ -63,10 +65,12 @@ rule embeddings_data:
     conda:
         CONDA_ENV
     params:
-        source=lambda w: json.dumps(embeddings_source()),
+        cache=operational(DATASETS_CACHE),
+        source=lambda w: stamp(embeddings_source()),
         task=config["analysis"]["embeddings"]["cluster_task"],
         pairs=config["analysis"]["embeddings"]["max_pairs"],
         sentences=config["analysis"]["embeddings"]["max_sentences"],
     shell:
-        "python -m tacl analysis embeddings-data --source {params.source:q} --cluster-task {params.task}"
+        "python -m tacl analysis embeddings-data --source {params.source:q} --cache-dir {params.cache}"
+        " --cluster-task {params.task}"
         " --max-pairs {params.pairs} --max-sentences {params.sentences} --out {output} > {log} 2>&1"

@@ -6,15 +6,58 @@ import shlex
 import signal
 import subprocess
 import sys
+from argparse import Namespace
 
+from tacl import RESULT_VERSIONS, plan
+from tacl.cluster.hooks import scheduler_of_profile
+from tacl.config import start_model_shape
 from tacl.finetune.sweep import parse_setting, task_settings
-from tacl.pretrain.settings import PARAMS_SECTION
+from tacl.io import InputError
+from tacl.pretrain.settings import TrainSettings
+from tacl.workstation import machine_gpus
 
 # Every job runs `python -m tacl` from this checkout's src/ (installed or not, venv or --sdm conda).
 REPO = os.path.abspath(os.path.join(workflow.basedir, ".."))
 SRC = os.path.join(REPO, "src")
+
+
+def workstation_gpus():
+    """config `gpus` (profiles/workstation: one machine with several GPUs, no scheduler): the GPUs the jobs
+    share, found once here; Snakemake's `gpu` resource is their number, so that it starts no more GPU jobs
+    than fit, and each job takes GPUs of its own (tacl.workstation). None without `gpus`."""
+    try:
+        gpus = machine_gpus(config["gpus"])
+    except InputError as e:
+        raise WorkflowError(str(e))
+    if gpus is None:
+        return None
+    p = config["pretrain"]
+    if workflow.is_main_process and scheduler_of_profile(workflow) is not None:
+        raise WorkflowError(
+            f"gpus: {config['gpus']} is for one machine without a scheduler (profiles/workstation); under "
+            "SLURM or PBS the scheduler gives each job its GPUs: set gpus: null"
+        )
+    if p["nodes"] > 1 or p["launcher"] not in ("auto", "torchrun"):
+        raise WorkflowError(
+            "gpus: one machine runs one node's ranks with torchrun: pretrain.nodes must be 1 and "
+            "pretrain.launcher auto or torchrun"
+        )
+    if p["ranks_per_node"] > len(gpus):
+        raise WorkflowError(
+            f"pretrain.ranks_per_node: {p['ranks_per_node']} ranks, one GPU each, but this machine's jobs "
+            f"share {len(gpus)} GPU(s) ({','.join(gpus)}; config `gpus: {config['gpus']}`)"
+        )
+    if "gpu" not in workflow.global_resources:  # (--resources gpu=N given by hand stays)
+        workflow.register_resource("gpu", len(gpus))
+    return gpus
+
+
+GPUS = workstation_gpus()
 # (the prefix is formatted once more by Snakemake, hence the doubled braces)
-shell.prefix(f"set -euo pipefail; export PYTHONPATH={SRC}${{{{PYTHONPATH:+:$PYTHONPATH}}}}; ")
+shell.prefix(
+    f"set -euo pipefail; export PYTHONPATH={SRC}${{{{PYTHONPATH:+:$PYTHONPATH}}}}; "
+    + (f"export TACL_GPUS={','.join(GPUS)}; " if GPUS else "")
+)
 # The software environment of every job with --sdm conda (a path relative to the repository root).
 CONDA_ENV = os.path.join(REPO, config["conda_env"])
 
@@ -35,6 +78,16 @@ PRETRAIN = f"{R}/pretrain"
 FINETUNE = f"{R}/finetune"
 REPORT = f"{R}/report"
 GLUE_TASKS = ["cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli"]
+DATASETS_CACHE = f"{config['resources_dir']}/datasets"
+
+
+def operational(value):
+    """A parameter that never decides a rerun: an operational setting (tacl.pretrain.settings: where, how
+    fast, how often a job logs or saves), which changes no result. Snakemake reruns a finished job when its
+    parameters change, but leaves out of that comparison a parameter computed by a function of the job's
+    `resources` (a value derived from how the job runs): this is one. The profiles leave Snakemake's `code`
+    trigger out, so the text of a command does not count either."""
+    return lambda wildcards, resources: value
 
 
 def tokenizer_name():
@@ -49,38 +102,21 @@ def model_outputs():
     return [f"{MODELS}/{o}.json" for o in config["pretrain"]["objectives"]]
 
 
+def stamp(value):
+    """A parameter as Snakemake compares it to decide a rerun: JSON with sorted keys (key order never counts)."""
+    return json.dumps(value, sort_keys=True)
+
+
+def pretrain_settings(objective):
+    """The trainer's settings for one objective (tacl.pretrain.settings: result and operational keys)."""
+    s = TrainSettings.from_config(config["pretrain"], objective, config["data"]["max_len"])
+    s.device = config["device"]
+    return s
+
+
 def train_settings(objective):
-    """The trainer's settings for one objective, as JSON (see tacl.pretrain.settings)."""
-    p = config["pretrain"]
-    keys = [
-        "steps",
-        "global_batch",
-        "micro_batch",
-        "lr",
-        "warmup_ratio",
-        "weight_decay",
-        "adam_eps",
-        "adam_betas",
-        "grad_clip",
-        "zero_stage",
-        "precision",
-        "seed",
-        "log_every",
-        "checkpoint_minutes",
-        "keep_checkpoints",
-        "pad_to_max_len",
-        "group_by_length",
-        "loader_workers",
-        "compile",
-    ]
-    settings = {k: p[k] for k in keys}
-    settings.update(
-        objective=objective,
-        max_len=config["data"]["max_len"],
-        objective_params=p.get(PARAMS_SECTION.get(objective, objective), {}),
-        device=config["device"],
-    )
-    return json.dumps(settings, sort_keys=True)
+    """What a pretraining run computes (its result settings): the chunks' parameter, compared for a rerun."""
+    return stamp(pretrain_settings(objective).result())
 
 
 def launcher():
@@ -112,14 +148,19 @@ def chunk_launch():
 
 
 def chunk_resources():
-    """SLURM resources of a chunk job: the task geometry comes from the config, so that the same profile
-    (partition, GPUs per node as `gres: gpu:N`, memory, --signal) serves one node and several. torchrun:
-    one task on one node with every rank's CPUs. srun: pretrain.ranks_per_node tasks on each node, each
-    with pretrain.cpus_per_rank CPUs, and the job's command runs in the batch step (`mpi`), so that its own
-    srun starts the ranks. Under PBS (torchrun, mpiexec, pbsdsh) cpus_per_task is per node, as the
-    profile's gpu and mem_mb are."""
+    """Cluster resources of a chunk job, all from the config: one rank per GPU, `pretrain.ranks_per_node` GPUs
+    on each of `pretrain.nodes` nodes (none with `device: cpu`), and the task geometry. torchrun: one task on
+    one node with every rank's CPUs. srun: pretrain.ranks_per_node tasks on each node, each with
+    pretrain.cpus_per_rank CPUs, and the job's command runs in the batch step (`mpi`), so that its own srun
+    starts the ranks. Under PBS (torchrun, mpiexec, pbsdsh) cpus_per_task, gpu and mem_mb are per node. The
+    runtime is sized to the work (tacl.plan), at most pretrain.chunk.runtime_minutes."""
     p = config["pretrain"]
-    resources = {"runtime": math.ceil(p["chunk"]["runtime_minutes"]), "mem_mb": 32000, "nodes": p["nodes"]}
+    resources = {
+        "runtime": chunk_runtime,
+        "mem_mb": 32000,
+        "nodes": p["nodes"],
+        **gpu_resources("pretrain_chunk"),
+    }
     if launcher() == "srun":
         resources.update(mpi="srun", cpus_per_task=p["cpus_per_rank"])
         if p["ranks_per_node"] > 1:
@@ -131,10 +172,138 @@ def chunk_resources():
     return resources
 
 
-def chunk_step_cap():
-    """The per-chunk step cap (pretrain.chunk.max_steps) as an argument of `tacl pretrain train`."""
-    cap = config["pretrain"]["chunk"]["max_steps"]
-    return f"--max-steps {cap}" if cap else ""
+def gpus_per_node(name):
+    """GPUs a job of `name` uses on each node: one per pretraining rank, one for a fine-tune or an analysis,
+    none with `device: cpu` or for a rule that does not use one."""
+    if config["device"] == "cpu" or name not in ("pretrain_chunk", "finetune", "similarity"):
+        return 0
+    return config["pretrain"]["ranks_per_node"] if name == "pretrain_chunk" else 1
+
+
+def scheduler_now():
+    """slurm | pbs | None: what the jobs of this run are submitted to (a SLURM job's own Snakemake too)."""
+    from tacl.cluster.hooks import scheduler
+
+    return scheduler(workflow)
+
+
+def gpu_resources(name):
+    """The GPUs a job asks for, from the config (a profile that says otherwise is refused by the preflight):
+    SLURM, GPUs per node as `gres` for a chunk (its nodes get the same) and `gpu` (sbatch --gpus) for a
+    one-GPU job; PBS, `gpu` per node; otherwise `gpu`, what the job uses."""
+    n = gpus_per_node(name)
+    if not n:
+        return {}
+    if name != "pretrain_chunk":
+        return {"gpu": n}
+    return {
+        "gres": lambda w: f"gpu:{n}" if scheduler_now() == "slurm" else None,
+        "gpu": lambda w: None if scheduler_now() == "slurm" else n,
+    }
+
+
+# -- what the jobs will cost (tacl.plan): the start model's size, the GPU the runtimes are sized for ------
+
+PLAN = config["plan"]
+PLAN_GPU = plan.gpus_of(PLAN)[PLAN["gpu"]]
+START_SHAPE = plan.shape_of(config, start_model_shape(config))
+
+
+def model_shape(model):
+    """The size of a fine-tuned model: the start model's, or an extra model's own."""
+    base = model.split("+")[0]
+    extra = config["finetune"]["extra_models"]
+    if base in extra:
+        return plan.shape_of(
+            {"model": extra[base]}, start_model_shape({"model": extra[base], "model_init": {}})
+        )
+    return START_SHAPE
+
+
+def pretrain_seq():
+    """The mean padded length of a pretraining sequence (the data stage's own, once it has run)."""
+    summary = f"{DATA}/summary.json"
+    mean, _ = plan.mean_length(
+        config["data"]["max_len"], json.load(open(summary)) if os.path.exists(summary) else None
+    )
+    return plan.padded_length(mean, config["data"]["max_len"], config["pretrain"])
+
+
+def chunk_expected(objective, chunk):
+    """Expected minutes of the rest of a pretraining run from chunk `chunk` on: measured by the previous
+    chunk where there is one, else estimated (tacl.plan)."""
+    if chunk > 0 and os.path.exists(chunk_marker(objective, chunk - 1)):
+        with open(chunk_marker(objective, chunk - 1)) as f:
+            rest = plan.measured_rest_minutes(json.load(f))
+        if rest is not None:
+            return rest
+    return plan.pretrain_minutes(objective, config["pretrain"], START_SHAPE, pretrain_seq(), PLAN_GPU)
+
+
+def chunk_runtime(wildcards):
+    """Minutes a chunk asks for: the rest of its run's work with the plan's safety factor and the chunk's
+    margin, at most pretrain.chunk.runtime_minutes (the configured runtime itself with `device: cpu`)."""
+    chunk = config["pretrain"]["chunk"]
+    if config["device"] == "cpu":
+        return math.ceil(chunk["runtime_minutes"])
+    rest = chunk_expected(wildcards.objective, int(wildcards.chunk))
+    return plan.request(rest, PLAN, cap=chunk["runtime_minutes"], extra=chunk["margin_minutes"])
+
+
+def task_sizes(task):
+    """A task's split sizes as prepare_task counted them, once it has run."""
+    path = f"{R}/finetune_data/{task}.json"
+    return json.load(open(path))["splits"] if os.path.exists(path) else None
+
+
+def finetune_expected(model, task, setting):
+    """Expected minutes of one fine-tuning job (every seed of a setting), without start-up."""
+    hp = setting_hparams(task, setting)
+    return plan.finetune_minutes(
+        task, hp, len(task_seeds(task)), model_shape(model), PLAN_GPU, task_sizes(task)
+    )
+
+
+def finetune_runtime(wildcards):
+    """Minutes a fine-tuning job asks for: finetune.runtime_minutes where it names the task (or has a
+    default), else its seeds' expected work with the plan's safety factor (tacl.plan)."""
+    explicit = config["finetune"]["runtime_minutes"]
+    if wildcards.task in explicit or "default" in explicit or config["device"] == "cpu":
+        return explicit.get(wildcards.task, explicit.get("default", 240))
+    return plan.request(finetune_expected(wildcards.model, wildcards.task, wildcards.setting), PLAN)
+
+
+def finetune_mem(wildcards):
+    max_len = setting_hparams(wildcards.task, wildcards.setting).get("max_len", 128)
+    return plan.finetune_mem_mb(wildcards.task, max_len, task_sizes(wildcards.task))
+
+
+def similarity_expected():
+    return plan.similarity_minutes(config["analysis"], START_SHAPE, PLAN_GPU)
+
+
+def similarity_runtime(wildcards):
+    return plan.request(similarity_expected(), PLAN)
+
+
+def chunk_operational():
+    """The operational settings of `tacl pretrain train` (logging, checkpoints, loader, compile, micro batch,
+    ZeRO stage, device, the chunk's margin and step cap, ranks on the node) as arguments."""
+    chunk = config["pretrain"]["chunk"]
+    args = [
+        "--operational",
+        shlex.quote(stamp(pretrain_settings("").operational())),
+        f"--margin-minutes {chunk['margin_minutes']}",
+    ]
+    if chunk["max_steps"]:
+        args.append(f"--max-steps {chunk['max_steps']}")
+    return " ".join(args + [chunk_launch()[1]]).strip()
+
+
+def chunk_minutes(wildcards, resources):
+    """The chunk's own time limit: what it asked the scheduler for, or less where the config's runtime is
+    not a whole number of minutes (the demo's 45-second chunks)."""
+    return min(config["pretrain"]["chunk"]["runtime_minutes"], resources.runtime)
 
 
 def chunk_marker(objective, k):
@@ -232,9 +401,7 @@ def embeddings_args(wildcards, input, output):
 
 def embeddings_source():
     """The GLUE source of the sentence-embedding evaluation (analysis.embeddings.source, else the fine-tunes')."""
-    source = dict(config["analysis"]["embeddings"]["source"] or config["finetune"]["glue_source"])
-    source.setdefault("cache_dir", f"{config['resources_dir']}/datasets")
-    return source
+    return dict(config["analysis"]["embeddings"]["source"] or config["finetune"]["glue_source"])
 
 
 def task_family(task):
@@ -252,18 +419,12 @@ def task_source(task):
         source = dict(ft["squad_source"])
     else:
         source = dict(ft["conll_source"])
-    source.setdefault("cache_dir", f"{config['resources_dir']}/datasets")
     return source
 
 
 def task_hparams(task):
     hp = config["finetune"]["hparams"]
     return {**hp[task_family(task)], **hp["tasks"].get(task, {})}
-
-
-def task_runtime(task):
-    runtimes = config["finetune"]["runtime_minutes"]
-    return runtimes.get(task, runtimes.get("default", 240))
 
 
 def task_seeds(task):
@@ -305,8 +466,17 @@ def run_dir(run):
     return f"{FINETUNE}/{run['model']}/{run['task']}/{run['setting']}/seed{run['seed']}"
 
 
+def setting_dir(model, task, setting):
+    return f"{FINETUNE}/{model}/{task}/{setting}"
+
+
+def seeds_marker(model, task, setting):
+    """The output of one fine-tuning job: every seed of a (model, task, setting), one after the other."""
+    return f"{setting_dir(model, task, setting)}/seeds.json"
+
+
 def finetune_outputs():
-    return [f"{run_dir(r)}/metrics.json" for r in expected_runs()]
+    return [seeds_marker(m, t, setting) for m, t in model_tasks() for setting in settings_of(t)]
 
 
 def selection_file(model, task):
@@ -314,12 +484,8 @@ def selection_file(model, task):
 
 
 def selection_inputs(wildcards):
-    """Every run of one (model, task): the selection reads them all."""
-    return [
-        f"{run_dir({'model': wildcards.model, 'task': wildcards.task, 'setting': setting, 'seed': s})}/metrics.json"
-        for setting in settings_of(wildcards.task)
-        for s in task_seeds(wildcards.task)
-    ]
+    """Every setting's seeds of one (model, task): the selection reads them all."""
+    return [seeds_marker(wildcards.model, wildcards.task, setting) for setting in settings_of(wildcards.task)]
 
 
 def start_source(task):
@@ -379,9 +545,28 @@ def report_args(wildcards=None, input=None):
     return " ".join(shlex.quote(str(a)) for a in args)
 
 
+def write_expected():
+    """onstart: what this results directory is to hold (RESULTS_DIR/expected.json), for `tacl report RESULTS_DIR`
+    (tables from what has finished, at any time) and `tacl status`, which read files only."""
+    from tacl.report.expected import write_expected as write
+
+    write(
+        R,
+        {
+            "results_dir": R,
+            "objectives": config["pretrain"]["objectives"],
+            "models": finetune_models() + contrastive_models(),
+            "analysed_models": finetune_models(),
+            "tasks": config["finetune"]["tasks"],
+            "expected": expected_runs(),
+            "embeddings_enabled": embeddings_enabled(),
+        },
+    )
+
+
 def partial_report():
     """After a failed job: tables from whatever has finished, so one failure never hides the rest."""
-    if not any(os.path.exists(p) for p in finetune_outputs()):
+    if not any(os.path.exists(f"{run_dir(r)}/metrics.json") for r in expected_runs()):
         return
     cmd = f"{sys.executable} -m tacl report {report_args()}"
     env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -393,24 +578,211 @@ def partial_report():
 
 
 def config_runtimes():
-    """The rules whose runtime the config sets: (minutes, key), for the preflight's messages."""
+    """The rules whose runtime the config sets: (the longest minutes, key), for the preflight's messages."""
     runtimes = {
         "pretrain_chunk": (
             math.ceil(config["pretrain"]["chunk"]["runtime_minutes"]),
             "pretrain.chunk.runtime_minutes",
         )
     }
-    if config["finetune"]["tasks"]:
-        longest = max(task_runtime(t) for t in config["finetune"]["tasks"])
-        runtimes["finetune"] = (longest, "finetune.runtime_minutes")
+    jobs = [(m, t, setting) for m, t in model_tasks() for setting in settings_of(t)]
+    if jobs:
+        longest = max(finetune_runtime(Namespace(model=m, task=t, setting=s)) for m, t, s in jobs)
+        runtimes["finetune"] = (longest, "finetune.runtime_minutes (or plan.safety)")
     return runtimes
 
 
-def cluster_preflight():
-    """onstart: the checks of the scheduler in use, before the first submission (tacl.cluster.hooks)."""
+def cluster_preflight(dry_run=False):
+    """The checks of the scheduler in use (tacl.cluster.hooks): onstart, before the first submission, and in
+    a dry run (dry_run_checks)."""
     from tacl.cluster.hooks import preflight
 
-    preflight(workflow, config["pretrain"], config_runtimes(), launcher())
+    gpus = {name: gpus_per_node(name) for name in ("pretrain_chunk", "finetune", "similarity")}
+    if dry_run:
+        chunks = any(o != "none" for o in config["pretrain"]["objectives"])
+    else:
+        chunks = any(job.name == "pretrain_chunk" for job in workflow.dag.needrun_jobs())
+    preflight(workflow, config["pretrain"], config_runtimes(), launcher(), gpus, chunks, dry_run)
+
+
+_DRY_RUN_CHECKED = []
+
+
+def dry_run_checks(wildcards):
+    """An input function of `all` that adds no input: Snakemake evaluates it while it builds the DAG, dry
+    runs too, once the executor is known, where no onstart handler runs. In a dry run of the main process,
+    the scheduler's checks run here (once)."""
+    if workflow.dryrun and workflow.is_main_process and not _DRY_RUN_CHECKED:
+        _DRY_RUN_CHECKED.append(True)
+        try:
+            cluster_preflight(dry_run=True)
+        except WorkflowError as e:  # (raised here, Snakemake would wrap it in a traceback of this function)
+            print(e, file=sys.stderr)
+            sys.exit(1)
+    return []
+
+
+def plan_jobs():
+    """Every job of the whole experiment (tacl.plan.Job), with what it asks for and is expected to take: the
+    same functions as the rules' resources. Pretraining chunks are estimated: the chain asks for as many as
+    the work needs."""
+    local, start = set(workflow._localrules), PLAN["startup_minutes"]
+
+    def job(name, output, gpus=0, requested=0, compute=0.0, key="", finetune=False):
+        where = "login" if name in local else ("gpu" if gpus else "cpu")
+        overhead = start if gpus else 0.0
+        return plan.Job(
+            name, where, gpus, requested, compute, os.path.exists(output), key, overhead, finetune
+        )
+
+    p = config["pretrain"]
+    jobs = [job("download_corpus", f"{DATA}/raw.json"), job("fetch_tokenizer", f"{DATA}/tokenizer")]
+    jobs += [job("clean", f"{DATA}/corpus.txt")]
+    jobs += [job("shard", f"{DATA}/shards/shard-{k}.bin") for k in SHARDS]
+    jobs += [job("gather_shards", f"{DATA}/shards/manifest.json"), job("init_model", START)]
+    if "none" in p["objectives"]:
+        jobs.append(job("export_start", f"{MODELS}/none.json"))
+    jobs += [job("extra_model", f"{MODELS}/{m}") for m in extra_models()]
+    gpus = gpus_per_node("pretrain_chunk") * p["nodes"]
+    for o in [o for o in p["objectives"] if o != "none"]:
+        minutes = plan.pretrain_minutes(o, p, START_SHAPE, pretrain_seq(), PLAN_GPU)
+        for k, (asked, work) in enumerate(plan.chunk_requests(minutes, p, PLAN, config["device"] == "cpu")):
+            jobs.append(job("pretrain_chunk", chunk_marker(o, k), gpus, asked, work, o))
+        jobs.append(job("export_model", f"{MODELS}/{o}.json"))
+    jobs += [job("prepare_task", f"{R}/finetune_data/{t}.json") for t in config["finetune"]["tasks"]]
+    gpu = gpus_per_node("finetune")
+    for m, t in model_tasks():
+        for setting in settings_of(t):
+            asked = finetune_runtime(Namespace(model=m, task=t, setting=setting))
+            work = finetune_expected(m, t, setting)
+            jobs.append(job("finetune", seeds_marker(m, t, setting), gpu, asked, work, f"{m}/{t}", True))
+        jobs.append(job("select_setting", selection_file(m, t)))
+    jobs += [
+        job("submissions", f"{REPORT}/submissions/{m}.zip") for m in finetune_models() + contrastive_models()
+    ]
+    if embeddings_enabled():
+        jobs.append(job("embeddings_data", f"{R}/analysis/embeddings_data.json"))
+    for m in finetune_models():
+        path = f"{R}/analysis/similarity/{m}.json"
+        asked = similarity_runtime(None)
+        jobs.append(
+            job("similarity", path, gpus_per_node("similarity"), asked, similarity_expected(), m, True)
+        )
+    jobs += [job("similarity_plot", f"{REPORT}/self_similarity.png"), job("report", f"{REPORT}/report.md")]
+    jobs.append(plan.Job("all", "login"))
+    return jobs
+
+
+def plan_text():
+    """The plan printed before anything runs (tacl.plan.format_plan)."""
+    jobs = plan_jobs()
+    chain = plan.longest_chain(jobs, config["finetune"]["start_from"])
+    shape, p = START_SHAPE, config["pretrain"]
+    trained = [o for o in p["objectives"] if o != "none"]
+    summary = f"{DATA}/summary.json"
+    data = json.load(open(summary)) if os.path.exists(summary) else None
+    bf16 = p["precision"] == "bf16" or (p["precision"] == "auto" and config["device"] != "cpu")
+    kept = sum(len(task_seeds(src)) for src in set(config["finetune"]["start_from"].values()))
+    disk = plan.disk_at_peak(
+        shape,
+        data["tokens"] if data else plan.corpus_tokens(config["data"]["max_lines"]),
+        len(trained),
+        p["keep_checkpoints"],
+        bf16,
+        p["zero_stage"],
+        len(finetune_models()),
+        kept * len(finetune_models()),
+    )
+    _, seq_source = plan.mean_length(config["data"]["max_len"], data)
+    assumptions = [f"start model ({shape.source}): {shape.encoder / 1e6:.3g} M encoder parameters"]
+    if config["device"] == "cpu":
+        assumptions.append("device: cpu, so no job asks for a GPU and the runtimes are the configured ones")
+        return plan.format_plan(jobs, chain, disk, assumptions, {})
+    assumptions += [
+        f"runtimes sized for {PLAN_GPU.name}: start-up {PLAN['startup_minutes']} min + {PLAN['safety']} x the "
+        f"expected minutes, at least {PLAN['min_runtime_minutes']} (plan.*); explicit finetune.runtime_minutes win",
+        f"pretraining sequences {pretrain_seq():.0f} tokens padded ({seq_source}); fine-tuning: published task "
+        "sizes and typical lengths (tacl.plan.TASK_SIZES) until prepare_task has counted the splits",
+    ]
+    assumptions += [
+        f"{gpu.name}: {gpu.peak_tflops:g} TFLOP/s peak, MFU {gpu.pretrain_mfu:g} pretraining / "
+        f"{gpu.finetune_mfu:g} fine-tuning (plan.gpus)"
+        for gpu in plan.gpus_of(PLAN).values()
+    ]
+    expected = {
+        k: (plan.expected_gpu_hours(jobs, PLAN_GPU, g), g.name) for k, g in plan.gpus_of(PLAN).items()
+    }
+    return plan.format_plan(jobs, chain, disk, assumptions, expected)
+
+
+def print_plan():
+    print(plan_text(), file=sys.stderr)
+
+
+def finished_jobs():
+    """The finished jobs that keep the settings they ran with, beside what the config gives them now."""
+    from tacl.data.build import shard_config
+    from tacl.data.clean import clean_given
+    from tacl.finetune import GIVEN, finetune_given
+    from tacl.reruns import Finished
+
+    d, ft = config["data"], config["finetune"]
+    jobs = [
+        Finished(
+            "clean",
+            f"{DATA}/clean.json",
+            "given",
+            f"{DATA}/clean.json",
+            clean_given(d["max_lines"], d["heldout_fraction"], d["sentence_splitter"]),
+        ),
+        Finished(
+            "shard",
+            f"{DATA}/shards/manifest.json",
+            "config",
+            f"{DATA}/shards/manifest.json",
+            shard_config(d["max_len"], d["short_seq_prob"], d["seed"], d["dupe_factor"], d["num_shards"]),
+        ),
+        Finished(
+            "init_model",
+            f"{START}/tacl_start.json",
+            "given",
+            START,
+            {"model": config["model"], "init": config["model_init"]},
+        ),
+    ]
+    again = f"each starts again from the start model, its checkpoints set aside in {PRETRAIN}/OBJECTIVE/superseded/"
+    for o in config["pretrain"]["objectives"]:
+        if o != "none":
+            run, result = f"{PRETRAIN}/{o}/run/run.json", pretrain_settings(o).result()
+            jobs.append(Finished("pretrain_chunk", run, "result", chunk_marker(o, 0), result, o, again))
+    for r in expected_runs():
+        given = finetune_given(
+            task_source(r["task"]), setting_hparams(r["task"], r["setting"]), ft["precision"], ft["preset"]
+        )
+        label = f"{r['model']}/{r['task']}/{r['setting']}/seed{r['seed']}"
+        jobs.append(
+            Finished("finetune", f"{run_dir(r)}/{GIVEN}", "", f"{run_dir(r)}/metrics.json", given, label)
+        )
+    a = config["analysis"]
+    for m in finetune_models():
+        path = f"{R}/analysis/similarity/{m}.json"
+        given = {
+            "sentences": a["similarity_sentences"],
+            "seed": a["similarity_seed"],
+            "max_len": a["similarity_max_len"],
+            "version": RESULT_VERSIONS["analysis"],
+        }
+        jobs.append(Finished("similarity", path, "given", path, given, m))
+    return jobs
+
+
+def rerun_summary():
+    """Before anything runs (dry runs too): the finished work this run does again, and why (tacl.reruns)."""
+    from tacl.reruns import summary
+
+    text = summary(finished_jobs())
+    if text:
+        print(text, file=sys.stderr)
 
 
 def print_summary():

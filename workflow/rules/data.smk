@@ -15,8 +15,8 @@ rule download_corpus:
     conda:
         CONDA_ENV
     params:
-        source=json.dumps(config["data"]["source"]),
-        cache=f"{config['resources_dir']}/datasets",
+        cache=operational(DATASETS_CACHE),
+        source=stamp(config["data"]["source"]),
         # a Hugging Face source is streamed only as far as the clean step will read it under max_lines
         cap=(
             f"--max-lines {config['data']['max_lines']} --heldout-fraction {config['data']['heldout_fraction']}"
@@ -62,6 +62,7 @@ rule clean:
         max_lines=config["data"]["max_lines"],
         heldout=config["data"]["heldout_fraction"],
         splitter=config["data"]["sentence_splitter"],
+        version=RESULT_VERSIONS["data"],
     shell:
         "python -m tacl data clean --raw {input} --corpus {output.corpus} --index {output.index}"
         " --heldout {output.heldout} --stats {output.stats} --max-lines {params.max_lines}"
@@ -95,6 +96,7 @@ rule shard:
         short=config["data"]["short_seq_prob"],
         seed=config["data"]["seed"],
         dupe=config["data"]["dupe_factor"],
+        version=RESULT_VERSIONS["data"],
     shell:
         "RAYON_NUM_THREADS={threads} python -m tacl data shard --corpus {input.corpus} --index {input.index}"
         " --tokenizer {input.tokenizer} --shard {wildcards.shard} --num-shards {params.n}"

@@ -1,5 +1,5 @@
-# Fine-tunes: data fetched or checked once per task (login node), then one job per (model, task, setting,
-# seed), then the setting selected on dev per (model, task).
+# Fine-tunes: data fetched or checked once per task (login node), then one job per (model, task, setting)
+# that trains its seeds one after the other, then the setting selected on dev per (model, task).
 
 
 localrules:
@@ -16,48 +16,54 @@ rule prepare_task:
     conda:
         CONDA_ENV
     params:
-        source=lambda w: json.dumps(task_source(w.task)),
+        cache=operational(DATASETS_CACHE),
+        source=lambda w: stamp(task_source(w.task)),
     shell:
-        "python -m tacl finetune prepare --task {wildcards.task} --source {params.source:q} --out {output}"
-        " > {log} 2>&1"
+        "python -m tacl finetune prepare --task {wildcards.task} --source {params.source:q}"
+        " --cache-dir {params.cache} --out {output} > {log} 2>&1"
 
 
 rule finetune:
-    # one (model, task, setting, seed); the setting's name carries its values (tacl.finetune.sweep)
+    # every seed of one (model, task, setting), one after the other in one job (tacl.finetune.seeds: a seed
+    # done before with the same settings and start model is kept); the setting's name carries its values
     input:
         unpack(finetune_start),
         data=f"{R}/finetune_data/{{task}}.json",
     output:
-        f"{FINETUNE}/{{model}}/{{task}}/{{setting}}/seed{{seed}}/metrics.json",
+        f"{FINETUNE}/{{model}}/{{task}}/{{setting}}/seeds.json",
     log:
-        f"{LOGS}/finetune/{{model}}/{{task}}/{{setting}}/seed{{seed}}.log",
+        f"{LOGS}/finetune/{{model}}/{{task}}/{{setting}}.log",
     benchmark:
-        f"{BENCH}/finetune/{{model}}/{{task}}/{{setting}}/seed{{seed}}.tsv"
+        f"{BENCH}/finetune/{{model}}/{{task}}/{{setting}}.tsv"
     wildcard_constraints:
-        seed=r"\d+",
         model=r"[a-z][a-z0-9_]*(\+(kl|scl))?",
         setting=r"lr[^/]+",
     conda:
         CONDA_ENV
     resources:
-        runtime=lambda w: task_runtime(w.task),
-        mem_mb=32000,
+        **gpu_resources("finetune"),
+        runtime=finetune_runtime,
+        mem_mb=finetune_mem,
     params:
+        cache=operational(DATASETS_CACHE),
+        device=operational(config["device"]),
         family=lambda w: task_family(w.task),
-        source=lambda w: json.dumps(task_source(w.task)),
-        hparams=lambda w: json.dumps(setting_hparams(w.task, w.setting)),
+        seeds=lambda w: " ".join(str(s) for s in task_seeds(w.task)),
+        source=lambda w: stamp(task_source(w.task)),
+        hparams=lambda w: stamp(setting_hparams(w.task, w.setting)),
         precision=config["finetune"]["precision"],
-        device=config["device"],
         preset=config["finetune"]["preset"],
+        version=RESULT_VERSIONS["finetune"],
         contrastive=lambda w: f"--contrastive {w.model.split('+')[1]}" if "+" in w.model else "",
         start=start_args,
         keep=lambda w: "--save-model" if keeps_weights(w.task) else "",
-        out=lambda w: f"{FINETUNE}/{w.model}/{w.task}/{w.setting}/seed{w.seed}",
+        out=lambda w: setting_dir(w.model, w.task, w.setting),
     shell:
         "python -m tacl finetune {params.family} {params.start} --task {wildcards.task}"
-        " --seed {wildcards.seed} --source {params.source:q} --hparams {params.hparams:q}"
-        " --precision {params.precision} --device {params.device} --preset {params.preset} {params.contrastive}"
-        " {params.keep} --out {params.out} > {log} 2>&1"
+        " --seeds {params.seeds} --source {params.source:q} --cache-dir {params.cache}"
+        " --hparams {params.hparams:q} --precision {params.precision} --device {params.device}"
+        " --preset {params.preset} {params.contrastive}"
+        " {params.keep} --out {params.out} --marker {output} > {log} 2>&1"
 
 
 rule select_setting:

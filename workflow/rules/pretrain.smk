@@ -20,7 +20,7 @@ rule init_model:
         CONDA_ENV
     params:
         model=config["model"],
-        init=json.dumps(config["model_init"]),
+        init=stamp(config["model_init"]),
     shell:
         "python -m tacl pretrain init-model --model {params.model:q} --init {params.init:q}"
         " --tokenizer {input.tokenizer} --out {output} > {log} 2>&1"
@@ -47,16 +47,13 @@ checkpoint pretrain_chunk:
     params:
         run_dir=lambda w: f"{PRETRAIN}/{w.objective}/run",
         settings=lambda w: train_settings(w.objective),
-        runtime=config["pretrain"]["chunk"]["runtime_minutes"],
-        margin=config["pretrain"]["chunk"]["margin_minutes"],
-        max_steps=chunk_step_cap(),
-        launch=chunk_launch()[0],
-        nproc=chunk_launch()[1],
+        launch=operational(chunk_launch()[0]),
+        operational=operational(chunk_operational()),
+        runtime=chunk_minutes,
     shell:
         "{params.launch} python -m tacl pretrain train --run-dir {params.run_dir} --start-model {input.start}"
         " --manifest {input.manifest} --settings {params.settings:q} --chunk {wildcards.chunk}"
-        " --marker {output} --runtime-minutes {params.runtime} --margin-minutes {params.margin}"
-        " {params.max_steps} {params.nproc} > {log} 2>&1"
+        " --marker {output} --runtime-minutes {params.runtime} {params.operational} > {log} 2>&1"
 
 
 rule export_model:
@@ -79,9 +76,10 @@ rule export_model:
         runtime=60,
     params:
         run_dir=lambda w: f"{PRETRAIN}/{w.objective}/run",
+        cleanup=operational("--remove-checkpoints" if config["pretrain"]["remove_checkpoints"] else ""),
     shell:
         "python -m tacl pretrain export --start-model {input.start} --run-dir {params.run_dir}"
-        " --marker {input.final} --out {output.model} --summary {output.summary} > {log} 2>&1"
+        " --marker {input.final} --out {output.model} --summary {output.summary} {params.cleanup} > {log} 2>&1"
 
 
 rule export_start:

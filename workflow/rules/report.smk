@@ -1,5 +1,6 @@
 # Report: tables (Markdown, CSV, LaTeX) and plots from every finished run, beside the published numbers.
-# Also built from whatever has finished when some job failed (onerror in the Snakefile).
+# Also built from whatever has finished when some job failed (onerror in the Snakefile), and at any time
+# by `tacl report RESULTS_DIR` (from RESULTS_DIR/expected.json, which onstart writes): the same files.
 
 
 localrules:
@@ -50,6 +51,13 @@ rule report:
             caption="../report/anisotropy.rst",
         ),
         report(f"{REPORT}/glue_dev.png", category="GLUE dev", caption="../report/glue_plot.rst"),
+        report(
+            f"{REPORT}/training_curves.png",
+            category="Pretraining",
+            caption="../report/training_curves.rst",
+        ),
+        f"{REPORT}/training_curves.csv",
+        f"{REPORT}/report.html",
         md=report(f"{REPORT}/report.md", category="Tables", caption="../report/report_md.rst"),
     log:
         f"{LOGS}/report.log",

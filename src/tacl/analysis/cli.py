@@ -27,6 +27,7 @@ def register(stages: argparse._SubParsersAction) -> None:
     c.set_defaults(func=_similarity)
     c = cmds.add_parser("embeddings-data", help="STS-B dev pairs and a labelled set, once (login node)")
     c.add_argument("--source", required=True, help="a GLUE source as JSON (tsv folder or hf)")
+    c.add_argument("--cache-dir", help="Hugging Face datasets cache (a source's own cache_dir wins)")
     c.add_argument("--cluster-task", default="sst2")
     c.add_argument("--max-pairs", type=int, default=0, help="0 = all")
     c.add_argument("--max-sentences", type=int, default=0, help="0 = all")
@@ -71,8 +72,10 @@ def _plot(a: argparse.Namespace) -> None:
 
 def _embeddings_data(a: argparse.Namespace) -> None:
     from tacl.analysis.embeddings import prepare
+    from tacl.io import with_cache
 
-    print(json.dumps(prepare(json.loads(a.source), a.cluster_task, a.max_pairs, a.max_sentences, a.seed, a.out)))
+    source = with_cache(json.loads(a.source), a.cache_dir)
+    print(json.dumps(prepare(source, a.cluster_task, a.max_pairs, a.max_sentences, a.seed, a.out)))
 
 
 def _embeddings(a: argparse.Namespace) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tacl import RESULT_VERSIONS
 from tacl.device import resolve_device
 from tacl.hub import resolve_pretrained
 from tacl.io import InputError, write_json_atomic
@@ -100,7 +101,8 @@ def run_similarity(model_dir: str, heldout: str, n: int, seed: int, out_json: st
     values, anisotropy = layer_similarities(model_dir, sentences, max_len, device=device)
     result = {"model": name or Path(model_dir).name, "sentences": len(sentences), "seed": seed,
               "max_len": max_len, "layers": list(range(1, len(values) + 1)), "self_similarity": values,
-              "anisotropy": anisotropy}
+              "anisotropy": anisotropy,
+              "given": {"sentences": n, "seed": seed, "max_len": max_len, "version": RESULT_VERSIONS["analysis"]}}
     write_json_atomic(out_json, result)
     return result
 

@@ -16,21 +16,34 @@ from typing import Any
 
 from snakemake.exceptions import WorkflowError
 
-from tacl.cluster.preflight import (JobRequest, PbsRequest, cluster_partitions, cluster_queues, launcher_problem,
-                                    pbs_problems, problems)
+from tacl.cluster.preflight import (JobRequest, PbsRequest, cluster_node_states, cluster_partitions,
+                                    cluster_queues, launcher_problem, pbs_problems, problems)
 
 
 def scheduler(workflow: Any) -> str | None:
-    """slurm | pbs | None (local, or another executor): what this run submits to."""
+    """slurm | pbs | None (local, or another executor): what this run submits to (a SLURM job's own Snakemake,
+    which runs the job inside it with the slurm-jobstep executor, says slurm too)."""
     plugin = getattr(workflow, "executor_plugin", None)
     if plugin is None:
         return None
-    if plugin.name == "slurm":
+    if plugin.name in ("slurm", "slurm-jobstep"):
         return "slurm"
     submit_cmd = getattr(getattr(workflow, "executor_settings", None), "submit_cmd", None) or ""
     if plugin.name == "cluster-generic" and "tacl pbs submit" in " ".join(submit_cmd.split()):
         return "pbs"
     return None
+
+
+def scheduler_of_profile(workflow: Any) -> str | None:
+    """slurm | pbs | None, from the resources the profile sets (slurm_partition, slurm_account, ... or
+    pbs_queue): what a dry run would submit to, whose workflow knows only its dry-run executor."""
+    settings = workflow.resource_settings
+    names = set(settings.default_resources.keys()) if settings.default_resources is not None else set()
+    for resources in (settings.overwrite_resources or {}).values():
+        names |= set(resources)
+    if any(name.startswith("slurm_") for name in names):
+        return "slurm"
+    return "pbs" if "pbs_queue" in names else None
 
 
 def resource_text(resource: Any) -> str | None:
@@ -91,47 +104,85 @@ def sbatch_problems(workflow: Any, pretrain: dict[str, Any]) -> list[str]:
     return found
 
 
-def slurm_problems(workflow: Any, pretrain: dict[str, Any], config_runtimes: dict[str, tuple[int, str]]) -> list[str]:
-    found = sbatch_problems(workflow, pretrain)
+def rule_geometry_problem(workflow: Any, pretrain: dict[str, Any]) -> str | None:
+    """A dry run has no jobs yet: GPUs per node that the profile sets for pretrain_chunk (gres or gpu under
+    set-resources), against pretrain.ranks_per_node (the workflow's own values always agree)."""
+    from types import SimpleNamespace
+
+    from tacl.cluster.sbatch import geometry_problem
+
+    spec = next((s for s in workflow.rules if s.name == "pretrain_chunk"), None)
+    if spec is None:
+        return None
+    given = {k: resource_text(spec.resources.get(k)) for k in ("gres", "gpu")}
+    job = SimpleNamespace(name=spec.name, resources={**{k: v for k, v in given.items() if v}, "nodes": pretrain["nodes"]})
+    return geometry_problem(job, pretrain["nodes"], pretrain["ranks_per_node"])
+
+
+def slurm_problems(workflow: Any, pretrain: dict[str, Any], config_runtimes: dict[str, tuple[int, str]],
+                   dry_run: bool = False, chunks: bool = True) -> list[str]:
+    if dry_run:  # (no jobs yet: the rule-level checks)
+        problem = rule_geometry_problem(workflow, pretrain)
+        found = [problem] if problem else []
+    else:
+        found = sbatch_problems(workflow, pretrain)
     partitions = cluster_partitions()
     if partitions is None:
         print("SLURM preflight: partitions not checked, `scontrol show partition` did not answer", file=sys.stderr)
         return found
     requests = []
+    # the nodes of the rules that are to run are checked (a dry run knows the rules, not yet the jobs)
+    if dry_run:
+        running = {spec.name for spec in cluster_rules(workflow) if spec.name != "pretrain_chunk" or chunks}
+    else:
+        running = {job.name for job in workflow.dag.needrun_jobs()}
     for spec in cluster_rules(workflow):
         runtime, key = rule_runtime(spec, config_runtimes)
+        if spec.name == "pretrain_chunk":
+            nodes, nodes_key = pretrain["nodes"], "pretrain.nodes"
+        else:
+            nodes, nodes_key = _int_resource(spec, "nodes", 1), f"the nodes of rule {spec.name} (profile)"
         requests.append(JobRequest(spec.name, resource_text(spec.resources.get("slurm_partition")), runtime,
-                                   resource_text(spec.resources.get("slurm_account")), key))
-    return found + problems(requests, partitions)
+                                   resource_text(spec.resources.get("slurm_account")), key,
+                                   nodes if spec.name in running else 0, nodes_key))
+    node_states = cluster_node_states()
+    if node_states is None:
+        print("SLURM preflight: nodes not checked, `sinfo` did not answer", file=sys.stderr)
+    return found + problems(requests, partitions, node_states)
 
 
-def pbs_requests(workflow: Any, config_runtimes: dict[str, tuple[int, str]]) -> list[PbsRequest]:
+def pbs_requests(workflow: Any, config_runtimes: dict[str, tuple[int, str]], gpus: dict[str, int]
+                 ) -> list[PbsRequest]:
+    """`gpus`: each rule's GPUs per node as the config gives them (what the rule asks for unless the profile
+    sets its own)."""
     return [PbsRequest(spec.name, resource_text(spec.resources.get("pbs_queue")),
-                       *rule_runtime(spec, config_runtimes), _int_resource(spec, "gpu", 0),
+                       *rule_runtime(spec, config_runtimes), _int_resource(spec, "gpu", gpus.get(spec.name, 0)),
                        _int_resource(spec, "nodes", 1))
             for spec in cluster_rules(workflow)]
 
 
 def preflight(workflow: Any, pretrain: dict[str, Any], config_runtimes: dict[str, tuple[int, str]],
-              launcher: str) -> None:
-    """Before the first submission: WorkflowError listing every problem found (nothing submitted)."""
-    which = scheduler(workflow)
+              launcher: str, gpus: dict[str, int], chunks: bool, dry_run: bool = False) -> None:
+    """Before the first submission, and in a dry run: WorkflowError listing every problem found (nothing
+    submitted). `chunks`: a pretraining chunk is to run (its launcher and GPUs per node are checked). A dry
+    run has no jobs yet: the checks that need one (the SLURM plugin's own, on each rule's sbatch line) wait
+    for the real run."""
+    which = scheduler_of_profile(workflow) if dry_run else scheduler(workflow)
     if which is None:
         return
-    # (the launcher and the GPUs per node matter when a pretraining chunk is to run; queues for every rule)
-    chunks = any(job.name == "pretrain_chunk" for job in workflow.dag.needrun_jobs())
     problem = launcher_problem(which, launcher, pretrain["launcher"]) if chunks else None
     found = [problem] if problem else []
     if which == "slurm":
-        found += slurm_problems(workflow, pretrain, config_runtimes)
+        found += slurm_problems(workflow, pretrain, config_runtimes, dry_run, chunks)
     else:
         queues = cluster_queues()
         if queues is None:
             print("PBS preflight: queues not checked, `qstat -Qf` did not answer", file=sys.stderr)
-        found += pbs_problems(pbs_requests(workflow, config_runtimes), queues,
+        found += pbs_problems(pbs_requests(workflow, config_runtimes, gpus), queues,
                               pretrain["ranks_per_node"] if chunks else None)
     if found:
-        raise WorkflowError(f"{which.upper()} preflight: nothing was submitted.\n  " + "\n  ".join(found))
+        done = "this dry run stops here" if dry_run else "nothing was submitted"
+        raise WorkflowError(f"{which.upper()} preflight: {done}.\n  " + "\n  ".join(found))
 
 
 def data_summary(path: str, results: str) -> str | None:

@@ -1,8 +1,10 @@
 """Checks that stop a run before the first submission, with one message per problem naming the rule and
 the config key or profile entry to change, on plain data (tacl.cluster.hooks gathers it from Snakemake).
 
-SLURM (`scontrol show partition`): a partition that does not exist, a runtime over the partition's
-limit, an account placeholder that was never filled in, an account the partition does not allow.
+SLURM (`scontrol show partition`, `sinfo`): a partition that does not exist, a runtime over the partition's
+limit, an account placeholder that was never filled in, an account the partition does not allow, more
+nodes asked for than the partition has that answer (down, drained or not responding nodes: the job would
+wait in the queue until they come back).
 PBS Pro (`qstat -Qf`): a queue that does not exist or is disabled, a runtime over the queue's walltime
 limit, GPUs outside the queue's limits, GPUs per node other than pretrain.ranks_per_node, a queue
 placeholder never filled in. Either: a launcher of the other scheduler.
@@ -32,6 +34,8 @@ class JobRequest:
     runtime: int | None
     account: str | None
     runtime_key: str  # config key that sets the runtime, for the message
+    nodes: int = 1  # 0: no job of the rule is to run, its nodes are not checked
+    nodes_key: str = "nodes"  # config key or profile entry that sets the nodes, for the message
 
 
 def parse_partitions(scontrol_output: str) -> dict[str, Partition]:
@@ -59,7 +63,55 @@ def cluster_partitions() -> dict[str, Partition] | None:
     return parse_partitions(out.stdout) if out.returncode == 0 else None
 
 
-def problems(requests: list[JobRequest], partitions: dict[str, Partition]) -> list[str]:
+# sinfo's node states (%T) in which a node takes no job until someone acts: down, drained, failed, in
+# maintenance, not yet in service; the suffix `*` marks a node whose slurmd does not answer
+NOT_TAKING_JOBS = ("down", "drain", "fail", "maint", "future", "inval", "unknown")
+
+
+def parse_node_states(sinfo_output: str) -> dict[str, dict[str, str]]:
+    """`sinfo -h -N -o %R|%N|%T`: {partition: {node: state}}."""
+    states: dict[str, dict[str, str]] = {}
+    for line in sinfo_output.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) == 3:
+            partition, node, state = fields
+            states.setdefault(partition, {})[node] = state
+    return states
+
+
+def takes_jobs(state: str) -> bool:
+    return not state.endswith("*") and not state.startswith(NOT_TAKING_JOBS)
+
+
+def cluster_node_states() -> dict[str, dict[str, str]] | None:
+    try:
+        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%R|%N|%T"], capture_output=True, text=True,
+                             timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return parse_node_states(out.stdout) if out.returncode == 0 else None
+
+
+def node_problem(r: JobRequest, partition: str, states: dict[str, str]) -> str | None:
+    """More nodes asked for than the partition has, or than it has that take jobs now."""
+    if r.nodes == 0:
+        return None
+    if r.nodes > len(states):
+        return (f"rule {r.rule}: asks for {r.nodes} nodes, partition {partition!r} has {len(states)}; "
+                f"lower {r.nodes_key}")
+    up = [n for n, state in states.items() if takes_jobs(state)]
+    if r.nodes <= len(up):
+        return None
+    out = [f"{n} ({state})" for n, state in states.items() if not takes_jobs(state)]
+    shown = ", ".join(out[:5]) + (f" and {len(out) - 5} more" if len(out) > 5 else "")
+    return (f"rule {r.rule}: asks for {r.nodes} nodes, partition {partition!r} has {len(up)} that take "
+            f"jobs; not answering or out of service: {shown}. The job would wait in the queue until enough "
+            f"come back (`sinfo -p {partition}`); lower {r.nodes_key} or wait for the nodes")
+
+
+def problems(requests: list[JobRequest], partitions: dict[str, Partition],
+             node_states: dict[str, dict[str, str]] | None = None) -> list[str]:
+    """`node_states` (cluster_node_states) None: the nodes are not checked."""
     found = []
     default = next((p.name for p in partitions.values() if p.default), None)
     for r in requests:
@@ -86,6 +138,9 @@ def problems(requests: list[JobRequest], partitions: dict[str, Partition]) -> li
             found.append(f"rule {r.rule}: partition {name!r} accepts only accounts "
                          f"{', '.join(sorted(part.allow_accounts))}, not {r.account or '(none)'}; set "
                          "slurm_account in the profile")
+        problem = node_problem(r, name, node_states.get(name, {})) if node_states is not None else None
+        if problem:
+            found.append(problem)
     return found
 
 
@@ -184,9 +239,9 @@ def pbs_problems(requests: list[PbsRequest], queues: dict[str, Queue] | None,
         total = r.ngpus * r.nodes
         if q.max_ngpus is not None and total > q.max_ngpus:
             found.append(f"rule {r.rule}: {total} GPU(s) asked for, over the {q.max_ngpus} of queue {r.queue!r} "
-                         "(resources_max.ngpus); lower gpu in the profile or pretrain.nodes")
+                         "(resources_max.ngpus); lower pretrain.ranks_per_node or pretrain.nodes")
         if q.min_ngpus is not None and total < q.min_ngpus:
             found.append(f"rule {r.rule}: queue {r.queue!r} takes jobs with at least {q.min_ngpus} GPU(s) "
-                         f"(resources_min.ngpus), the rule asks for {total}; set its pbs_queue or gpu in the "
-                         "profile")
+                         f"(resources_min.ngpus), the rule asks for {total}; set its pbs_queue in the profile, "
+                         "or the GPUs in the config (device: cpu asks for none; pretrain.ranks_per_node)")
     return found

@@ -1,9 +1,11 @@
-"""`tacl profiles install`: make `snakemake --profile slurm` and `--profile pbs` work by name.
+"""`tacl profiles install`: make `snakemake --profile slurm`, `--profile pbs` and `--profile workstation` work
+by name.
 
 Snakemake looks a profile given by name up in the working directory, then in the user's config folder
 (`$XDG_CONFIG_HOME/snakemake`, i.e. `~/.config/snakemake`), then in the site's; this repository keeps its
-profiles under `profiles/`. Installing links `~/.config/snakemake/NAME` to `profiles/NAME` of this checkout
-(a link, so that a `git pull` updates the profile too). A profile of that name that is not such a link is
+profiles under `profiles/`. Installing links `~/.config/snakemake/NAME` to `profiles/NAME` of the checkout
+the command is run from (else the one the environment was installed from, and it says so), a link, so
+that a `git pull` updates the profile too. A profile of that name that is not such a link is
 the user's own: it is left alone, with a message saying so.
 
 Without the package's dependencies (e.g. on a login node before the environment exists):
@@ -18,8 +20,27 @@ from pathlib import Path
 
 from tacl.io import InputError
 
-REPO = Path(__file__).resolve().parents[3]
-NAMES = ("slurm", "pbs")
+REPO = Path(__file__).resolve().parents[3]  # the checkout this package was installed from
+NAMES = ("slurm", "pbs", "workstation")
+
+
+def checkout_of(start: Path) -> Path | None:
+    """The checkout of this workflow that holds `start` (itself or a folder above it: one with
+    workflow/Snakefile and profiles/), or None."""
+    for folder in (start, *start.parents):
+        if (folder / "workflow" / "Snakefile").is_file() and (folder / "profiles").is_dir():
+            return folder
+    return None
+
+
+def which_checkout(cwd: Path) -> tuple[Path, str]:
+    """The checkout whose profiles to link, and why: the one the command is run from, else (run from
+    elsewhere) the one the environment was installed from."""
+    here = checkout_of(cwd.resolve())
+    if here is not None:
+        return here, "the checkout you are in"
+    return REPO, (f"the checkout this environment was installed from ({cwd} is in no checkout of this "
+                  "workflow; run the command from the checkout whose profiles you want)")
 
 
 def user_config_dir() -> Path:
@@ -63,8 +84,10 @@ def install_profiles(repo: Path = REPO, names: tuple[str, ...] = NAMES,
 
 
 def main() -> int:
+    repo, why = which_checkout(Path.cwd())
+    print(f"profiles of {repo}: {why}")
     try:
-        done, refused = install_profiles()
+        done, refused = install_profiles(repo)
     except InputError as e:
         print(f"tacl: error: {e}", file=sys.stderr)
         return 2
@@ -73,7 +96,7 @@ def main() -> int:
     for line in refused:
         print(f"profile NOT installed: {line}", file=sys.stderr)
     if not refused:
-        print("`snakemake --profile " + "` / `snakemake --profile ".join(NAMES) + "` now work from this checkout")
+        print("`snakemake --profile " + "` / `snakemake --profile ".join(NAMES) + f"` now use {repo / 'profiles'}")
     return 1 if refused else 0
 
 

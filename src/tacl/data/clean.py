@@ -29,6 +29,7 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 
 from tacl.data.sources import Article, iter_articles
+from tacl import RESULT_VERSIONS
 from tacl.io import InputError, atomic_path, read_json, write_json_atomic
 
 STOP_PREFIXES = ("References", "External links", "Category:", "See also")
@@ -160,6 +161,12 @@ def capped_documents(articles: Iterable[Article], max_lines: int | None, heldout
             yield article, sentences, "train"
 
 
+def clean_given(max_lines: int | None, heldout_fraction: float, splitter: str) -> dict[str, Any]:
+    """The settings a clean job ran with, as its record keeps them (tacl.reruns compares them)."""
+    return {"max_lines": max_lines, "heldout_fraction": heldout_fraction, "sentence_splitter": splitter,
+            "version": RESULT_VERSIONS["data"]}
+
+
 def clean_corpus(
     raw_json: str,
     out_corpus: str,
@@ -184,7 +191,8 @@ def clean_corpus(
     raw = read_json(raw_json)
     articles = iter_articles(raw["source"], raw.get("cache_dir"), raw.get("rows_file"))
     stats = {"articles": 0, "documents": 0, "sentences": 0, "lines": 0, "sentence_splitter": splitter,
-             "heldout_documents": 0, "heldout_sentences": 0, "capped": False, "max_lines": max_lines}
+             "heldout_documents": 0, "heldout_sentences": 0, "capped": False, "max_lines": max_lines,
+             "given": clean_given(max_lines, heldout_fraction, splitter)}
     offsets = [0]
     with atomic_path(out_corpus) as tmp_corpus, atomic_path(out_heldout) as tmp_heldout:
         with open(tmp_corpus, "wb") as corpus, open(tmp_heldout, "wb") as heldout:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tacl.data.sources import expand_paths
-from tacl.hub import load_tokenizer, resolve_pretrained, tokenizer_hash
+from tacl.hub import from_hub, load_tokenizer, resolve_pretrained, tokenizer_hash
 from tacl.io import InputError, atomic_path, sha256_file, write_json_atomic
 
 
@@ -54,7 +54,8 @@ def download_capped(source: dict[str, Any], cache_dir: str, max_lines: int, held
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{source['dataset']}-{source.get('config')}-{source.get('split')}")
     path = Path(cache_dir) / f"{name}-{splitter}-heldout{heldout_fraction:g}-{max_lines}-lines.jsonl"
     rows = 0
-    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+    with (from_hub(source["dataset"], "dataset", "`data.source` (kind wikiextractor or text)", cache_dir),
+          atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f):  # (the stream reads the Hub as it goes)
         for article, _, _ in capped_documents(hf_articles(load_hf(source, cache_dir, streaming=True), source),
                                               max_lines, heldout_fraction, splitter):
             f.write(json.dumps({"id": article.id, "title": article.title, "text": article.text}) + "\n")

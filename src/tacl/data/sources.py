@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from tacl.hub import from_hub
 from tacl.io import InputError
 
 KINDS = ("hf", "wikiextractor", "text")
@@ -86,8 +87,9 @@ def load_hf(source: dict[str, Any], cache_dir: str | None, streaming: bool = Fal
     files and row groups it reaches), instead of downloading and converting all of it first."""
     import datasets
 
-    return datasets.load_dataset(source["dataset"], source.get("config"), split=source.get("split", "train"),
-                                 cache_dir=cache_dir, streaming=streaming)
+    with from_hub(source["dataset"], "dataset", "`data.source` (kind wikiextractor or text)", cache_dir):
+        return datasets.load_dataset(source["dataset"], source.get("config"), split=source.get("split", "train"),
+                                     cache_dir=cache_dir, streaming=streaming)
 
 
 def hf_articles(ds: Any, source: dict[str, Any]) -> Iterator[Article]:

@@ -1,5 +1,11 @@
 """Fine-tuning and evaluation: GLUE, SQuAD, CoNLL-2003 NER."""
 
+from __future__ import annotations
+
+from typing import Any
+
+from tacl import RESULT_VERSIONS
+
 # What a fine-tuning preset fixes (`finetune.preset`); a task family's defaults and the config's hparams go
 # around it (tacl.finetune.common.hyperparameters). reference: what the TaCL reference passed, i.e. the Hugging
 # Face Trainer's defaults (no warmup, no weight decay, linear decay, AdamW eps 1e-8, clipping at 1.0).
@@ -17,3 +23,12 @@ FAMILY_HPARAMS = {
               "grad_clip": 1.0, "eval_batch": 64, "n_best": 20, "max_answer_len": 30, "group_by_length": True},
     "ner": {**_SEQUENCE, "max_len": 256, "lr": 5e-5, "supervised_tacl": False, "tacl_tau": 0.1, "tacl_weight": 1.0},
 }
+
+# Beside a run's metrics.json: the settings the run was given, as the workflow passes them (tacl.reruns
+# compares them with what the config gives now).
+GIVEN = "given.json"
+
+
+def finetune_given(source: dict[str, Any], hparams: dict[str, Any], precision: str, preset: str) -> dict[str, Any]:
+    return {"source": source, "hparams": hparams, "precision": precision, "preset": preset,
+            "version": RESULT_VERSIONS["finetune"]}

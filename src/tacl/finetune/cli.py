@@ -7,6 +7,7 @@ import json
 
 from tacl.device import DEVICES
 from tacl.finetune import PRESETS
+from tacl.io import with_cache
 
 
 def register(stages: argparse._SubParsersAction) -> None:
@@ -15,7 +16,8 @@ def register(stages: argparse._SubParsersAction) -> None:
 
     c = cmds.add_parser("select", help="the setting with the best mean dev score over seeds, of one (model, task)")
     c.add_argument("--task", required=True)
-    c.add_argument("--runs", nargs="+", required=True, help="metrics.json of every setting and seed")
+    c.add_argument("--runs", nargs="+", required=True,
+                   help="every setting's seeds marker (or every setting's and seed's metrics.json)")
     c.add_argument("--out", required=True)
     c.set_defaults(func=_select)
 
@@ -28,6 +30,7 @@ def register(stages: argparse._SubParsersAction) -> None:
     c = cmds.add_parser("prepare", help="fetch or check a task's data (login node)")
     c.add_argument("--task", required=True)
     c.add_argument("--source", required=True, help="the task family's source as JSON")
+    c.add_argument("--cache-dir", help="Hugging Face datasets cache (a source's own cache_dir wins)")
     c.add_argument("--out", required=True)
     c.set_defaults(func=_prepare, online=True)
 
@@ -40,8 +43,13 @@ def register(stages: argparse._SubParsersAction) -> None:
             start.add_argument("--start-selection",
                                help="start from the weights of another task's selected run (its selected.json)")
         c.add_argument("--task", required=True)
-        c.add_argument("--seed", type=int, required=True)
+        seeds = c.add_mutually_exclusive_group(required=True)
+        seeds.add_argument("--seed", type=int, help="one seed, trained in --out")
+        seeds.add_argument("--seeds", type=int, nargs="+",
+                           help="several seeds one after the other, each in --out/seedN (a seed done before "
+                                "with the same settings and start model is kept), then --marker")
         c.add_argument("--source", required=True, help="data source as JSON")
+        c.add_argument("--cache-dir", help="Hugging Face datasets cache (a source's own cache_dir wins)")
         c.add_argument("--hparams", default="{}", help="hyperparameters as JSON")
         c.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp32"])
         c.add_argument("--preset", default="standard", choices=sorted(PRESETS),
@@ -54,50 +62,77 @@ def register(stages: argparse._SubParsersAction) -> None:
                            help="add a contrastive term on [CLS] (classification tasks; weight and tau in hparams)")
             c.add_argument("--save-model", action="store_true",
                            help="keep the fine-tuned encoder (without its head) in OUT/model, to start other tasks")
-        c.add_argument("--out", required=True, help="run directory (metrics.json is written last)")
+        c.add_argument("--out", required=True,
+                       help="the run directory (--seed; metrics.json is written last), or the seeds' parent")
+        c.add_argument("--marker", help="with --seeds: written at the end, listing every seed's metrics.json")
         c.set_defaults(func=_finetune)
 
 
 def _prepare(a: argparse.Namespace) -> None:
     from tacl.finetune.data import prepare
 
-    print(json.dumps(prepare(a.task, json.loads(a.source), a.out)))
+    print(json.dumps(prepare(a.task, with_cache(json.loads(a.source), a.cache_dir), a.out)))
 
 
 def _finetune(a: argparse.Namespace) -> None:
-    source, hp = json.loads(a.source), json.loads(a.hparams)
+    from pathlib import Path
+
+    from tacl.finetune import finetune_given
+    from tacl.finetune.seeds import run_seeds, weights_fingerprint
+
+    model, start_from = a.model, None
+    if getattr(a, "start_selection", None):
+        from tacl.finetune.submissions import selected_run
+
+        model, start_from = selected_run(a.start_selection, with_label=True)
+        model = str(model / "model")
+    given = {**finetune_given(json.loads(a.source), json.loads(a.hparams), a.precision, a.preset),
+             "model_sha256": weights_fingerprint(resolve_model(model))}
+    source = with_cache(given["source"], a.cache_dir)
+
+    def train_one(seed: int, out: Path) -> dict:
+        result = _train(a, model, start_from, source, dict(given["hparams"]), seed, str(out))
+        print(json.dumps({k: result[k] for k in ("task", "seed", "dev", "wall_s")}))
+        return result
+
+    if a.seeds is None:
+        run_seeds([a.seed], lambda seed: Path(a.out), given, train_one)
+    else:
+        run_seeds(a.seeds, lambda seed: Path(a.out) / f"seed{seed}", given, train_one, a.marker)
+
+
+def resolve_model(model: str) -> str:
+    from tacl.hub import resolve_pretrained
+
+    return resolve_pretrained(model)
+
+
+def _train(a: argparse.Namespace, model: str, start_from, source: dict, hp: dict, seed: int, out: str) -> dict:
+    """One seed of the task family's fine-tune."""
     if a.command == "glue":
         from tacl.finetune.sequence import finetune_glue
 
-        model, start_from = a.model, None
-        if a.start_selection:
-            from tacl.finetune.submissions import selected_run
-
-            model, start_from = selected_run(a.start_selection, with_label=True)
-            model = str(model / "model")
-        result = finetune_glue(model, a.task, source, hp, a.seed, a.out, a.precision, a.device, a.preset,
-                               a.contrastive, start_from, a.save_model)
-    elif a.command == "squad":
+        return finetune_glue(model, a.task, source, hp, seed, out, a.precision, a.device, a.preset,
+                             a.contrastive, start_from, a.save_model)
+    if a.command == "squad":
         from tacl.finetune.data import SQUAD_TASKS
         from tacl.finetune.qa import finetune_squad
         from tacl.io import InputError
 
         if a.task not in SQUAD_TASKS:
             raise InputError(f"finetune squad: task {a.task!r} is not one of {sorted(SQUAD_TASKS)}")
-        result = finetune_squad(a.model, SQUAD_TASKS[a.task], source, hp, a.seed, a.out, a.precision, a.device,
-                                a.preset)
-    else:
-        from tacl.finetune.ner import finetune_ner
+        return finetune_squad(model, SQUAD_TASKS[a.task], source, hp, seed, out, a.precision, a.device, a.preset)
+    from tacl.finetune.ner import finetune_ner
 
-        result = finetune_ner(a.model, source["data_dir"], hp, a.seed, a.out, a.precision, a.device, a.preset)
-    print(json.dumps({k: result[k] for k in ("task", "seed", "dev", "wall_s")}))
+    return finetune_ner(model, source["data_dir"], hp, seed, out, a.precision, a.device, a.preset)
 
 
 def _select(a: argparse.Namespace) -> None:
+    from tacl.finetune.seeds import metrics_files
     from tacl.finetune.sweep import select_runs
     from tacl.io import write_json_atomic
 
-    chosen = select_runs(a.task, a.runs)
+    chosen = select_runs(a.task, metrics_files(a.runs))
     write_json_atomic(a.out, chosen)
     print(json.dumps({k: chosen[k] for k in ("task", "setting", "best_seed")}))
 

@@ -18,6 +18,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from tacl.hub import from_hub
 from tacl.io import InputError, atomic_path
 
 log = logging.getLogger("tacl.finetune.glue")
@@ -225,7 +226,9 @@ def load_hf(task: str, split: str, cache_dir: str | None = None) -> list[Example
 
     spec = get_task(task)
     _check_split(spec, split)
-    ds = datasets.load_dataset("nyu-mll/glue", task, split=hf_split(split), cache_dir=cache_dir)
+    with from_hub("nyu-mll/glue", "dataset", "`finetune.glue_source` or `analysis.embeddings.source` (kind tsv)",
+                  cache_dir):
+        ds = datasets.load_dataset("nyu-mll/glue", task, split=hf_split(split), cache_dir=cache_dir)
     a_name, b_name = _HF_TEXT[task]
     texts_a = list(ds[a_name])
     texts_b = list(ds[b_name]) if b_name is not None else [None] * len(texts_a)

@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from tacl.hub import from_hub
 from tacl.io import InputError
 
 HF_DATASETS = {"1.1": "rajpurkar/squad", "2.0": "rajpurkar/squad_v2"}
@@ -65,7 +66,8 @@ def load_hf(version: str, split: str, cache_dir: str | None = None) -> list[Squa
         raise InputError(f"SQuAD version {version!r}: expected one of {sorted(HF_DATASETS)}")
     import datasets
 
-    ds = datasets.load_dataset(HF_DATASETS[version], split=split, cache_dir=cache_dir)
+    with from_hub(HF_DATASETS[version], "dataset", "`finetune.squad_source` (kind json)", cache_dir):
+        ds = datasets.load_dataset(HF_DATASETS[version], split=split, cache_dir=cache_dir)
     return [SquadExample(id=str(r["id"]), question=r["question"], context=r["context"],
                          answers=tuple(r["answers"]["text"]),
                          answer_starts=tuple(int(s) for s in r["answers"]["answer_start"]),

@@ -23,7 +23,10 @@ def register(stages: argparse._SubParsersAction) -> None:
     c.add_argument("--run-dir", required=True, help="checkpoints, metrics, lock (not a Snakemake output)")
     c.add_argument("--start-model", required=True)
     c.add_argument("--manifest", required=True)
-    c.add_argument("--settings", required=True, help="TrainSettings as JSON")
+    c.add_argument("--settings", required=True,
+                   help="TrainSettings as JSON: all of them, or (with --operational) the result settings")
+    c.add_argument("--operational", help="the operational settings as JSON (log and checkpoint intervals, ...), "
+                                         "which the workflow passes apart from the result settings")
     c.add_argument("--marker", help="JSON written at the end: step reached, done or not")
     c.add_argument("--chunk", type=int, default=0)
     c.add_argument("--deadline", type=float, help="unix time by which the chunk must have exited")
@@ -40,6 +43,8 @@ def register(stages: argparse._SubParsersAction) -> None:
     c.add_argument("--marker", help="the final chunk's marker (must say done)")
     c.add_argument("--out", required=True)
     c.add_argument("--summary", required=True)
+    c.add_argument("--remove-checkpoints", action="store_true",
+                   help="after the export is written, remove the run's checkpoints (pretrain.remove_checkpoints)")
     c.set_defaults(func=_export)
 
 
@@ -62,7 +67,11 @@ def _train(a: argparse.Namespace) -> int:
     from tacl.pretrain.settings import TrainSettings
     from tacl.pretrain.trainer import ChunkArgs, train_chunk
 
-    settings = TrainSettings.from_dict(json.loads(a.settings))
+    given = json.loads(a.settings)
+    if a.operational is not None:
+        settings = TrainSettings.from_parts(given, json.loads(a.operational))
+    else:
+        settings = TrainSettings.from_dict({k: v for k, v in given.items() if k != "data_version"})
     marker = train_chunk(ChunkArgs(a.run_dir, a.start_model, a.manifest, settings, a.marker, a.chunk, a.deadline,
                                    a.runtime_minutes, a.margin_minutes, a.max_steps,
                                    not a.no_tensorboard))
@@ -73,4 +82,4 @@ def _train(a: argparse.Namespace) -> int:
 def _export(a: argparse.Namespace) -> None:
     from tacl.pretrain.export import export
 
-    print(json.dumps(export(a.start_model, a.out, a.summary, a.run_dir, a.marker)))
+    print(json.dumps(export(a.start_model, a.out, a.summary, a.run_dir, a.marker, a.remove_checkpoints)))

@@ -4,6 +4,7 @@ gave; and at once when SIGUSR1, SIGUSR2 or SIGTERM arrives (saved at the next st
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from dataclasses import dataclass, field
@@ -11,17 +12,45 @@ from dataclasses import dataclass, field
 from tacl.scheduler import time_left
 
 
-def end_time(start: float, deadline: float | None = None, runtime_minutes: float | None = None) -> float | None:
-    """Unix time by which the job is gone, from every source known; None if there is no limit."""
-    candidates = []
+def end_times(start: float, deadline: float | None = None,
+              runtime_minutes: float | None = None) -> dict[str, float]:
+    """Unix time by which the job is gone, per source that knows one: the explicit deadline, the runtime the
+    rule gave (from `start`), the scheduler's own end time for this job (tacl.scheduler.time_left)."""
+    ends = {}
     if deadline:
-        candidates.append(deadline)
+        ends["--deadline"] = deadline
     if runtime_minutes:
-        candidates.append(start + 60.0 * runtime_minutes)
+        ends[f"runtime {runtime_minutes:g} min"] = start + 60.0 * runtime_minutes
     left = time_left()
     if left is not None:
-        candidates.append(time.time() + left)
-    return min(candidates) if candidates else None
+        ends[scheduler_source()] = time.time() + left
+    return ends
+
+
+def end_time(start: float, deadline: float | None = None,
+             runtime_minutes: float | None = None) -> float | None:
+    """The earliest of end_times(); None if there is no limit."""
+    return min(end_times(start, deadline, runtime_minutes).values(), default=None)
+
+
+def scheduler_source() -> str:
+    """Which scheduler's job this is, as the chunk's log names it."""
+    if os.environ.get("SLURM_JOB_ID"):
+        return f"squeue, SLURM job {os.environ['SLURM_JOB_ID']}"
+    return f"qstat, PBS job {os.environ.get('PBS_JOBID', '?')}"
+
+
+def describe(ends: dict[str, float]) -> str:
+    """'ends 2026-11-24T10:00:00 (squeue, SLURM job 7; runtime 5 min 2026-11-24T10:00:40)': the earliest end
+    first, in local time as scontrol prints it, then the other sources."""
+    if not ends:
+        return "no end time (no scheduler limit, no runtime, no deadline)"
+    first, *others = sorted(ends, key=ends.get)
+    return f"ends {_stamp(ends[first])} ({'; '.join([first] + [f'{k} {_stamp(ends[k])}' for k in others])})"
+
+
+def _stamp(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))
 
 
 @dataclass

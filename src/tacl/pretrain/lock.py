@@ -61,6 +61,25 @@ def holder(owner: dict) -> tuple[bool, str]:
     return True, f"{who}, which no scheduler job names and this host ({socket.gethostname()}) cannot see"
 
 
+def lock_owner(run_dir: str | os.PathLike) -> dict | None:
+    """Who holds the run directory's lock, as written there; None when it is not locked ({} when unreadable)."""
+    path = Path(run_dir) / LOCK
+    try:
+        return json.loads(path.read_text() or "{}")
+    except FileNotFoundError:
+        return None
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def alive_here(owner: dict) -> bool | None:
+    """Whether the lock's process still runs, asked of this host only (no scheduler): None when it ran on
+    another host (or the lock names none)."""
+    if owner.get("host") != socket.gethostname() or not owner.get("pid"):
+        return None
+    return _pid_alive(int(owner["pid"]))
+
+
 class RunLock:
     def __init__(self, run_dir: str | os.PathLike):
         self.path = Path(run_dir) / LOCK

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from tacl.hub import load_tokenizer, resolve_pretrained
+from tacl.hub import from_hub, load_tokenizer, resolve_pretrained
 from tacl.io import InputError, atomic_path, read_json, sha256_file, write_json_atomic
 
 START_META = "tacl_start.json"
@@ -35,10 +35,11 @@ def init_start_model(model: str, init: dict[str, Any], tokenizer_dir: str, out_d
         source = f"random BERT {init}"
     else:
         path = resolve_pretrained(model)
-        config = AutoConfig.from_pretrained(path)
-        if config.model_type != "bert":
-            raise InputError(f"model {model!r}: a {config.model_type} checkpoint, not BERT")
-        student = BertForPreTraining.from_pretrained(path)
+        with from_hub(model, "model", "`model` or `finetune.extra_models` (whichever names it)"):
+            config = AutoConfig.from_pretrained(path)
+            if config.model_type != "bert":
+                raise InputError(f"model {model!r}: a {config.model_type} checkpoint, not BERT")
+            student = BertForPreTraining.from_pretrained(path)
         source = model
     if student.config.vocab_size < len(tok):
         raise InputError(f"model {model!r}: vocabulary {student.config.vocab_size} < tokenizer's {len(tok)}")
@@ -46,7 +47,7 @@ def init_start_model(model: str, init: dict[str, Any], tokenizer_dir: str, out_d
         student.save_pretrained(str(tmp))
         tok.save_pretrained(str(tmp))
         meta = {"source": source, "init": init, "parameters": sum(p.numel() for p in student.parameters()),
-                "weights_sha256": sha256_file(tmp / "model.safetensors")}
+                "weights_sha256": sha256_file(tmp / "model.safetensors"), "given": {"model": model, "init": init}}
         write_json_atomic(tmp / START_META, meta)
     return meta
 

@@ -1,18 +1,35 @@
-"""Training settings (config.yaml's `pretrain` section plus what the data stage fixed) as plain data."""
+"""Training settings (config.yaml's `pretrain` section plus what the data stage fixed) as plain data.
+
+Which settings decide a result and which only decide how it is computed is written down here, once:
+RESULT_KEYS decide the weights a run reaches (a change starts the run again from the start model, and
+Snakemake reruns the run and what depends on it); OPERATIONAL_KEYS decide only where, how fast and how
+often it logs or saves (a change reruns nothing and takes effect from the next chunk on). Micro batch and
+ZeRO stage are operational: a step's gradient is the same sum over the same sequences whatever they are (up
+to the order of floating-point sums, as with another number of ranks). The schema says the same per key
+(`x-role`), and tests/test_reruns.py keeps the two equal.
+"""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tacl import RESULT_VERSIONS
 from tacl.io import InputError, stable_hash
 
-TRAJECTORY_KEYS = ("objective", "steps", "global_batch", "lr", "warmup_ratio", "weight_decay", "adam_eps",
-                   "adam_betas", "grad_clip", "seed", "pad_to_max_len", "group_by_length", "max_len",
-                   "objective_params", "data_version")
-# The version of what turns a data position into a batch (bumped when masking or batching changes), so that
-# a run is never resumed with batches its first chunks did not see. 2: hash-based vectorised masking.
-DATA_VERSION = 2
+RESULT_KEYS = ("objective", "steps", "global_batch", "lr", "warmup_ratio", "weight_decay", "adam_eps", "adam_betas",
+               "grad_clip", "precision", "seed", "pad_to_max_len", "group_by_length", "max_len", "objective_params")
+OPERATIONAL_KEYS = ("micro_batch", "zero_stage", "log_every", "checkpoint_minutes", "keep_checkpoints",
+                    "loader_workers", "compile", "device")
+# The config keys of `pretrain` that reach no trainer setting and only say how a run is cut into jobs and
+# laid out on the machine: operational too.
+CHUNK_OPERATIONAL_KEYS = ("ranks_per_node", "cpus_per_rank", "nodes", "launcher", "chunk")
+# The version of what a run computes from a data position (masking, batching, the losses), so that a run is
+# never resumed with batches or losses its first chunks did not see (tacl.RESULT_VERSIONS; 2: hash-based
+# vectorised masking). Kept in a run's identity under the name "data_version".
+DATA_VERSION = RESULT_VERSIONS["pretrain"]
+# Before the split above, a run's identity was a hash of these (precision left out); kept to read such runs.
+LEGACY_TRAJECTORY_KEYS = tuple(k for k in RESULT_KEYS if k != "precision") + ("data_version",)
 
 
 # objectives that read another objective's config section (tacl_batch is tacl with negatives: batch)
@@ -41,7 +58,7 @@ class TrainSettings:
     group_by_length: bool = True  # micro-batches of similar length (less padding); see data/pretraining.py
     max_len: int = 256
     objective_params: dict[str, Any] = field(default_factory=dict)
-    # where and how fast (not part of the trajectory)
+    # where and how fast (OPERATIONAL_KEYS, with micro_batch and zero_stage above)
     device: str = "auto"  # auto | cuda | cpu; cuda: stop at once unless a GPU is usable (tacl.device)
     loader_workers: int = 2  # DataLoader processes that build micro-batches ahead of the step
     compile: bool = False  # torch.compile the student's encoder
@@ -79,7 +96,26 @@ class TrainSettings:
             )
         return self.global_batch // per_step
 
-    def trajectory_hash(self) -> str:
-        """What decides the weights a run reaches (not micro batch, ranks, ZeRO stage or logging)."""
+    def result(self) -> dict[str, Any]:
+        """The settings that decide the weights (RESULT_KEYS) and the batch version: what a run's checkpoints
+        belong to, and what Snakemake compares to decide a rerun."""
+        d = self.to_dict()
+        return {**{k: d[k] for k in RESULT_KEYS}, "data_version": DATA_VERSION}
+
+    def operational(self) -> dict[str, Any]:
+        d = self.to_dict()
+        return {k: d[k] for k in OPERATIONAL_KEYS}
+
+    @classmethod
+    def from_parts(cls, result: dict[str, Any], operational: dict[str, Any]) -> "TrainSettings":
+        """From the two halves the workflow passes apart (`--settings` and `--operational`)."""
+        result = {k: v for k, v in result.items() if k != "data_version"}
+        stray = sorted((set(result) & set(OPERATIONAL_KEYS)) | (set(operational) - set(OPERATIONAL_KEYS)))
+        if stray:
+            raise InputError(f"pretrain settings: {stray} given on the wrong side (result / operational)")
+        return cls.from_dict({**result, **operational})
+
+    def legacy_trajectory_hash(self) -> str:
+        """The run identity of earlier versions (to read their run.json)."""
         d = {**self.to_dict(), "data_version": DATA_VERSION}
-        return stable_hash({k: d[k] for k in TRAJECTORY_KEYS})
+        return stable_hash({k: d[k] for k in LEGACY_TRAJECTORY_KEYS})

@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -41,7 +42,7 @@ from tacl.data.pretraining import MicroBatches, micro_batch_loader, unpack
 from tacl.device import fast_fp32_matmul
 from tacl.io import InputError, read_json, stable_hash, write_json_atomic
 from tacl.pretrain import checkpoint
-from tacl.pretrain.deadline import Deadline, StopSignals, end_time
+from tacl.pretrain.deadline import Deadline, StopSignals, describe, end_times
 from tacl.pretrain.distributed import DistEnv, all_max, all_sum, barrier, broadcast_object, init_distributed, shutdown
 from tacl.pretrain.lock import RunLock
 from tacl.pretrain.settings import TrainSettings
@@ -150,26 +151,108 @@ def _avoid_cpu_shm_op() -> None:
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
 
 
-def run_identity(args: ChunkArgs, manifest: dict[str, Any]) -> dict[str, Any]:
+def run_identity(args: ChunkArgs, manifest: dict[str, Any], bf16: bool) -> dict[str, Any]:
+    """What a run's checkpoints belong to: the result settings (precision as it resolved on this device),
+    the data and the start model's weights. Operational settings (micro batch, ranks, logging, ...) are not
+    part of it: a run goes on whatever they are."""
     from tacl.pretrain.model import start_identity
 
     return {
         "objective": args.settings.objective,
-        "trajectory": args.settings.trajectory_hash(),
+        "result": {**args.settings.result(), "precision": "bf16" if bf16 else "fp32"},
         "data": {"config_hash": manifest["config_hash"], "tokenizer": manifest["tokenizer"]["hash"],
                  "examples": manifest["totals"]["examples"]},
         "start_model": start_identity(args.start_model)["weights_sha256"],
     }
 
 
-def check_identity(run_dir: Path, identity: dict[str, Any]) -> None:
+def _recorded_identity(record: dict[str, Any], identity: dict[str, Any]) -> dict[str, Any]:
+    """run.json's identity in today's form. Earlier versions kept a hash of the result settings without the
+    precision (`trajectory`) beside the full settings: those compare on the settings, the precision left out,
+    and their batch version read off the hash."""
+    previous = dict(record["identity"])
+    if "result" not in previous and "trajectory" in previous:
+        settings = TrainSettings.from_dict(record["settings"])
+        result = settings.result()
+        result["precision"] = identity["result"]["precision"]
+        if settings.legacy_trajectory_hash() != previous.pop("trajectory"):
+            result["data_version"] = "older"
+        previous["result"] = result
+    return previous
+
+
+def identity_changes(record: dict[str, Any], identity: dict[str, Any]) -> list[str]:
+    """What differs between a run directory's run.json and the run about to train, in words."""
+    from tacl.changes import changed_keys
+
+    previous = _recorded_identity(record, identity)
+    rest = ({k: v for k, v in d.items() if k != "result"} for d in (previous, identity))
+    return changed_keys(previous["result"], identity["result"]) + changed_keys(*rest)
+
+
+def adopt_run_dir(args: ChunkArgs, identity: dict[str, Any], lock: RunLock) -> None:
+    """Make the run directory hold this run (the lock held). Checkpoints of other result settings (data,
+    start model) are moved aside whole, to `superseded/<identity hash>` beside the run directory, and this
+    run starts from the start model; if an earlier run of exactly these settings lies there, it comes back
+    and goes on (a setting changed and changed back costs nothing). Only the first chunk of a chain may do
+    this: a later chunk whose run directory holds another run means the earlier chunks of the chain trained
+    that run, and it stops."""
+    run_dir = Path(args.run_dir)
     path = run_dir / "run.json"
-    if path.is_file():
-        previous = read_json(path)["identity"]
-        if previous != identity:
-            differs = sorted(k for k in identity if previous.get(k) != identity[k])
-            raise InputError(f"{path}: the checkpoints here belong to another run (differs in: {', '.join(differs)});"
-                             " use another run directory or delete this one")
+    if not path.is_file():
+        return
+    record = read_json(path)
+    changes = identity_changes(record, identity)
+    if not changes:
+        return
+    what = "; ".join(changes)
+    if args.chunk != 0:
+        raise InputError(f"{path}: the checkpoints here belong to another run ({what}), and this is chunk "
+                         f"{args.chunk} of the chain: the chain's earlier chunks trained that run. Rerun with "
+                         "the profile's rerun triggers (params among them) so that the chain starts again at "
+                         "chunk 0, or `--forcerun pretrain_chunk`")
+    superseded = run_dir.parent / "superseded"
+    aside = superseded / stable_hash(_recorded_identity(record, identity), 12)
+    back = superseded / stable_hash(identity, 12)
+    superseded.mkdir(parents=True, exist_ok=True)
+    if aside.exists():  # (a copy of the same run was set aside before: both are kept)
+        aside = aside.with_name(f"{aside.name}-{time.strftime('%Y%m%dT%H%M%S')}")
+    os.rename(run_dir, aside)  # (with the lock file in it, so that no other trainer starts in between)
+    (aside / lock.path.name).unlink(missing_ok=True)
+    lock.held = False
+    if back.is_dir():
+        os.rename(back, run_dir)
+        log.warning("pretraining %s: the result settings changed (%s); the checkpoints of the earlier run are "
+                    "now in %s, and the run of these settings that was set aside before is back in %s and goes "
+                    "on from its latest checkpoint", args.settings.objective, what, aside, run_dir)
+    else:
+        log.warning("pretraining %s: the result settings changed (%s); the checkpoints of the earlier run are "
+                    "now in %s, and this run starts from the start model", args.settings.objective, what, aside)
+    lock.acquire()
+
+
+def check_not_removed(run_dir: Path) -> None:
+    """A run whose checkpoints went after its export (pretrain.remove_checkpoints) cannot go on: say so now,
+    rather than train it again from step 0 unasked."""
+    from tacl.pretrain.export import removed_message, removed_note
+
+    note = removed_note(run_dir)
+    if note is not None and checkpoint.latest_tag(run_dir) is None:
+        raise InputError(removed_message(run_dir, note))
+
+
+def check_zero_stage(run_dir: Path, stage: int) -> None:
+    """The ZeRO stage is operational (it changes no result), but DeepSpeed's checkpoints of one stage do not
+    load into an engine of another: a run keeps the stage its checkpoints were written with."""
+    path = run_dir / "run.json"
+    if checkpoint.latest_tag(run_dir) is None or not path.is_file():
+        return
+    saved = read_json(path)["settings"].get("zero_stage", stage)
+    if saved != stage:
+        raise InputError(f"{run_dir}: its checkpoints were written at ZeRO stage {saved} and pretrain.zero_stage "
+                         f"is now {stage}; DeepSpeed cannot load one stage's checkpoint into another's engine. Set "
+                         f"pretrain.zero_stage back to {saved} until this run is done (the stage changes no "
+                         "result, so finished runs are not trained again)")
 
 
 def train_chunk(args: ChunkArgs) -> dict[str, Any]:
@@ -239,15 +322,19 @@ def _setup(args: ChunkArgs, env: DistEnv, lock: RunLock) -> Chunk:
     if hasattr(objective, "check"):
         objective.check(args.start_model)  # e.g. COCO-LM's auxiliary model is no larger than the main one
     tokenizer = load_tokenizer(args.start_model)
+    cpu = env.device.type == "cpu"
+    bf16 = s.precision == "bf16" or (s.precision == "auto" and not cpu)
     error = None
     if env.is_main:
         try:
             shards = ShardSet(args.manifest, tokenizer_hash=tokenizer_hash(tokenizer), verify=True)
-            identity = run_identity(args, shards.manifest)
-            check_identity(run_dir, identity)
+            identity = run_identity(args, shards.manifest, bf16)
             lock.acquire()
-            write_json_atomic(run_dir / "run.json", {"identity": identity, "settings": s.to_dict(),
-                                                     "world_size": env.world_size})
+            adopt_run_dir(args, identity, lock)
+            check_zero_stage(run_dir, s.zero_stage)
+            check_not_removed(run_dir)
+            write_json_atomic(run_dir / "run.json", {"identity": identity, "result": s.result(),
+                                                     "settings": s.to_dict(), "world_size": env.world_size})
         except InputError as e:
             error = str(e)
     error = broadcast_object(error)
@@ -265,8 +352,6 @@ def _setup(args: ChunkArgs, env: DistEnv, lock: RunLock) -> Chunk:
     data = PretrainingData(shards, MaskingSpec.from_tokenizer(tokenizer, s.max_len), s.seed, batching)
 
     # -- model, optimizer, engine --------------------------------------------------------------------
-    cpu = env.device.type == "cpu"
-    bf16 = s.precision == "bf16" or (s.precision == "auto" and not cpu)
     torch.manual_seed(s.seed)
     student = load_student(args.start_model)
     if s.compile:
@@ -399,7 +484,9 @@ def _run_chunk(chunk: Chunk, signals: StopSignals, started: float) -> dict[str, 
     batches = micro_batch_loader(
         MicroBatches(chunk.data, chunk.step, s.steps, chunk.accumulation, env.rank, env.world_size),
         s.loader_workers, pin_memory=env.device.type == "cuda")
-    deadline = Deadline(end_time(started, args.deadline, args.runtime_minutes), 60.0 * args.margin_minutes)
+    ends = end_times(started, args.deadline, args.runtime_minutes)
+    deadline = Deadline(min(ends.values(), default=None), 60.0 * args.margin_minutes)
+    log.info("rank %d of %d on %s: %s", env.rank, env.world_size, socket.gethostname(), describe(ends))
     progress = _progress(env, chunk.step, s.steps)
     start_step, last_save, pending = chunk.step, time.time(), 0
     reason = "target" if chunk.step >= s.steps else None
@@ -421,6 +508,9 @@ def _run_chunk(chunk: Chunk, signals: StopSignals, started: float) -> dict[str, 
                 metrics_log.write({"step": chunk.step, "samples": chunk.step * s.global_batch,
                                    "tokens": chunk.tokens, "lr": chunk.scheduler.get_last_lr()[0], **values,
                                    "elapsed_s": time.time() - started})
+                if progress is None:  # not a terminal (a job's log): a line instead of the bar
+                    log.info(progress_line(chunk.step, s.steps, chunk.step - start_step, args.max_steps, values,
+                                           deadline))
             meter = Meter()
 
         due = (time.time() - last_save) / 60.0 >= s.checkpoint_minutes
@@ -474,8 +564,33 @@ def _save(chunk: Chunk) -> None:
 
 
 def _progress(env: DistEnv, step: int, steps: int):
+    """A progress bar on a terminal (rank 0); None elsewhere, where each metrics line is logged as a
+    `progress_line` instead (a bar's carriage returns make a job's log unreadable)."""
     if not env.is_main or not sys.stderr.isatty():
         return None
     from tqdm import tqdm
 
     return tqdm(total=steps, initial=step, desc="pretrain", unit=" steps")
+
+
+def chunk_time_left(steps_left: int, chunk_steps: int, max_steps: int | None, deadline: Deadline,
+                    now: float | None = None) -> tuple[float, str]:
+    """(seconds, what ends the chunk): the first of the target step, the chunk's step cap (chunk.max_steps) and
+    its deadline minus the margin, at the step time seen so far."""
+    ends = [(steps_left * deadline.step_s, "target")]
+    if max_steps:
+        ends.append((max(0, max_steps - chunk_steps) * deadline.step_s, "max_steps"))
+    if deadline.end is not None:
+        now = time.time() if now is None else now
+        ends.append((max(0.0, deadline.end - deadline.margin_s - now), "deadline"))
+    return min(ends, key=lambda end: end[0])  # (a tie: the first, the target)
+
+
+def progress_line(step: int, steps: int, chunk_steps: int, max_steps: int | None, values: dict[str, float],
+                  deadline: Deadline, now: float | None = None) -> str:
+    """One log line per metrics line: step / total, the loss, tokens/s and the time left in this chunk."""
+    left, end = chunk_time_left(steps - step, chunk_steps, max_steps, deadline, now)
+    minutes, seconds = divmod(round(left), 60)
+    return (f"step {step}/{steps} ({100 * step / steps:.1f}%) loss {values.get('loss', float('nan')):.4f} "
+            f"{values.get('tokens_per_s', 0.0):,.0f} tokens/s; chunk ends in {minutes // 60}:{minutes % 60:02d}:"
+            f"{seconds:02d} ({end})")

@@ -1,15 +1,21 @@
-"""`tacl report`: tables and plots from every finished run."""
+"""`tacl report`: tables and plots from every finished run; `tacl status`: where a results directory stands."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 
 def register(stages: argparse._SubParsersAction) -> None:
-    p = stages.add_parser("report", help="result tables (Markdown, CSV, LaTeX) and plots")
-    p.add_argument("--results", required=True, help="the results_dir")
-    p.add_argument("--models", nargs="+", required=True)
+    p = stages.add_parser("report", help="result tables (Markdown, CSV, LaTeX), plots, report.md and report.html",
+                          description="`tacl report RESULTS_DIR`: every table and plot from the runs finished so "
+                          "far, the missing ones named (the runs the config asks for are in RESULTS_DIR/expected.json, "
+                          "which the workflow writes); reads files, starts nothing. The workflow's report rule "
+                          "passes the runs explicitly (--results ...).")
+    p.add_argument("results_dir", nargs="?", metavar="RESULTS_DIR", help="report from RESULTS_DIR/expected.json")
+    p.add_argument("--results", help="the results_dir")
+    p.add_argument("--models", nargs="+")
     p.add_argument("--tasks", nargs="*", default=[], help="the configured fine-tuning tasks")
     p.add_argument("--expected", default="[]", help="JSON list of {model, task, seed} the config asks for")
     p.add_argument("--similarity", nargs="*", default=[])
@@ -17,13 +23,38 @@ def register(stages: argparse._SubParsersAction) -> None:
     p.add_argument("--embeddings-disabled", action="store_true",
                    help="the sentence-embedding evaluation is off (analysis.embeddings.enabled: false)")
     p.add_argument("--similarity-png")
-    p.add_argument("--out", required=True)
-    p.set_defaults(func=_report)
+    p.add_argument("--out")
+    p.set_defaults(func=_report, parser=p)
+
+    s = stages.add_parser("status", help="where a results directory stands: pretraining, fine-tunes, GPU-hours",
+                          description="Reads files only (no scheduler, no Snakemake): each pretraining run's step, "
+                          "speed, time left, chunks and checkpoint; fine-tunes done / failed / missing per model "
+                          "and task; GPU-hours of the finished jobs.")
+    s.add_argument("results_dir", nargs="?", metavar="RESULTS_DIR",
+                   help="default: results_dir of ./config.yaml")
+    s.add_argument("--json", action="store_true", help="the same as JSON, for scripts")
+    s.set_defaults(func=_status)
 
 
 def _report(a: argparse.Namespace) -> None:
-    from tacl.report.tables import build_report
+    if a.results_dir:
+        from tacl.report.expected import report_now
 
-    result = build_report(a.results, a.models, a.tasks, json.loads(a.expected), a.similarity, a.out,
-                          a.similarity_png, a.embeddings, not a.embeddings_disabled)
+        result = report_now(a.results_dir)
+        print(f"tables from {result['runs']} finished fine-tunes ({len(result['missing'])} missing) in "
+              f"{a.results_dir}/report: report.md, report.html", file=sys.stderr)
+    else:
+        if not (a.results and a.models and a.out):
+            a.parser.error("give RESULTS_DIR, or --results, --models and --out")
+        from tacl.report.tables import build_report
+
+        result = build_report(a.results, a.models, a.tasks, json.loads(a.expected), a.similarity, a.out,
+                              a.similarity_png, a.embeddings, not a.embeddings_disabled)
     print(json.dumps(result))
+
+
+def _status(a: argparse.Namespace) -> None:
+    from tacl.report.status import default_results_dir, format_status, status
+
+    found = status(a.results_dir or default_results_dir())
+    sys.stdout.write(json.dumps(found, indent=2) + "\n" if a.json else format_status(found))

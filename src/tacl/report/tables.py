@@ -22,7 +22,9 @@ from typing import Any
 import pandas as pd
 
 from tacl.finetune.sweep import HEADLINE_DEV, select
-from tacl.io import atomic_path, write_text_atomic
+from tacl.io import write_text_atomic
+from tacl.report.curves import write_curves
+from tacl.report.document import Document, markdown, save_png, table_text
 
 # (column label, task, split, metrics shown) of the GLUE dev table; GLUE scores are fractions, shown x100
 GLUE_COLUMNS = [
@@ -351,8 +353,13 @@ def similarity_table(paths: list[str], key: str = "self_similarity") -> pd.DataF
     for p in paths:
         r = json.loads(Path(p).read_text())
         if key in r:
-            rows.append({"model": r["model"], **{f"L{i}": f"{v:.3f}" for i, v in zip(r["layers"], r[key])}})
-    return pd.DataFrame(rows)
+            rows.append({"model": r["model"], **{f"L{i}": _number(v, ".3f") for i, v in zip(r["layers"], r[key])}})
+    return pd.DataFrame(rows)  # (a layer a model does not have is NaN here, '-' in every file written)
+
+
+def _number(value: float | None, spec: str) -> str:
+    """`value` formatted, or '-' where there is no number (never `nan`)."""
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
 
 
 EMBEDDINGS_OFF = ("Not run: `analysis.embeddings.enabled: false` in the config. Set it to true to evaluate "
@@ -374,18 +381,17 @@ def embeddings_table(paths: list[str]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def markdown(df: pd.DataFrame) -> str:
-    return df.to_markdown(index=False, disable_numparse=True) if not df.empty else "(nothing yet)"
-
-
 def write_table(df: pd.DataFrame, stem: Path) -> None:
-    """stem.md, stem.csv, stem.tex (each written atomically)."""
+    """stem.md, stem.csv, stem.tex (each written atomically), with '-' where a number does not exist."""
     write_text_atomic(stem.with_suffix(".md"), markdown(df) + "\n")
-    write_text_atomic(stem.with_suffix(".csv"), df.to_csv(index=False))
-    write_text_atomic(stem.with_suffix(".tex"), df.to_latex(index=False, escape=True))
+    write_text_atomic(stem.with_suffix(".csv"), table_text(df).to_csv(index=False))
+    write_text_atomic(stem.with_suffix(".tex"), table_text(df).to_latex(index=False, escape=True))
 
 
-def glue_plot(summary: pd.DataFrame, models: list[str], tasks: list[str], out_png: Path) -> None:
+def glue_figure(summary: pd.DataFrame, models: list[str], tasks: list[str],
+                chance: dict[str, dict[str, Any]] | None = None) -> Any:
+    """One bar per model and task (mean, std over seeds as error bar), and over each task's bars a dashed line at
+    the chance level of the glue_dev table's chance row (majority class; STS-B's constant scores 0)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -403,20 +409,27 @@ def glue_plot(summary: pd.DataFrame, models: list[str], tasks: list[str], out_pn
             means.append(r["mean"] if r is not None else np.nan)
             stds.append(r["std"] if r is not None and r["n"] > 1 else 0.0)
         ax.bar(np.arange(len(cols)) + k * width, means, width, yerr=stds, label=model, capsize=2)
+    labelled = False
+    for i, (_, task, split, metric) in enumerate(cols):
+        score = (chance or {}).get(task, {}).get("dev", {}).get(split, {}).get(metric)
+        if score is not None:
+            ax.hlines(100 * score, i - width / 2, i - width / 2 + 0.8, colors="black", linestyles="dashed",
+                      label=None if labelled else "chance (majority class / constant)")
+            labelled = True
     ax.set_xticks(np.arange(len(cols)) + 0.4 - width / 2, [c[0] for c in cols])
     ax.set_ylabel("dev score (x100; MCC, F1, Spearman or accuracy)")
     ax.set_title("GLUE dev, mean and std over seeds")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    with atomic_path(out_png) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
-    plt.close(fig)
+    return fig
 
 
 def build_report(results_dir: str, models: list[str], tasks: list[str], expected: list[dict[str, Any]],
                  similarity: list[str], out_dir: str, similarity_png: str | None = None,
-                 embeddings: list[str] | None = None, embeddings_enabled: bool = True) -> dict[str, Any]:
-    """Every table and plot for the configured models and tasks; returns the runs found and missing."""
+                 embeddings: list[str] | None = None, embeddings_enabled: bool = True,
+                 name: str | None = None) -> dict[str, Any]:
+    """Every table and plot for the configured models and tasks, report.md and report.html; returns the runs
+    found and missing. `name`: how the report's title names the results (default: results_dir)."""
     out = Path(out_dir)
     every = collect(results_dir)
     chosen = selections(every)
@@ -439,64 +452,86 @@ def build_report(results_dir: str, models: list[str], tasks: list[str], expected
               "differences": diffs, "status": status, "self_similarity": sim, "anisotropy": anisotropy,
               "embeddings": sentence, "sweep": sweep}
     several = sweep.groupby(["model", "task"]).size().max() > 1 if not sweep.empty else False
-    lines = [f"# Results ({results_dir})", "",
-             "Our rows: dev-set scores x100, mean ± sample std over fine-tuning seeds, with the fine-tuning "
-             "preset they used; '-' = no finished run. Published rows name their source and split.", "",
-             "Each (model, task) shows the fine-tuning setting with the best mean dev score over seeds (named in "
-             "'Runs' and 'Fine-tuning settings'). " + (
-                 "Scores selected on dev are optimistic as estimates of dev itself, as in the papers (BERT "
-                 "chose its learning rate on dev the same way)." if several else
-                 "Every task ran one setting here (finetune.sweep), so nothing was selected."), ""]
+    doc = Document()
+    doc.heading(f"Results ({name or results_dir})", 1)
+    doc.paragraph("Our rows: dev-set scores x100, mean ± sample std over fine-tuning seeds, with the fine-tuning "
+                  "preset they used; '-' = no finished run. Published rows name their source and split.")
+    doc.paragraph("Each (model, task) shows the fine-tuning setting with the best mean dev score over seeds (named "
+                  "in 'Runs' and 'Fine-tuning settings'). " + (
+                      "Scores selected on dev are optimistic as estimates of dev itself, as in the papers (BERT "
+                      "chose its learning rate on dev the same way)." if several else
+                      "Every task ran one setting here (finetune.sweep), so nothing was selected."))
+    doc.heading("Pretraining")
+    doc.figure("training curves", out / "training_curves.png", CURVES_CAPTION)
     if glue_tasks:
-        lines += ["## GLUE dev", "", markdown(glue), "",
-                  "GLUE avg (dev): as BERT and TaCL compute theirs, the mean of nine numbers (CoLA MCC, SST-2 acc, "
-                  "MRPC F1, STS-B Spearman, QQP F1, MNLI-m and MNLI-mm acc, QNLI acc, RTE acc; WNLI left out), "
-                  "shown only when all nine are there. The chance row predicts the majority class of train "
-                  "(STS-B: the mean train score, whose correlation is 0) for every dev example." + (
-                      " '(from MNLI)': those runs started from the model's selected MNLI fine-tune, its best "
-                      "seed (finetune.start_from), not from the pretrained model."
-                      if (long.start != "").any() else ""), "", "![GLUE dev](glue_dev.png)", "",
-                  "## Published GLUE numbers (test server: not comparable one-to-one with dev scores)", "",
-                  markdown(tables["glue_published"]), "",
-                  "The TaCL paper's own GLUE figures are its averages (BERT-base 79.6, TaCL 81.2). The nine "
-                  "per-task numbers the reproduction quotes for the paper average 80.9 and cannot be reconciled "
-                  "with it (their QQP fits neither F1 nor accuracy), so no average is derived from them.", ""]
+        doc.heading("GLUE dev")
+        doc.table(glue)
+        doc.paragraph("GLUE avg (dev): as BERT and TaCL compute theirs, the mean of nine numbers (CoLA MCC, SST-2 "
+                      "acc, MRPC F1, STS-B Spearman, QQP F1, MNLI-m and MNLI-mm acc, QNLI acc, RTE acc; WNLI left "
+                      "out), shown only when all nine are there. The chance row predicts the majority class of "
+                      "train (STS-B: the mean train score, whose correlation is 0) for every dev example." + (
+                          " '(from MNLI)': those runs started from the model's selected MNLI fine-tune, its best "
+                          "seed (finetune.start_from), not from the pretrained model."
+                          if (long.start != "").any() else ""))
+        doc.figure("GLUE dev", out / "glue_dev.png", "Dashed: the chance row's score on that task.")
+        doc.heading("Published GLUE numbers (test server: not comparable one-to-one with dev scores)")
+        doc.table(tables["glue_published"])
+        doc.paragraph("The TaCL paper's own GLUE figures are its averages (BERT-base 79.6, TaCL 81.2). The nine "
+                      "per-task numbers the reproduction quotes for the paper average 80.9 and cannot be "
+                      "reconciled with it (their QQP fits neither F1 nor accuracy), so no average is derived from "
+                      "them.")
     if any(t.startswith("squad") for t in tasks):
-        lines += ["## SQuAD dev", "", markdown(squad), "",
-                  "SQuAD 2.0 headline: EM/F1 of the predictions made with null threshold 0, the Hugging Face QA "
-                  "example's default that the reference ran, scored by the official definitions; this is what "
-                  "the paper reports. The best EM/F1 at the threshold tuned on dev itself can only be higher "
-                  "and are not comparable with published numbers.", ""]
-    lines += ["## Fine-tuning settings (headline dev number per setting)", "", markdown(sweep), ""]
+        doc.heading("SQuAD dev")
+        doc.table(squad)
+        doc.paragraph("SQuAD 2.0 headline: EM/F1 of the predictions made with null threshold 0, the Hugging Face "
+                      "QA example's default that the reference ran, scored by the official definitions; this is "
+                      "what the paper reports. The best EM/F1 at the threshold tuned on dev itself can only be "
+                      "higher and are not comparable with published numbers.")
+    doc.heading("Fine-tuning settings (headline dev number per setting)")
+    doc.table(sweep)
     if "conll2003" in tasks:
         tables["ner"] = ner_table(summary, long, models)
-        lines += ["## CoNLL-2003 NER (entity F1, seqeval)", "", markdown(tables["ner"]), ""]
-    lines += ["## Differences beyond seed noise", "", markdown(diffs), "",
-              "Each model minus the control (mlm_nsp: as much continued pretraining without the contrastive "
-              "loss; none: the start model), on the headline number of each task: mean over fine-tuning seeds, "
-              "95% t interval, paired by seed where both ran the same seeds (Welch otherwise). 'yes' = the "
-              "interval excludes 0.", ""]
-    lines += ["## Self-similarity (lower = more distinguishable token vectors)", "", markdown(sim), "",
-              "## Anisotropy (mean cosine between tokens of different sentences: self-similarity's baseline)", "",
-              markdown(anisotropy), ""]
+        doc.heading("CoNLL-2003 NER (entity F1, seqeval)")
+        doc.table(tables["ner"])
+    doc.heading("Differences beyond seed noise")
+    doc.table(diffs)
+    doc.paragraph("Each model minus the control (mlm_nsp: as much continued pretraining without the contrastive "
+                  "loss; none: the start model), on the headline number of each task: mean over fine-tuning "
+                  "seeds, 95% t interval, paired by seed where both ran the same seeds (Welch otherwise). 'yes' = "
+                  "the interval excludes 0.")
+    doc.heading("Self-similarity (lower = more distinguishable token vectors)")
+    doc.table(sim)
+    doc.heading("Anisotropy (mean cosine between tokens of different sentences: self-similarity's baseline)")
+    doc.table(anisotropy)
     if similarity_png:
-        lines += [f"![self-similarity and anisotropy]({Path(similarity_png).name})", ""]
+        doc.figure("self-similarity and anisotropy", similarity_png)
     if embeddings_enabled:
-        lines += ["## Sentence embeddings without fine-tuning (x100)", "", markdown(sentence), "",
-                  "STS-B dev: Spearman of the cosine of the two sentences' embeddings with the gold scores. "
-                  "k-means: the labelled set's sentences in k = #labels clusters, adjusted Rand index / adjusted "
-                  "mutual information against the labels. [CLS]: the last layer's first vector; mean: its "
-                  "average over the real tokens.", ""]
+        doc.heading("Sentence embeddings without fine-tuning (x100)")
+        doc.table(sentence)
+        doc.paragraph("STS-B dev: Spearman of the cosine of the two sentences' embeddings with the gold scores. "
+                      "k-means: the labelled set's sentences in k = #labels clusters, adjusted Rand index / "
+                      "adjusted mutual information against the labels. [CLS]: the last layer's first vector; "
+                      "mean: its average over the real tokens.")
     else:
-        lines += ["## Sentence embeddings without fine-tuning", "", EMBEDDINGS_OFF, ""]
-    lines += ["## Runs", "", markdown(status), ""]
+        doc.heading("Sentence embeddings without fine-tuning")
+        doc.paragraph(EMBEDDINGS_OFF)
+    doc.heading("Runs")
+    doc.table(status)
     if missing:
-        lines += [f"Missing or failed ({len(missing)}): " + ", ".join(missing), ""]
-    for name, df in tables.items():
-        write_table(df, out / name)
+        doc.paragraph(f"Missing or failed ({len(missing)}): " + ", ".join(missing))
+    for stem, df in tables.items():
+        write_table(df, out / stem)
     if not embeddings_enabled:
         write_text_atomic(out / "embeddings.md", EMBEDDINGS_OFF + "\n")
-    glue_plot(summary, models, glue_tasks, out / "glue_dev.png")
-    write_text_atomic(out / "report.md", "\n".join(lines))
+    save_png(glue_figure(summary, models, glue_tasks, chance), out / "glue_dev.png")
+    write_curves(results_dir, out, models)
+    write_text_atomic(out / "report.md", doc.markdown())
+    write_text_atomic(out / "report.html", doc.html())
     return {"runs": int(long[["model", "task", "seed"]].drop_duplicates().shape[0]) if not long.empty else 0,
             "missing": missing}
+
+
+CURVES_CAPTION = ("Each pretraining run's loss terms (left axis; `loss` is the total it trained on) and learning "
+                  "rate (right axis, dotted) against the optimizer step, from its run/metrics.jsonl, one point "
+                  "per `pretrain.log_every` steps; a dashed vertical line marks a chunk that resumed there from "
+                  "the checkpoint. The points: training_curves.csv.")

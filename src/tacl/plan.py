@@ -1,0 +1,373 @@
+"""What a run will cost, before it starts: jobs per rule and per resource class, the GPU-hours requested and
+expected, the longest chain of jobs and the disk held at the peak; and the runtimes that the workflow asks
+the scheduler for, sized from the same estimates.
+
+Expected time = the model FLOPs of the work / (GPUs x the GPU's dense bf16 peak x an assumed model FLOPs
+utilisation), plus a start-up allowance per job. FLOPs per token (ISSUE: DESIGN section 11's count): 6 N for
+a trained encoder of N non-embedding parameters (forward and backward), 2 N for a forward-only one (TaCL's
+teacher, evaluation), plus attention, 12 x layers x hidden x sequence length trained, a third of it forward
+only; the MLM head on the masked 15% of positions. Tokens: pretraining, steps x global batch x the mean
+padded length (the data stage's own mean once it has run, else 0.625 x max_len, the shared Wikipedia
+sample's; 9% padding with length grouping, 37% without); fine-tuning, the task's train examples x epochs x
+its mean padded length, and its dev and test examples once (published sizes, or the task's own once
+prepare_task has counted them). The assumptions are printed with the plan and set in the config (`plan`).
+
+Requests: runtime = the safety factor x the expected minutes, at least `plan.min_runtime_minutes`; a
+pretraining chunk asks for at most `pretrain.chunk.runtime_minutes` (a chunk that runs short of time saves
+and the next one goes on, so a low estimate costs a queue wait, never work), and a chunk after the first sizes
+its request from the speed its predecessor measured. An explicit `finetune.runtime_minutes` wins.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+# Train / dev+test examples of each task as published (GLUE, SQuAD: the features, i.e. windows of 384 tokens;
+# CoNLL-2003: sentences), and a typical mean length in WordPiece tokens with [CLS]/[SEP] (bert-base-uncased).
+TASK_SIZES = {
+    "cola": (8551, 1043 + 1063, 11), "sst2": (67349, 872 + 1821, 13), "mrpc": (3668, 408 + 1725, 53),
+    "stsb": (5749, 1500 + 1379, 31), "qqp": (363846, 40430 + 390965, 30),
+    "mnli": (392702, 9815 + 9832 + 9796 + 9847, 39), "qnli": (104743, 5463 + 5463, 50),
+    "rte": (2490, 277 + 3000, 70), "wnli": (635, 71 + 146, 37),
+    "squad_v1": (88641, 10833, 180), "squad_v2": (131754, 12232, 180), "conll2003": (14041, 3250 + 3453, 25),
+}
+BERT_BASE = {"layers": 12, "hidden": 768, "intermediate": 3072, "vocab": 30522}
+MASKED = 0.15  # share of positions the MLM head computes on
+
+
+@dataclass
+class Shape:
+    layers: int
+    hidden: int
+    intermediate: int
+    vocab: int
+    source: str = "the start model"
+
+    @property
+    def encoder(self) -> int:
+        """Non-embedding parameters of the encoder (attention, feed-forward, layer norms)."""
+        h, i = self.hidden, self.intermediate
+        return self.layers * (4 * h * h + 4 * h + 2 * h * i + i + h + 4 * h)
+
+    @property
+    def head(self) -> int:
+        """What the MLM head multiplies per masked position: its transform and the vocabulary projection."""
+        return self.hidden * self.hidden + self.hidden * self.vocab
+
+    @property
+    def total(self) -> int:
+        """Every parameter a checkpoint holds: the encoder, the embeddings (the vocabulary projection of the
+        MLM head is tied to them), the head's transform and the pooler."""
+        return self.encoder + (self.vocab + 512 + 2) * self.hidden + 2 * self.hidden * self.hidden
+
+
+def shape_of(config: dict[str, Any], known: dict[str, Any] | None) -> Shape:
+    """The start model's size: what tacl.config.start_model_shape found, else BERT-base (said so)."""
+    if known and all(known.get(k) for k in ("layers", "hidden", "intermediate")):
+        return Shape(known["layers"], known["hidden"], known["intermediate"], known.get("vocab") or 30522,
+                     known.get("key", "the start model"))
+    return Shape(**BERT_BASE, source=f"assumed BERT-base ({config['model']} not found without a download)")
+
+
+def train_flops(shape: Shape, seq: float, layers: int | None = None) -> float:
+    """FLOPs per token of training an encoder (forward and backward)."""
+    layers = shape.layers if layers is None else layers
+    encoder = shape.encoder * layers / shape.layers
+    return 6 * encoder + 12 * layers * shape.hidden * seq
+
+
+def forward_flops(shape: Shape, seq: float) -> float:
+    return 2 * shape.encoder + 4 * shape.layers * shape.hidden * seq
+
+
+def pretrain_flops_per_token(objective: str, shape: Shape, seq: float, params: dict[str, Any]) -> float:
+    """FLOPs per (padded) token of a pretraining step of one objective."""
+    head = 6 * shape.head * MASKED
+    if objective == "coco_lm":
+        aux = params.get("aux_layers") or max(1, shape.layers // 3)
+        # the main model on the corrupted sequence and on the cropped original (both trained), the auxiliary
+        # MLM model (trained) with its head, the main model's copy and LM heads
+        return 2 * train_flops(shape, seq) + train_flops(shape, seq, aux) + 2 * head
+    flops = train_flops(shape, seq) + head
+    if objective.startswith("tacl"):
+        flops += forward_flops(shape, seq)  # the frozen teacher
+    return flops
+
+
+def mean_length(max_len: int, summary: dict[str, Any] | None) -> tuple[float, str]:
+    if summary and summary.get("examples"):
+        return summary["tokens"] / summary["examples"], "the data stage's mean"
+    return 0.625 * max_len, "0.625 x data.max_len (the shared Wikipedia sample's mean; the data stage's own once it has run)"
+
+
+def padded_length(mean: float, max_len: int, pretrain: dict[str, Any]) -> float:
+    if pretrain.get("pad_to_max_len"):
+        return float(max_len)
+    return min(max_len, mean * (1.10 if pretrain.get("group_by_length", True) else 1.60))
+
+
+@dataclass
+class Gpu:
+    name: str
+    peak_tflops: float
+    pretrain_mfu: float
+    finetune_mfu: float
+
+    def seconds(self, flops: float, gpus: int, finetune: bool = False) -> float:
+        mfu = self.finetune_mfu if finetune else self.pretrain_mfu
+        return flops / (gpus * self.peak_tflops * 1e12 * mfu)
+
+
+def gpus_of(plan: dict[str, Any]) -> dict[str, Gpu]:
+    return {k: Gpu(v["name"], v["peak_tflops"], v["pretrain_mfu"], v["finetune_mfu"]) for k, v in plan["gpus"].items()}
+
+
+def pretrain_minutes(objective: str, pretrain: dict[str, Any], shape: Shape, seq: float, gpu: Gpu,
+                     steps: int | None = None) -> float:
+    """Expected minutes of (the rest of) a pretraining run on its GPUs, without start-up."""
+    steps = pretrain["steps"] if steps is None else steps
+    ranks = pretrain["nodes"] * pretrain["ranks_per_node"]
+    params = pretrain.get("coco_lm", {}) if objective == "coco_lm" else {}
+    flops = steps * pretrain["global_batch"] * seq * pretrain_flops_per_token(objective, shape, seq, params)
+    return gpu.seconds(flops, ranks) / 60
+
+
+def finetune_minutes(task: str, hparams: dict[str, Any], seeds: int, shape: Shape, gpu: Gpu,
+                     sizes: dict[str, int] | None = None) -> float:
+    """Expected minutes of the seeds of one fine-tuning setting, without start-up: each trains on the train
+    split for its epochs and predicts dev and test once."""
+    train, evaluated, mean = TASK_SIZES.get(task, (10000, 2000, 64))
+    if sizes:
+        train = sizes.get("train", train)
+        evaluated = sum(n for split, n in sizes.items() if split != "train") or evaluated
+    train = min(train, hparams.get("max_train_examples") or train)
+    seq = min(hparams.get("max_len", 128), mean * 1.10)
+    flops = (train * hparams.get("epochs", 3) * seq * train_flops(shape, seq)
+             + evaluated * seq * forward_flops(shape, seq))
+    return seeds * gpu.seconds(flops, 1, finetune=True) / 60
+
+
+def finetune_mem_mb(task: str, max_len: int, sizes: dict[str, int] | None = None) -> int:
+    """Host memory of a fine-tuning job: the process with CUDA's host side (8 GB) and its encoded train split
+    (ids, type ids and mask as int64, twice over while batches are built), in whole GB."""
+    train = (sizes or {}).get("train") or TASK_SIZES.get(task, (20000,))[0]
+    return 1000 * math.ceil((8000 + train * max_len * 48 / 1e6) / 1000)
+
+
+def similarity_minutes(analysis: dict[str, Any], shape: Shape, gpu: Gpu) -> float:
+    """Expected minutes of one model's analyses: a forward pass over the sampled sentences (half max_len long
+    on average), at the fine-tuning MFU."""
+    seq = analysis["similarity_max_len"]
+    tokens = analysis["similarity_sentences"] * seq * 0.5
+    return gpu.seconds(tokens * forward_flops(shape, seq), 1, finetune=True) / 60
+
+
+def request(expected_minutes: float, plan: dict[str, Any], cap: float | None = None, extra: float = 0.0) -> int:
+    """The runtime to ask for: start-up (and `extra`, a chunk's margin) plus safety x the expected minutes,
+    at least the floor, at most `cap`."""
+    minutes = max(plan["min_runtime_minutes"], plan["startup_minutes"] + extra + plan["safety"] * expected_minutes)
+    if cap is not None:
+        minutes = min(minutes, cap)
+    return math.ceil(minutes)
+
+
+def measured_rest_minutes(marker: dict[str, Any]) -> float | None:
+    """Minutes the rest of a run takes at the speed its last chunk measured (steps per second of wall time,
+    start-up and saves included), or None when that chunk trained no step."""
+    steps, wall = marker.get("steps_this_chunk") or 0, marker.get("wall_s") or 0
+    if steps <= 0 or wall <= 0:
+        return None
+    return (marker["steps"] - marker["step"]) * wall / steps / 60
+
+
+# -- the plan ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Job:
+    rule: str
+    where: str  # "gpu" (a cluster job with GPUs), "cpu" (a cluster job without) or "login" (this machine)
+    gpus: int = 0
+    requested_min: float = 0.0  # the runtime asked for (cluster jobs)
+    compute_min: float = 0.0  # the expected GPU work on the plan's GPU (GPU jobs), without start-up
+    done: bool = False
+    key: str = ""  # what the job works on: a pretraining run's objective, a fine-tune's MODEL/TASK
+    overhead_min: float = 0.0  # start-up
+    finetune: bool = False  # sized with the fine-tuning MFU (fine-tunes and analyses)
+
+    @property
+    def expected_min(self) -> float:
+        return self.compute_min + self.overhead_min
+
+
+def chunk_requests(minutes: float, pretrain: dict[str, Any], plan: dict[str, Any], cpu: bool
+                   ) -> list[tuple[int, float]]:
+    """(runtime asked for, expected GPU work) of each chunk of a run whose work is `minutes` on its GPUs,
+    as the chain would go if the estimate holds: each chunk asks for the rest of the work (with start-up,
+    margin and the safety factor), at most pretrain.chunk.runtime_minutes, and trains until that time is
+    spent or pretrain.chunk.max_steps steps are done."""
+    chunk = pretrain["chunk"]
+    cap, margin = chunk["runtime_minutes"], chunk["margin_minutes"]
+    per_chunk = minutes * chunk["max_steps"] / pretrain["steps"] if chunk.get("max_steps") else minutes
+    out, rest = [], minutes
+    while rest > 1e-9 and len(out) < chunk["max_chunks"]:
+        asked = math.ceil(cap) if cpu else request(rest, plan, cap=cap, extra=margin)
+        usable = max(asked - plan["startup_minutes"] - margin, asked / 2)
+        done = min(rest, usable, per_chunk)
+        out.append((asked, done))
+        rest -= done
+    return out
+
+
+def expected_gpu_hours(jobs: list[Job], base: Gpu, gpu: Gpu) -> float:
+    """The jobs' expected GPU-hours on `gpu`, their work having been estimated on `base`."""
+    total = 0.0
+    for job in jobs:
+        rate = (base.finetune_mfu / gpu.finetune_mfu) if job.finetune else (base.pretrain_mfu / gpu.pretrain_mfu)
+        total += job.gpus * (job.compute_min * base.peak_tflops / gpu.peak_tflops * rate + job.overhead_min)
+    return total / 60
+
+
+def longest_chain(jobs: list[Job], start_from: dict[str, str]) -> list[tuple[str, float]]:
+    """The longest chain of jobs that follow one another, with their expected minutes: the data stage, the
+    longest pretraining run's chunks and export, the longest fine-tune (after its source task's selection,
+    with finetune.start_from), its selection and the report."""
+    def first(rule: str) -> list[tuple[str, float]]:
+        return [(rule, 0.0)] if any(j.rule == rule for j in jobs) else []
+
+    chain = first("download_corpus") + first("clean") + first("shard") + first("gather_shards")
+    runs: dict[str, list[Job]] = {}
+    for j in jobs:
+        if j.rule == "pretrain_chunk":
+            runs.setdefault(j.key, []).append(j)
+    if runs:
+        longest = max(runs.values(), key=lambda js: sum(j.expected_min for j in js))
+        chain += [(j.rule, j.expected_min) for j in longest] + [("export_model", 0.0)]
+    else:
+        chain += first("init_model") + first("export_start")
+    tunes: dict[str, float] = {}
+    for j in jobs:
+        if j.rule == "finetune":
+            tunes[j.key] = max(tunes.get(j.key, 0.0), j.expected_min)
+
+    def path(key: str) -> list[tuple[str, float]]:
+        model, task = key.split("/")
+        source = start_from.get(task)
+        before = path(f"{model}/{source}") + [("select_setting", 0.0)] if source and f"{model}/{source}" in tunes else []
+        return before + [("finetune", tunes[key])]
+
+    if tunes:
+        chain += max((path(k) for k in tunes), key=lambda c: sum(m for _, m in c)) + [("select_setting", 0.0)]
+    return chain + first("report")
+
+
+@dataclass
+class Disk:
+    parts: dict[str, float] = field(default_factory=dict)  # what -> bytes
+
+    @property
+    def total(self) -> float:
+        return sum(self.parts.values())
+
+
+def checkpoint_bytes(shape: Shape, bf16: bool, zero_stage: int) -> float:
+    """One checkpoint: the weights (bf16 at ZeRO 1-3 in bf16, with fp32 masters beside them; fp32 otherwise)
+    and AdamW's two fp32 moments."""
+    weights, masters = (2, 4) if bf16 and zero_stage else (4, 0)
+    return shape.total * (weights + masters + 8)
+
+
+def corpus_tokens(max_lines: int) -> float:
+    """Tokens of a cleaned corpus of max_lines lines, before the data stage has counted them (about 30 per
+    line on the shared Wikipedia sample, [CLS] and [SEP] included)."""
+    return 30.0 * (max_lines or 20_000_000)
+
+
+def disk_at_peak(shape: Shape, tokens: float, runs: int, keep: int, bf16: bool, zero_stage: int, exported: int,
+                 kept_finetunes: int) -> Disk:
+    """What the run holds on disk at its peak, every pretraining run in flight at once: the cleaned corpus
+    and its shards, keep + 1 checkpoints per run (the newest is written before the oldest goes), the exported
+    models and the fine-tuned weights that other tasks start from (finetune.start_from)."""
+    parts = {"corpus and shards": tokens * (4.3 + (2 if shape.vocab < 65536 else 4) + 0.1)}
+    if runs:
+        parts[f"checkpoints ({runs} x {keep + 1})"] = runs * (keep + 1) * checkpoint_bytes(shape, bf16, zero_stage)
+    parts["exported models"] = exported * shape.total * 4
+    if kept_finetunes:
+        parts["fine-tuned weights kept"] = kept_finetunes * (shape.total - shape.head) * 4
+    return Disk(parts)
+
+
+def gb(n: float) -> str:
+    return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.0f} MB"
+
+
+def hours(minutes: float) -> str:
+    return f"{minutes / 60:.1f} h"
+
+
+def format_plan(jobs: list[Job], chain: list[tuple[str, float]], disk: Disk, assumptions: list[str],
+                gpu_names: dict[str, tuple[float, str]]) -> str:
+    """The plan as the start of a run prints it. `chain`: the longest chain of jobs, (rule, expected minutes);
+    `gpu_names`: the expected GPU-hours on each GPU model, {key: (hours, name)} (none: a run on CPUs, whose
+    runtimes are the configured ones)."""
+    rules: dict[str, list[Job]] = {}
+    for job in jobs:
+        rules.setdefault(job.rule, []).append(job)
+    lines = ["Plan of this run (the whole experiment; 'to run': outputs not there yet; GPU-hours asked for and "
+             "expected on the GPU the runtimes are sized for):",
+             f"  {'rule':<18} {'jobs':>6} {'to run':>7} {'GPU-h asked':>12} {'expected':>9}  where"]
+    where_words = {"gpu": "GPU job", "cpu": "CPU job", "login": "this machine (localrules)"}
+    for rule, group in rules.items():
+        wheres = sorted({j.where for j in group})
+        asked = sum(j.requested_min * j.gpus for j in group) / 60
+        expected = sum(j.expected_min * j.gpus for j in group) / 60
+        figures = f"{asked:>12.1f} {expected:>9.1f}" if "gpu" in wheres else f"{'':>12} {'':>9}"
+        lines.append(f"  {rule:<18} {len(group):>6} {sum(not j.done for j in group):>7} {figures}  "
+                     f"{', '.join(where_words[w] for w in wheres)}")
+    by_class = {w: sum(1 for j in jobs if j.where == w) for w in ("gpu", "cpu", "login")}
+    lines.append(f"  jobs: {len(jobs)} ({by_class['gpu']} with GPUs, {by_class['cpu']} without, {by_class['login']} "
+                 "on this machine)")
+    requested = sum(j.requested_min * j.gpus for j in jobs) / 60
+    expected = sum(j.expected_min * j.gpus for j in jobs) / 60
+    todo_req = sum(j.requested_min * j.gpus for j in jobs if not j.done) / 60
+    ratio = f"{requested / expected:.1f}x" if expected else "-"
+    if gpu_names:
+        lines.append(f"  GPU-hours requested: {requested:.1f} ({todo_req:.1f} still to run); expected: "
+                     + ", ".join(f"{h:.1f} on {name}" for h, name in gpu_names.values())
+                     + f"; requested / expected: {ratio}")
+    work = f", {hours(sum(m for _, m in chain))} of GPU work on it" if gpu_names else ""
+    lines.append(f"  longest chain: {len(chain)} jobs{work} (" + " -> ".join(_runs(chain)) + ")")
+    lines.append(f"  disk at the peak: {gb(disk.total)} (" + ", ".join(f"{k} {gb(v)}" for k, v in disk.parts.items())
+                 + ")")
+    lines += [f"  assumed: {a}" for a in assumptions]
+    return "\n".join(lines)
+
+
+def _runs(chain: list[tuple[str, float]]) -> list[str]:
+    """Rule names of a chain, repeats folded: pretrain_chunk x3."""
+    out: list[list] = []
+    for rule, _ in chain:
+        if out and out[-1][0] == rule:
+            out[-1][1] += 1
+        else:
+            out.append([rule, 1])
+    return [f"{r} x{n}" if n > 1 else r for r, n in out]
+
+
+def register(stages: Any) -> None:
+    """`tacl plan [SNAKEMAKE ARGS]`: the plan of the workflow in the working directory, as a dry run prints it."""
+    c = stages.add_parser("plan", help="what a run will cost: jobs, GPU-hours, the longest chain, disk (a dry run)")
+    c.add_argument("snakemake_args", nargs="*",
+                   help="Snakemake's own arguments, e.g. --profile slurm --configfile my.yaml")
+    c.set_defaults(func=_plan)
+
+
+def _plan(a: Any) -> int:
+    """A quiet dry run of the workflow in the working directory: it prints the plan (and the reruns, and the
+    scheduler's checks) before its job list, which --quiet leaves out."""
+    import subprocess
+    import sys
+
+    return subprocess.call([sys.executable, "-m", "snakemake", "--dry-run", "--quiet", "all", *a.snakemake_args])

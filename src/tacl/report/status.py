@@ -1,0 +1,233 @@
+"""`tacl status [RESULTS_DIR]`: where a results directory stands, from its files only (a login node needs
+no scheduler and no Snakemake for it).
+
+- Pretraining, per objective: the last step logged of the total (run/metrics.jsonl, chunk markers), the
+  speed of the latest chunk that logged twice or more (tokens and seconds between its first and last metric
+  lines), the time left at that speed, the chunks done and why each ended (chunk-K.json), the latest
+  checkpoint (run/checkpoints/latest), and its state: done, running (the run's LOCK names a live process
+  on this host), killed (the LOCK's process on this host is gone), locked (the LOCK names a process on
+  another host, which only its scheduler can tell about), waiting (not done, no LOCK: the next chunk is
+  queued, or no Snakemake runs).
+- Fine-tunes, per model and task, against the runs (seeds) the config asks for (RESULTS_DIR/expected.json):
+  done (the seed's metrics.json), failed (its job's log, one per setting, holds an error), started (begun,
+  no result and no error: running, or killed), missing (not begun); the failed jobs' logs.
+- Hours of the finished jobs, from the Snakemake benchmark files (wall seconds `s`): all jobs, and GPU-hours,
+  each job's seconds times the GPUs it had (a chunk: its ranks when it ran on GPUs, as its marker says; a
+  fine-tuning job: one when its seeds' metrics.json say they ran on a GPU; a similarity job: one when the
+  fine-tunes or chunks ran on GPUs, since its result does not say).
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tacl.io import InputError, read_json
+from tacl.pretrain.lock import alive_here, lock_owner
+from tacl.pretrain.metrics import read_lines
+from tacl.report.expected import read_expected
+
+ERROR_MARKS = ("Traceback (most recent call last)", "tacl: error:")
+
+
+def default_results_dir(config: str | Path = "config.yaml") -> str:
+    """results_dir of ./config.yaml (where the workflow runs)."""
+    path = Path(config)
+    if not path.is_file():
+        raise InputError(f"no RESULTS_DIR given, and no {path} here to name one: tacl status RESULTS_DIR")
+    results = (yaml.safe_load(path.read_text()) or {}).get("results_dir")
+    if not results:
+        raise InputError(f"{path}: no results_dir; give RESULTS_DIR")
+    return str(results)
+
+
+def _chunk_markers(run: Path) -> list[dict[str, Any]]:
+    markers = sorted(run.glob("chunk-*.json"), key=lambda p: int(p.stem.split("-")[1]))
+    return [read_json(p) for p in markers]
+
+
+def speed(lines: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """tokens/s and seconds per step of the latest chunk with two metric lines or more: between its first and
+    last line (tokens and elapsed_s as the trainer logged them)."""
+    chunks: list[list[dict[str, Any]]] = [[]]
+    for line in lines:
+        if line.get("event") == "chunk_start":
+            chunks.append([])
+        elif "event" not in line:
+            chunks[-1].append(line)
+    for chunk in reversed(chunks):
+        if len(chunk) >= 2:
+            first, last = chunk[0], chunk[-1]
+            seconds = last["elapsed_s"] - first["elapsed_s"]
+            if seconds > 0:
+                return {"tokens_per_s": (last["tokens"] - first["tokens"]) / seconds,
+                        "s_per_step": seconds / (last["step"] - first["step"]),
+                        "from_steps": [first["step"], last["step"]]}
+    return None
+
+
+def pretrain_status(results_dir: Path, objective: str) -> dict[str, Any]:
+    folder = results_dir / "pretrain" / objective
+    run = folder / "run"
+    markers = _chunk_markers(folder)
+    lines = read_lines(run)
+    logged = [m["step"] for m in lines if "event" not in m]
+    settings = read_json(run / "run.json").get("settings", {}) if (run / "run.json").is_file() else {}
+    steps = markers[-1]["steps"] if markers else settings.get("steps")
+    step = max([0] + logged + [m["step"] for m in markers])
+    latest = run / "checkpoints" / "latest"
+    owner = lock_owner(run)
+    done = bool(markers) and markers[-1]["done"]
+    if done:
+        state = "done"
+    elif owner is not None:
+        alive = alive_here(owner)
+        state = {True: "running", False: "killed", None: "locked"}[alive]
+        if alive is None:
+            state += f" ({owner.get('slurm_job') or owner.get('pbs_job') or 'pid ' + str(owner.get('pid'))}" \
+                     f" on {owner.get('host')})"
+    else:
+        state = "waiting" if markers or lines else "not started"
+    pace = speed(lines)
+    left = None
+    if pace and steps is not None and not done:
+        left = (steps - step) * pace["s_per_step"]
+    return {"objective": objective, "state": state, "step": step, "steps": steps,
+            "tokens_per_s": pace["tokens_per_s"] if pace else None, "seconds_left": left,
+            "speed_from_steps": pace["from_steps"] if pace else None,
+            "chunks": [{"chunk": m["chunk"], "reason": m["reason"], "step": m["step"],
+                        "steps_this_chunk": m["steps_this_chunk"], "wall_s": m["wall_s"]} for m in markers],
+            "checkpoint": latest.read_text().strip() if latest.is_file() else None}
+
+
+def _failed(log: Path) -> bool:
+    with open(log, "rb") as f:
+        f.seek(max(0, log.stat().st_size - 200000))
+        tail = f.read().decode("utf-8", "replace")
+    return any(mark in tail for mark in ERROR_MARKS)
+
+
+def finetune_status(results_dir: Path, expected: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Per (model, task): done, failed, started, missing of the expected runs (seeds); and the logs of the jobs
+    (one per setting, its seeds one after the other) that failed."""
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    failed_logs: list[str] = []
+    for e in expected:
+        row = rows.setdefault((e["model"], e["task"]), {"model": e["model"], "task": e["task"], "expected": 0,
+                                                         "done": 0, "failed": 0, "started": 0, "missing": 0})
+        row["expected"] += 1
+        setting = f"{e['model']}/{e['task']}/{e['setting']}"
+        run = results_dir / "finetune" / setting / f"seed{e['seed']}"
+        log = results_dir / "logs" / "finetune" / f"{setting}.log"
+        if (run / "metrics.json").is_file():
+            row["done"] += 1
+        elif log.is_file() and _failed(log):
+            row["failed"] += 1
+            if str(log) not in failed_logs:
+                failed_logs.append(str(log))
+        elif log.is_file() or run.is_dir():
+            row["started"] += 1
+        else:
+            row["missing"] += 1
+    return list(rows.values()), failed_logs
+
+
+def finished_runs(results_dir: Path) -> list[dict[str, Any]]:
+    """Without expected.json: the finished fine-tunes found, per (model, task)."""
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for path in sorted((results_dir / "finetune").glob("*/*/*/seed*/metrics.json")):
+        model, task = path.parents[3].name, path.parents[2].name
+        rows.setdefault((model, task), {"model": model, "task": task, "done": 0})["done"] += 1
+    return list(rows.values())
+
+
+def _benchmark_seconds(path: Path) -> float:
+    rows = [line.split("\t") for line in path.read_text().splitlines() if line.strip()]
+    column = rows[0].index("s")
+    return sum(float(r[column]) for r in rows[1:])
+
+
+def _ran_on_gpu(device: dict[str, Any] | None) -> bool:
+    return bool(device) and str(device.get("device") or "").startswith("cuda")
+
+
+def hours(results_dir: Path) -> dict[str, Any]:
+    """Job-hours and GPU-hours of the jobs whose Snakemake benchmark file is there (finished jobs)."""
+    files = sorted((results_dir / "benchmarks").rglob("*.tsv"))
+    gpu_jobs, pending = [], []
+    total = 0.0
+    for path in files:
+        seconds = _benchmark_seconds(path)
+        total += seconds
+        part = path.relative_to(results_dir / "benchmarks")
+        if part.parts[0] == "pretrain" and part.name.startswith("chunk-"):
+            marker = results_dir / "pretrain" / part.parent.name / part.with_suffix(".json").name
+            m = read_json(marker) if marker.is_file() else {}
+            gpu_jobs.append((seconds, m.get("world_size", 1) if _ran_on_gpu(m.get("device")) else 0))
+        elif part.parts[0] == "finetune":  # (finetune/M/T/SETTING.tsv: the job of every seed of a setting)
+            seeds = (results_dir / part.parent / part.stem).glob("seed*/metrics.json")
+            on_gpu = any(_ran_on_gpu(read_json(m).get("device")) for m in seeds)
+            gpu_jobs.append((seconds, 1 if on_gpu else 0))
+        elif part.parts[0] == "analysis" and part.name.startswith("similarity-"):
+            pending.append(seconds)
+    on_gpus = any(g for _, g in gpu_jobs)
+    gpu_seconds = sum(s * g for s, g in gpu_jobs) + (sum(pending) if on_gpus else 0.0)
+    return {"benchmark_files": len(files), "job_hours": total / 3600, "gpu_hours": gpu_seconds / 3600}
+
+
+def status(results_dir: str | Path) -> dict[str, Any]:
+    root = Path(results_dir)
+    if not root.is_dir():
+        raise InputError(f"{root}: no such results directory")
+    wanted = read_expected(root)
+    if wanted is not None:
+        objectives = [o for o in wanted["objectives"] if o != "none"]
+    else:
+        objectives = sorted(p.name for p in (root / "pretrain").glob("*") if p.is_dir())
+    out: dict[str, Any] = {"results_dir": str(root), "host": socket.gethostname(), "expected_known": wanted is not None,
+                           "pretrain": [pretrain_status(root, o) for o in objectives]}
+    if wanted is not None:
+        out["finetune"], out["failed_logs"] = finetune_status(root, wanted["expected"])
+    else:
+        out["finetune"], out["failed_logs"] = finished_runs(root), []
+    out["hours"] = hours(root)
+    return out
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = round(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def format_status(s: dict[str, Any]) -> str:
+    from tabulate import tabulate
+
+    out = [f"{s['results_dir']} (read on {s['host']})", ""]
+    if s["pretrain"]:
+        rows = [[p["objective"], p["state"], f"{p['step']}/{p['steps'] if p['steps'] is not None else '?'}",
+                 f"{p['tokens_per_s']:,.0f}" if p["tokens_per_s"] is not None else "-", duration(p["seconds_left"]),
+                 f"{len(p['chunks'])} ({', '.join(c['reason'] or '?' for c in p['chunks'])})" if p["chunks"] else "0",
+                 p["checkpoint"] or "-"] for p in s["pretrain"]]
+        out += [tabulate(rows, ["pretraining", "state", "step", "tokens/s", "time left", "chunks (why each ended)",
+                                "checkpoint"], tablefmt="simple", disable_numparse=True), ""]
+    if s["finetune"] and s["expected_known"]:
+        rows = [[f["model"], f["task"], f"{f['done']}/{f['expected']}", f["failed"], f["started"], f["missing"]]
+                for f in s["finetune"]]
+        out += [tabulate(rows, ["fine-tuning", "task", "done", "failed", "started", "missing"], tablefmt="simple",
+                         disable_numparse=True), ""]
+        out += [f"failed: {log}" for log in s["failed_logs"]] + ([""] if s["failed_logs"] else [])
+    elif s["finetune"]:
+        rows = [[f["model"], f["task"], f["done"]] for f in s["finetune"]]
+        out += [tabulate(rows, ["fine-tuning", "task", "done"], tablefmt="simple", disable_numparse=True),
+                "(no expected.json: the runs still missing are unknown until snakemake has run here)", ""]
+    h = s["hours"]
+    out.append(f"finished jobs ({h['benchmark_files']} benchmark files): {h['gpu_hours']:.2f} GPU-hours, "
+               f"{h['job_hours']:.2f} job-hours")
+    out.append("time left: at the latest chunk's speed, not counting queue waits and chunk start-ups; started: "
+               "begun, without a result or an error (running, or killed)")
+    return "\n".join(out) + "\n"

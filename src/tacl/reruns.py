@@ -1,0 +1,91 @@
+"""The summary printed before anything runs: which finished work this run does again, and why.
+
+Every job that is expensive, or that everything after it depends on, keeps the settings it ran with (the
+same values the workflow passes it among the parameters Snakemake compares): a clean job in clean.json, the
+start model in its tacl_start.json, the shards in their manifest, a pretraining run in run.json, a fine-tune
+in given.json beside its metrics.json, an analysis in its JSON. Where a finished job's record differs from
+what the config says now, Snakemake will run it again; this says so first, one line per rule and change, so
+that a user can stop before spending GPU hours (e.g. "pretrain_chunk tacl: lr 0.0001 -> 5e-05")."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tacl.changes import changed_keys
+
+
+@dataclass
+class Finished:
+    """One finished job's record: `rule` names it (with its objective or model), `record` is the file that
+    keeps its settings under `key` (dotted), `done` the output whose presence says it finished, `current`
+    what the config gives it now, `label` the job among its rule's (for a count), `then` what follows."""
+
+    rule: str
+    record: str
+    key: str
+    done: str
+    current: dict[str, Any]
+    label: str = ""
+    then: str = ""
+
+
+def recorded(path: str, key: str) -> dict[str, Any] | None:
+    """The settings kept under `key` in a JSON record; None when the record or the key is not there (a job
+    from before records were kept: nothing to compare)."""
+    try:
+        value: Any = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    for part in key.split(".") if key else []:
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value if isinstance(value, dict) else None
+
+
+def rerun_lines(jobs: list[Finished]) -> list[str]:
+    """One line per (rule, change): the finished jobs whose settings changed, counted."""
+    groups: dict[tuple[str, tuple[str, ...], str], list[str]] = defaultdict(list)
+    for job in jobs:
+        if not Path(job.done).exists():
+            continue
+        before = recorded(job.record, job.key)
+        if before is None:
+            continue
+        # (a record may keep more than the config decides, e.g. a fine-tune's start model's weights, whose
+        # change reruns the job through its input's modification time)
+        changes = changed_keys({k: v for k, v in before.items() if k in job.current}, job.current)
+        if changes:
+            groups[(job.rule, tuple(changes), job.then)].append(job.label)
+    lines = []
+    for (rule, changes, then), labels in groups.items():
+        what = rule
+        if any(labels):
+            what += f" ({', '.join(labels)})" if len(labels) <= 4 else f" ({len(labels)} runs, e.g. {labels[0]})"
+        lines.append(f"{what}: {'; '.join(changes)}" + (f" ({then})" if then else ""))
+    return lines
+
+
+def summary(jobs: list[Finished]) -> str | None:
+    lines = rerun_lines(jobs)
+    if not lines:
+        return None
+    return ("Finished work that this run does again, because the settings it was made with changed "
+            "(and everything that depends on it):\n  " + "\n  ".join(lines) +
+            "\nStop now (Ctrl-C) to keep it as it is; the config keys named above decide it.")
+
+
+# Snakemake invocations that plan no jobs: no summary for them.
+NO_JOBS = ("--lint", "--report", "--list-rules", "--list", "-l", "--list-target-rules", "--lt", "--summary", "-S",
+           "--detailed-summary", "-D", "--dag", "--rulegraph", "--filegraph", "--d3dag", "--unlock",
+           "--cleanup-metadata", "--cm", "--archive", "--delete-all-output", "--delete-temp-output",
+           "--containerize", "--generate-unit-tests", "--print-compilation", "--version", "-v", "--help", "-h")
+
+
+def plans_jobs(argv: list[str]) -> bool:
+    """Whether a Snakemake command line runs or dry-runs jobs (and so wants the summary)."""
+    return not any(a.split("=")[0] in NO_JOBS for a in argv[1:])

@@ -1,0 +1,188 @@
+"""What a run will cost and what it asks for: the plan printed before anything runs, the runtimes sized to
+the work, the seeds of a setting packed into one job, GPUs from the config, the scheduler's checks in a dry
+run, and the checkpoints removed after an export."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from conftest import REPO, run_snakemake, run_tacl
+from tacl.plan import BERT_BASE, Gpu, Shape, chunk_requests, finetune_minutes, pretrain_minutes, request
+
+A100 = Gpu("A100 40 GB", 312, 0.3, 0.2)
+PLAN = {"safety": 2.0, "startup_minutes": 5, "min_runtime_minutes": 15}
+NO_NETWORK = {"HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "1"}
+
+
+def test_expected_minutes_by_hand():
+    """BERT-base: 85,054,464 encoder parameters; a TaCL run of config.yaml's size on 4 A100s and five RTE
+    seeds, against the count written out by hand (6 N + attention per trained token, 2 N + a third of the
+    attention per forward-only one, the MLM head on 15% of the positions)."""
+    bert = Shape(**BERT_BASE)
+    n = 12 * (4 * 768 * 768 + 4 * 768 + 2 * 768 * 3072 + 3072 + 768 + 4 * 768)
+    assert bert.encoder == n == 85_054_464
+    seq, tokens = 176.0, 150_000 * 256 * 176
+    per_token = (6 * n + 12 * 12 * 768 * seq) + 6 * (768 * 768 + 768 * 30522) * 0.15 + (2 * n + 4 * 12 * 768 * seq)
+    pretrain = {"steps": 150_000, "global_batch": 256, "nodes": 1, "ranks_per_node": 4}
+    assert pretrain_minutes("tacl", pretrain, bert, seq, A100) == pytest.approx(
+        tokens * per_token / (4 * 312e12 * 0.3) / 60)
+    seq = 70 * 1.1  # RTE's typical length, 10% padding (grouped), under max_len 128
+    work = 2490 * 3 * seq * (6 * n + 12 * 12 * 768 * seq) + (277 + 3000) * seq * (2 * n + 4 * 12 * 768 * seq)
+    assert finetune_minutes("rte", {"max_len": 128, "epochs": 3}, 5, bert, A100) == pytest.approx(
+        5 * work / (312e12 * 0.2) / 60)
+
+
+def test_requests_and_chunks():
+    assert request(2.0, PLAN) == 15  # the floor
+    assert request(100.0, PLAN) == 205 and request(100.0, PLAN, cap=120) == 120
+    chunk = {"runtime_minutes": 1410, "margin_minutes": 10, "max_chunks": 20, "max_steps": None}
+    pretrain = {"steps": 1000, "chunk": chunk}
+    assert chunk_requests(219.0, pretrain, PLAN, cpu=False) == [(5 + 10 + 438, 219.0)]
+    long = chunk_requests(1500.0, pretrain, PLAN, cpu=False)  # more than a chunk holds: the chain goes on
+    assert [asked for asked, _ in long] == [1410, 5 + 10 + 2 * 105] and sum(w for _, w in long) == pytest.approx(1500.0)
+    assert long[0][1] == pytest.approx(1410 - 5 - 10)
+    capped = chunk_requests(100.0, {"steps": 1000, "chunk": {**chunk, "max_steps": 250}}, PLAN, cpu=False)
+    assert len(capped) == 4 and all(w == pytest.approx(25.0) for _, w in capped)
+
+
+def dry_run_jobs(text: str) -> list[tuple[str, dict[str, str]]]:
+    """(rule, resources) of every job a dry run lists."""
+    jobs = []
+    for block in re.split(r"\n(?=(?:local)?(?:rule|checkpoint) \w+:)", text):
+        m = re.match(r"(?:local)?(?:rule|checkpoint) (\w+):", block)
+        r = re.search(r"^\s+resources: (.*)$", block, re.M)
+        if m and r:
+            jobs.append((m.group(1), dict(kv.split("=", 1) for kv in r.group(1).split(", "))))
+    return jobs
+
+
+@pytest.mark.slow
+def test_the_plan_of_the_paper_config_adds_up(tmp_path, monkeypatch):
+    """config.yaml's dry run: the plan's jobs per rule equal the job list, its GPU-hours asked for equal the
+    sum over the listed jobs of runtime x GPUs, asked / expected is at most 3, and each small task takes
+    one job per (model, task, setting), whatever its seeds."""
+    for k, v in NO_NETWORK.items():
+        monkeypatch.setenv(k, v)
+    cfg = yaml.safe_load((REPO / "config.yaml").read_text())
+    cfg["results_dir"] = str(tmp_path / "results")
+    proc = run_snakemake(tmp_path, cfg, "-n")
+    out = proc.stderr + proc.stdout
+    plan = out[out.index("Plan of this run"):]
+    rows = {m.group(1): (int(m.group(2)), m.group(3)) for m in re.finditer(
+        r"^  (\w+)\s+(\d+)\s+\d+\s+([\d.]+)?", plan[:plan.index("  jobs:")], re.M)}
+    stats = out[out.index("Job stats:"):]
+    listed = {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)\s*$", stats, re.M) if m.group(1) != "total"}
+    assert {rule: n for rule, (n, _) in rows.items()} == listed
+    models, tasks = 4, len(cfg["finetune"]["tasks"])
+    assert listed["finetune"] == models * tasks  # one job per (model, task, setting): 5 or 3 seeds inside
+
+    asked: dict[str, float] = {}
+    for rule, resources in dry_run_jobs(out):
+        if "gpu" in resources:
+            asked[rule] = asked.get(rule, 0.0) + int(resources["gpu"]) * int(resources["runtime"]) / 60
+    for rule in ("pretrain_chunk", "finetune", "similarity"):
+        assert float(rows[rule][1]) == pytest.approx(asked[rule], abs=0.05), rule
+    m = re.search(r"GPU-hours requested: ([\d.]+) .*expected: ([\d.]+) on A100 40 GB.*requested / expected: "
+                  r"([\d.]+)x", plan)
+    requested, expected, ratio = (float(x) for x in m.groups())
+    assert requested == pytest.approx(sum(asked.values()), abs=0.1)
+    assert ratio <= 3.0 and requested / expected == pytest.approx(ratio, abs=0.05)
+    assert "longest chain:" in plan and "disk at the peak:" in plan and "checkpoints (3 x 3)" in plan
+
+
+@pytest.mark.slow
+def test_a_profile_gpu_count_and_an_unset_variable_fail_a_dry_run(tmp_path, monkeypatch):
+    """The chunk's GPUs follow pretrain.ranks_per_node; a profile that gives it others is named in a dry run,
+    beside the config key, as is a SLURM variable left unset."""
+    for k, v in {**NO_NETWORK, "TACL_SLURM_ACCOUNT": "p123", "TACL_SLURM_GPU_PARTITION": "gpu"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("TACL_SLURM_CPU_PARTITION", raising=False)
+    profile = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
+    profile["set-resources"]["pretrain_chunk"]["gres"] = "'gpu:4'"
+    (tmp_path / "profile").mkdir()
+    (tmp_path / "profile" / "config.yaml").write_text(yaml.safe_dump(profile))
+    cfg = yaml.safe_load((REPO / "config.yaml").read_text())
+    cfg["results_dir"] = str(tmp_path / "results")
+    cfg["pretrain"]["ranks_per_node"] = 1
+    proc = run_snakemake(tmp_path, cfg, "--profile", str(tmp_path / "profile"), "-n", check=False)
+    assert proc.returncode != 0 and "SLURM preflight: this dry run stops here." in proc.stderr, proc.stderr[-3000:]
+    assert ("rule pretrain_chunk: the profile gives each of its 1 node(s) 4 GPU(s) (gres gpu:4), but "
+            "pretrain.ranks_per_node is 1 (one rank per GPU); make them agree") in proc.stderr
+    assert "rule clean: slurm_partition is '${TACL_SLURM_CPU_PARTITION}': export the variable" in proc.stderr
+
+
+def finetune_args(demo_data, out, *seeds):
+    source = json.dumps({"kind": "tsv", "data_dir": str(REPO / "examples/demo/glue")})
+    hp = json.dumps({"max_len": 32, "batch": 8, "lr": 1e-4, "epochs": 1, "max_train_examples": 24,
+                     "max_eval_examples": 16})
+    return ["finetune", "glue", "--model", str(demo_data["start"]), "--task", "qnli", "--source", source,
+            "--hparams", hp, "--out", str(out), *seeds]
+
+
+@pytest.mark.slow
+def test_packed_seeds_resume_per_seed_and_equal_one_job_per_seed(demo_data, tmp_path):
+    """Seeds 0 and 1 of a setting in one job, killed once seed 0 has finished: run again, it keeps seed 0
+    and trains seed 1 only; each seed's metrics equal those of the seed trained on its own."""
+    root, marker = tmp_path / "setting", tmp_path / "setting" / "seeds.json"
+    cmd = [sys.executable, "-m", "tacl", *finetune_args(demo_data, root, "--seeds", "0", "1", "--marker", str(marker))]
+    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        while not (root / "seed0" / "metrics.json").is_file():
+            assert first.poll() is None, first.communicate()[1][-3000:]
+            assert time.time() < deadline
+            time.sleep(0.05)
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    assert not marker.exists() and not (root / "seed1" / "metrics.json").exists()
+    seed0 = (root / "seed0" / "metrics.json").read_bytes()
+    proc = run_tacl(*finetune_args(demo_data, root, "--seeds", "0", "1", "--marker", str(marker)))
+    assert "seed 0: done before with these settings and this start model" in proc.stderr
+    assert (root / "seed0" / "metrics.json").read_bytes() == seed0, "seed 0 was not trained again"
+    record = json.loads(marker.read_text())
+    assert record["runs"] == [str(root / f"seed{s}" / "metrics.json") for s in (0, 1)]
+    assert len(set(record["metrics_sha256"])) == 2, "each seed's metrics hashed into the marker"
+    alone = tmp_path / "alone"
+    run_tacl(*finetune_args(demo_data, alone, "--seed", "1"))
+    packed, single = (json.loads((d / "metrics.json").read_text()) for d in (root / "seed1", alone))
+    assert packed["dev"] == single["dev"] and packed["train"]["final_loss"] == single["train"]["final_loss"]
+    given = json.loads((root / "seed1" / "given.json").read_text())
+    assert given["hparams"]["max_train_examples"] == 24 and len(given["model_sha256"]) == 32
+
+
+@pytest.mark.slow
+def test_checkpoints_removed_after_export_and_a_rerun_that_needs_them_says_so(demo_data, tmp_path):
+    run, models = tmp_path / "run", tmp_path / "models"
+    settings = json.dumps({"objective": "mlm_nsp", "steps": 2, "global_batch": 8, "micro_batch": 4, "lr": 1e-3,
+                           "max_len": 64, "loader_workers": 0})
+    train = ["pretrain", "train", "--run-dir", str(run), "--start-model", str(demo_data["start"]), "--manifest",
+             str(demo_data["manifest"]), "--settings", settings, "--no-tensorboard"]
+    run_tacl(*train, "--marker", str(tmp_path / "chunk-0.json"))
+    export = ["pretrain", "export", "--start-model", str(demo_data["start"]), "--run-dir", str(run), "--marker",
+              str(tmp_path / "chunk-0.json"), "--out", str(models / "mlm_nsp"), "--summary", str(models / "s.json")]
+    run_tacl(*export, "--remove-checkpoints")
+    assert (models / "mlm_nsp" / "config.json").is_file() and not (run / "checkpoints").exists()
+    note = json.loads((run / "checkpoints-removed.json").read_text())
+    assert note["step"] == 2 and note["export"] == str(models / "mlm_nsp")
+    for args in (train, export):
+        proc = run_tacl(*args, check=False)
+        assert proc.returncode == 2 and "its checkpoints were removed after the model was exported" in proc.stderr
+
+
+def test_tacl_plan_passes_snakemakes_arguments(monkeypatch):
+    from tacl import cli
+
+    seen = []
+    monkeypatch.setattr(subprocess, "call", lambda cmd: seen.append(cmd) or 0)
+    assert cli.main(["plan", "--profile", "slurm", "--configfile", "my.yaml"]) == 0
+    assert seen[0][-5:] == ["all", "--profile", "slurm", "--configfile", "my.yaml"] and "--dry-run" in seen[0]

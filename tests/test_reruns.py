@@ -1,0 +1,175 @@
+"""What a change reruns: nothing for operational settings, key order or a project update that changes no
+result; exactly the jobs whose outputs a result setting changes, with the reason printed before anything runs.
+Tested as a user meets it: a finished small run, one change, a dry run under the profile's settings."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import re
+import shutil
+
+import pytest
+
+from conftest import REPO, demo_config, run_snakemake
+from tacl.changes import changed_keys
+from tacl.config import OPERATIONAL_CONFIG_KEYS, load_schema, schema_roles
+from tacl.pretrain.settings import OPERATIONAL_KEYS, RESULT_KEYS, TrainSettings
+from tacl.reruns import plans_jobs
+
+PROFILE = str(REPO / "profiles" / "local")
+
+
+def test_the_schema_says_per_key_what_the_code_says():
+    """Every key of the schema is marked result or operational, and the operational ones are exactly the
+    code's (tacl.config.OPERATIONAL_CONFIG_KEYS, built from tacl.pretrain.settings); every trainer setting
+    is one or the other."""
+    roles = schema_roles(load_schema(REPO / "workflow" / "schemas" / "config.schema.yaml"))
+    assert set(roles.values()) == {"result", "operational"}, {k: v for k, v in roles.items() if v == "(none)"}
+    assert {k for k, v in roles.items() if v == "operational"} == set(OPERATIONAL_CONFIG_KEYS)
+    assert "pretrain.lr" in roles and roles["pretrain.lr"] == "result"
+    fields = {f.name for f in dataclasses.fields(TrainSettings)}
+    assert set(RESULT_KEYS) | set(OPERATIONAL_KEYS) == fields and not set(RESULT_KEYS) & set(OPERATIONAL_KEYS)
+    s = TrainSettings("tacl", steps=10, global_batch=8, micro_batch=4)
+    assert TrainSettings.from_parts(s.result(), s.operational()) == s
+
+
+def test_changed_keys_and_when_a_summary_is_printed():
+    assert changed_keys({"lr": 1e-4, "tacl": {"tau": 0.01}, "betas": [0.9, 0.999]},
+                        {"lr": 5e-5, "tacl": {"tau": 0.01}, "betas": (0.9, 0.999), "new": 1}) == [
+        "lr 0.0001 -> 5e-05", "new (unset) -> 1"]
+    assert changed_keys({"a": {"b": 1}}, {"a": {"b": 2}}) == ["a.b 1 -> 2"]
+    assert plans_jobs(["snakemake", "--profile", "x", "-n"]) and not plans_jobs(["snakemake", "--lint"])
+    assert not plans_jobs(["snakemake", "--report", "r.html"]) and not plans_jobs(["snakemake", "--unlock"])
+
+
+def small_config(root) -> dict:
+    """The demo, cut down to one pretraining run of two chunks, one fine-tune and its analysis."""
+    cfg = demo_config(root)
+    cfg["data"]["max_lines"] = 2500
+    cfg["pretrain"].update(objectives=["tacl"], steps=8, log_every=2)
+    cfg["pretrain"]["chunk"].update(max_steps=4, runtime_minutes=30)
+    cfg["finetune"].update(tasks=["qnli"], seeds_small=1, seeds_large=1, contrastive={"forms": []})
+    cfg["finetune"]["hparams"]["glue"].update(max_train_examples=32, max_eval_examples=32, epochs=1)
+    cfg["analysis"]["similarity_sentences"] = 20
+    return cfg
+
+
+def planned(root, cfg, *args, workflow=None) -> tuple[dict[str, int], str]:
+    """A dry run under the local profile (its rerun triggers): jobs per rule, and what it printed."""
+    extra = ["--snakefile", str(workflow / "Snakefile")] if workflow else []
+    proc = run_snakemake(root, cfg, "--profile", PROFILE, "-n", *extra, *args)
+    text = proc.stdout + proc.stderr
+    if "Nothing to be done" in text:
+        return {}, text
+    table = text[text.index("Job stats:"):]
+    counts = {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)\s*$", table, re.M)}
+    counts.pop("total", None)
+    return counts, text
+
+
+def reordered(d):
+    """The same mapping with its keys in reverse order, all the way down."""
+    return {k: reordered(d[k]) for k in reversed(list(d))} if isinstance(d, dict) else d
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    root = tmp_path_factory.mktemp("reruns")
+    cfg = small_config(root)
+    run_snakemake(root, cfg, "--profile", PROFILE, "--cores", "2")
+    return root, cfg
+
+
+@pytest.mark.slow
+def test_operational_settings_and_key_order_rerun_nothing(finished):
+    root, cfg = finished
+    assert planned(root, cfg)[0] == {}
+    changed = copy.deepcopy(cfg)
+    p = changed["pretrain"]
+    p.update(log_every=3, keep_checkpoints=1, checkpoint_minutes=7, loader_workers=0, micro_batch=2, compile=True,
+             ranks_per_node=2, cpus_per_rank=1)
+    p["chunk"].update(runtime_minutes=20, margin_minutes=0.5, max_steps=None, max_chunks=5)
+    changed["finetune"]["runtime_minutes"] = {"default": 10}
+    changed["data"]["clean_workers"] = 1
+    changed.update(device="cpu", resources_dir=str(root / "elsewhere"))
+    counts, text = planned(root, reordered(changed))
+    assert counts == {}, text[-3000:]
+    assert "Finished work that this run does again" not in text
+
+
+@pytest.mark.slow
+def test_result_settings_rerun_exactly_what_they_change(finished):
+    root, cfg = finished
+    changed = copy.deepcopy(cfg)
+    changed["pretrain"]["lr"] = cfg["pretrain"]["lr"] / 2
+    counts, text = planned(root, changed)
+    # the chain's first chunk (a dry run stops at the checkpoint rule; the chain's second follows it), the
+    # export, the fine-tune, its selection and zip, the analysis and the report
+    assert counts == {"pretrain_chunk": 1, "export_model": 1, "finetune": 1, "select_setting": 1, "submissions": 1,
+                      "similarity": 1, "similarity_plot": 1, "report": 1, "all": 1}, text[-3000:]
+    assert f"pretrain_chunk (tacl): lr {cfg['pretrain']['lr']} -> {cfg['pretrain']['lr'] / 2}" in text
+    assert "each starts again from the start model" in text
+
+    changed = copy.deepcopy(cfg)
+    changed["pretrain"]["tacl"] = {"tau": 0.05}
+    counts, text = planned(root, changed)
+    assert counts["pretrain_chunk"] == 1 and counts["finetune"] == 1
+    assert "pretrain_chunk (tacl): objective_params.tau 0.01 -> 0.05" in text
+
+    changed = copy.deepcopy(cfg)  # a fine-tuning change that keeps the setting's name: the run reruns
+    changed["finetune"]["hparams"]["glue"]["max_len"] = 32
+    counts, text = planned(root, changed)
+    assert counts == {"finetune": 1, "select_setting": 1, "submissions": 1, "report": 1, "all": 1}, text[-3000:]
+    assert "finetune (tacl/qnli/" in text and "hparams.max_len 64 -> 32" in text
+
+    changed = copy.deepcopy(cfg)  # a new learning rate is a new setting: new jobs, nothing rerun
+    changed["finetune"]["hparams"]["glue"]["lr"] = 1e-3
+    counts, text = planned(root, changed)
+    assert counts == {"finetune": 1, "select_setting": 1, "submissions": 1, "report": 1, "all": 1}, text[-3000:]
+    assert "Finished work that this run does again" not in text
+
+    changed = copy.deepcopy(cfg)  # a task added: its data, its fine-tune, its selection
+    changed["finetune"]["tasks"] = ["qnli", "squad_v2"]
+    counts, text = planned(root, changed)
+    assert counts == {"prepare_task": 1, "finetune": 1, "select_setting": 1, "submissions": 1, "report": 1,
+                      "all": 1}, text[-3000:]
+
+
+@pytest.mark.slow
+def test_a_project_update_that_changes_a_command_reruns_nothing(finished, tmp_path):
+    """The workflow's rules with a harmless flag added to the pretraining and fine-tuning commands (what a
+    project update does): nothing to do under the profile's rerun triggers; Snakemake's default triggers
+    (code among them) would run the finished chunks and fine-tunes again."""
+    root, cfg = finished
+    workflow = tmp_path / "workflow"
+    shutil.copytree(REPO / "workflow", workflow)
+    (tmp_path / "src").symlink_to(REPO / "src")
+    for rules, old, new in (("pretrain.smk", '" --marker {output}', '" --no-tensorboard --marker {output}'),
+                            ("finetune.smk", '" --seeds {params.seeds}', '" --seeds {params.seeds}  ')):
+        path = workflow / "rules" / rules
+        text = path.read_text()
+        assert old in text
+        path.write_text(text.replace(old, new, 1))
+    assert planned(root, cfg, workflow=workflow)[0] == {}
+    counts, _ = planned(root, cfg, "--rerun-triggers", "mtime", "params", "input", "code", workflow=workflow)
+    assert counts["pretrain_chunk"] == 1 and counts["finetune"] == 1
+
+
+@pytest.mark.slow
+def test_a_run_after_an_lr_change_finishes_and_its_model_differs(finished):
+    """A real run after a result change, with no step by hand: the chain starts again from the start model
+    (the earlier run set aside), and the exported model differs."""
+    root, cfg = finished
+    results = root / "results"
+    before = (results / "models" / "tacl" / "model.safetensors").read_bytes()
+    changed = copy.deepcopy(cfg)
+    changed["pretrain"]["lr"] = cfg["pretrain"]["lr"] / 2
+    run_snakemake(root, changed, "--profile", PROFILE, "--cores", "2")
+    assert (results / "models" / "tacl" / "model.safetensors").read_bytes() != before
+    (aside,) = (results / "pretrain" / "tacl" / "superseded").iterdir()
+    assert json.loads((aside / "run.json").read_text())["result"]["lr"] == cfg["pretrain"]["lr"]
+    assert json.loads((results / "pretrain" / "tacl" / "run" / "run.json").read_text())["result"]["lr"] == \
+        cfg["pretrain"]["lr"] / 2
+    assert planned(root, changed)[0] == {}
