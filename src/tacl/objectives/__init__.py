@@ -11,6 +11,10 @@ The hot path has no host-device synchronisation: every loss and metric stays a t
 shapes never depend on tensor values (fixed-shape gathers and ignore_index instead of boolean indexing or
 `nonzero`). An objective returns (losses, metrics): losses are 0-d tensors, metrics are counts
 `[correct, total]` that the trainer sums over a logging interval and divides once when it logs.
+
+An objective is called as `objective(model, teacher, batch, draws)`; one that draws random numbers (TACO's
+pairs, COCO-LM's samples and crops) has a method `draws(batch, generator)` that makes them ahead, as a
+dict of tensors (`objective_draws`): a compiled step (`pretrain.compile`) cannot take a generator.
 """
 
 from __future__ import annotations
@@ -62,6 +66,11 @@ def encoder_inputs(batch: dict[str, torch.Tensor], ids: str = "input_ids") -> di
     """A BERT encoder's keyword arguments for this batch (the padding mask as `sdpa_mask`)."""
     return {"input_ids": batch[ids], "token_type_ids": batch["token_type_ids"],
             "attention_mask": sdpa_mask(batch["attention_mask"])}
+
+
+def objective_draws(objective: Any, batch: dict[str, torch.Tensor], generator: torch.Generator) -> dict[str, Any]:
+    """The random numbers an objective draws for this micro-batch (none for most)."""
+    return objective.draws(batch, generator) if hasattr(objective, "draws") else {}
 
 
 def build_objective(name: str, params: dict[str, Any] | None = None):

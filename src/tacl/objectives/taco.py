@@ -24,21 +24,36 @@ from tacl.objectives import counts, encoder_inputs, in_fp32
 from tacl.objectives.mlm_nsp import IGNORE_INDEX, mlm_nsp_terms
 
 
-def _below(n: torch.Tensor, shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
-    """Uniform integers in [0, n) (n broadcast against `shape`; 0 where n is 0)."""
-    u = torch.rand(shape, generator=generator, device=n.device, dtype=torch.float64)
+def _below(n: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Uniform integers in [0, n) from uniform numbers u in [0, 1) (n broadcast against u; 0 where n is 0)."""
     return torch.minimum((u * n).long(), (n - 1).clamp(min=0))
 
 
+TacoDraws = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def taco_draws(shape: tuple[int, int], window: int, k: int, generator: torch.Generator) -> TacoDraws:
+    """The uniform numbers `sample_taco_pairs` uses for a [B, L] batch, drawn ahead (outside a compiled
+    step, which cannot take a generator): the neighbour scores [B, L, 2 window], the fallback positive
+    [B, L] and the negatives [B, L, K]. `generator` lives on the batch's device."""
+    device = generator.device
+    return (torch.rand((*shape, 2 * window), generator=generator, device=device),
+            torch.rand(shape, generator=generator, device=device, dtype=torch.float64),
+            torch.rand((*shape, k), generator=generator, device=device, dtype=torch.float64))
+
+
 def sample_taco_pairs(valid: torch.Tensor, window: int, k: int,
-                      generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                      draws: torch.Generator | TacoDraws) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """For every position of valid [B, L]: a positive position [B, L] of the same sequence, K negatives
     [B, L, K] as flat indices into B*L (valid positions of the other sequences), and which anchors have
     negatives at all [B] (a batch whose other sequences are empty has none). Only rows where `valid` is
-    set are meaningful. `generator` lives on valid's device."""
+    set are meaningful. `draws`: `taco_draws`' numbers, or a generator on valid's device to draw them."""
     bsz, length = valid.shape
     if bsz < 2:
         raise ValueError("TACO draws negatives from other sequences: the micro batch needs >= 2 sequences")
+    if isinstance(draws, torch.Generator):
+        draws = taco_draws((bsz, length), window, k, draws)
+    u_scores, u_other, u_negatives = draws
     device = valid.device
     pos = torch.arange(length, device=device)
     # positive: a random valid neighbour within the window ...
@@ -48,12 +63,12 @@ def sample_taco_pairs(valid: torch.Tensor, window: int, k: int,
     in_range = (cand >= 0) & (cand < length)
     cand = cand.clamp(0, length - 1)
     cand_valid = in_range & valid[:, cand]  # [B, L, 2w]
-    scores = torch.rand(cand_valid.shape, generator=generator, device=device).masked_fill(~cand_valid, -1.0)
+    scores = u_scores.masked_fill(~cand_valid, -1.0)
     positive = cand.expand(bsz, length, -1).gather(-1, scores.argmax(-1, keepdim=True)).squeeze(-1)
     # ... else a random other valid position of the sequence (the r-th valid one, skipping itself)
     in_seq = valid.long().cumsum(1)  # [B, L]: valid positions up to and including t
     count = in_seq[:, -1:]  # [B, 1]
-    r = _below(count - 1, (bsz, length), generator)
+    r = _below(count - 1, u_other)
     r = r + (r >= in_seq - 1).long()
     other = torch.searchsorted(in_seq, r + 1).clamp(max=length - 1)
     other = torch.where(count > 1, other, pos)  # alone in its sequence: itself
@@ -63,7 +78,7 @@ def sample_taco_pairs(valid: torch.Tensor, window: int, k: int,
     count = count.squeeze(1)
     before = count.cumsum(0) - count  # valid positions in the earlier sequences
     pool = count.sum() - count
-    r = _below(pool[:, None, None], (bsz, length, k), generator)
+    r = _below(pool[:, None, None], u_negatives)
     r = r + torch.where(r >= before[:, None, None], count[:, None, None], 0)
     in_batch = valid.flatten().long().cumsum(0)
     negatives = torch.searchsorted(in_batch, (r + 1).flatten()).clamp(max=bsz * length - 1).view(bsz, length, k)
@@ -124,13 +139,16 @@ class TACO:
     name: str = "taco"
     needs_teacher: bool = False
 
+    def draws(self, batch: dict[str, torch.Tensor], generator: torch.Generator) -> dict[str, Any]:
+        return {"pairs": taco_draws(tuple(batch["input_ids"].shape), self.window, self.negatives, generator)}
+
     def __call__(self, model: Any, teacher: Any, batch: dict[str, torch.Tensor],
-                 generator: torch.Generator) -> tuple[dict, dict]:
+                 draws: dict[str, Any]) -> tuple[dict, dict]:
         out = model.bert(**encoder_inputs(batch), output_hidden_states=True)
         losses, metrics = mlm_nsp_terms(model, batch, out.last_hidden_state, out.pooler_output,
                                         with_nsp=self.keep_nsp)
         valid = batch["attention_mask"].bool()
-        positive, negatives, has_negatives = sample_taco_pairs(valid, self.window, self.negatives, generator)
+        positive, negatives, has_negatives = sample_taco_pairs(valid, self.window, self.negatives, draws["pairs"])
         g = F.normalize((out.hidden_states[-1] - out.hidden_states[0]).float(), dim=-1)
         loss, metrics["taco_acc"] = taco_loss(g, valid & has_negatives[:, None], positive, negatives, self.tau)
         losses["taco"] = self.weight * loss
