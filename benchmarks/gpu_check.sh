@@ -2,7 +2,7 @@
 # One command that checks a GPU node, with one summary at the end (at most 13 minutes: its steps' time limits):
 #   1. doctor      `tacl doctor --device cuda --compile`: the GPU, its driver, torch's CUDA, bf16, transformers,
 #                  and what torch.compile needs (Triton, a C compiler, the Python headers)
-#   2. step        benchmarks/pretrain_step.py --gpu: BERT-base, seq 256, bf16, ZeRO 1; tokens/s and MFU of each
+#   2. step        benchmarks/pretrain_step.py --gpu: BERT-base, seq 256, bf16, ZeRO 0; tokens/s and MFU of each
 #                  objective, ours against the reference's way, host-device syncs per step; TaCL with
 #                  pretrain.compile (torch.compile) for a few steps, last (a first compile of BERT-base takes
 #                  1-2 minutes); each figure lands in OUT_DIR/pretrain_step.json as it is measured

@@ -104,7 +104,7 @@ def test_taco_loss_matches_loops(seed):
     _, _, valid, _, _ = random_batch(seed)
     g = F.normalize(torch.randn(*valid.shape, 8, generator=torch.Generator().manual_seed(seed),
                                 dtype=torch.float64), dim=-1)
-    positive, negatives, _ = sample_taco_pairs(valid, window=2, k=7, generator=torch.Generator().manual_seed(seed))
+    positive, negatives, _ = sample_taco_pairs(valid, window=2, k=7, draws=torch.Generator().manual_seed(seed))
     loss, acc = taco_loss(g, valid, positive, negatives, tau=0.07)
     ref_loss, ref_acc = taco_reference(g, valid, positive, negatives, 0.07)
     assert loss.item() == pytest.approx(ref_loss, rel=1e-5)
@@ -132,7 +132,7 @@ def test_gathered_dots_and_their_gradient_match_the_full_matrix():
 
 def test_taco_pairs_obey_the_window_and_other_sequences():
     _, _, valid, _, _ = random_batch(5, bsz=4, length=30)
-    positive, negatives, has = sample_taco_pairs(valid, window=2, k=50, generator=torch.Generator().manual_seed(0))
+    positive, negatives, has = sample_taco_pairs(valid, window=2, k=50, draws=torch.Generator().manual_seed(0))
     assert has.all()
     length = valid.shape[1]
     for b, t in valid.nonzero().tolist():
@@ -140,13 +140,13 @@ def test_taco_pairs_obey_the_window_and_other_sequences():
         assert 0 < abs(p - t) <= 2 and valid[b, p]
         for n in negatives[b, t].tolist():
             assert n // length != b and valid[n // length, n % length]
-    again = sample_taco_pairs(valid, window=2, k=50, generator=torch.Generator().manual_seed(0))
+    again = sample_taco_pairs(valid, window=2, k=50, draws=torch.Generator().manual_seed(0))
     assert torch.equal(again[0], positive) and torch.equal(again[1], negatives)
     lonely = torch.zeros(3, 9, dtype=torch.bool)
     lonely[0, 0] = lonely[0, 5] = True  # no neighbour within 2: a random other position instead
     lonely[1, :2] = True
     lonely[2, [0, 3, 8]] = True  # three positions, none within 2 of another: one of the other two
-    pos, _, _ = sample_taco_pairs(lonely, window=2, k=3, generator=torch.Generator().manual_seed(0))
+    pos, _, _ = sample_taco_pairs(lonely, window=2, k=3, draws=torch.Generator().manual_seed(0))
     assert pos[0, 0].item() == 5 and pos[0, 5].item() == 0
     for _ in range(20):
         pos, _, _ = sample_taco_pairs(lonely, 2, 3, torch.Generator().manual_seed(_))

@@ -340,8 +340,53 @@ def test_a_failed_compilation_goes_on_eager_saying_so_once(demo_data, tmp_path, 
 
 
 def test_compile_auto_is_on_for_a_gpu_only():
-    from tacl.pretrain.trainer import compiles
+    from tacl.device import compiles
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
     assert compiles("auto", cuda) and not compiles("auto", cpu)
     assert compiles(True, cpu) and not compiles(False, cuda)
+
+
+def test_compiled_fine_tune_step_is_one_graph_and_a_failed_one_goes_on_eager(demo_data, tokenizer, compiled_with,
+                                                                             caplog):
+    """finetune.compile: a classifier's step (grouped batches of several widths) traces as one graph without
+    a break, compiled once, with the eager losses; a failing backend leaves one warning and the eager losses."""
+    from transformers import AutoModelForSequenceClassification
+
+    from tacl.finetune.common import Run, load_task_model, optimizer_and_schedule, pad_batch, to_device, train_step
+
+    run = Run(torch.device("cpu"), bf16=False)
+    hp = {"lr": 1e-3, "weight_decay": 0.01, "warmup_ratio": 0.1, "grad_clip": 1.0}
+    texts = [["a short one", "four"], ["a somewhat longer sentence here", "and a third one of them"],
+             ["the longest of these sentences, by a margin of several words", "x"]]
+    batches = []
+    for group in texts:
+        enc = tokenizer(group, ["b"] * len(group))
+        rows = [{**{k: enc[k][i] for k in ("input_ids", "token_type_ids", "attention_mask")}, "labels": i % 2}
+                for i in range(len(group))]
+        batches.append(to_device(pad_batch(rows, tokenizer.pad_token_id), run.device))
+    assert len({b["input_ids"].shape[1] for b in batches}) == 3
+
+    def losses(backend):
+        model = load_task_model(AutoModelForSequenceClassification, str(demo_data["start"]), 0, num_labels=2,
+                                problem_type="single_label_classification")  # (as tacl.finetune.sequence does)
+        if backend is not None:
+            model.compile(dynamic=True, backend=backend)
+        opt, sched = optimizer_and_schedule(model, hp, 10)
+        torch.manual_seed(0)
+        return [float(train_step(model, b, opt, sched, hp, run)) for b in batches], model
+
+    eager, _ = losses(None)
+    counters = compiled_with("eager")
+    compiled, model = losses("eager")
+    assert dict(counters["graph_break"]) == {} and counters["frames"]["total"] == 1, counters
+    assert compiled == pytest.approx(eager, rel=1e-5)
+
+    def broken(graph, inputs):
+        raise RuntimeError("no working C compiler")
+
+    with caplog.at_level("WARNING", logger="tacl.finetune"):
+        fallen, model = losses(broken)
+    warnings = [r.getMessage() for r in caplog.records if "torch.compile failed" in r.getMessage()]
+    assert len(warnings) == 1 and "RuntimeError: no working C compiler" in warnings[0]
+    assert fallen == eager and model._compiled_call_impl is None

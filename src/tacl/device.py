@@ -261,3 +261,20 @@ def _doctor(a: argparse.Namespace) -> int:
     if not problems:
         print("ok: " + (f"{facts['gpus']} x {facts['gpu']}" if facts.get("gpus") else "CPU only"))
     return 1 if problems else 0
+
+
+def compiles(setting: bool | str, device: torch.device) -> bool:
+    """pretrain.compile and finetune.compile: true, false, or auto = on a GPU (where an eager step's kernel
+    launches cost more than the GPU's work), off on a CPU (where compiling costs minutes and gains little)."""
+    return setting is True or (setting == "auto" and device.type == "cuda")
+
+
+def compile_failure(error: BaseException) -> str | None:
+    """`Type: first line` of the root cause when `error` comes from torch.compile (dynamo or inductor, which
+    wrap a backend's error in their own), else None (an error of the model itself)."""
+    if not type(error).__module__.startswith(("torch._dynamo", "torch._inductor")):
+        return None
+    while (inner := getattr(error, "inner_exception", None) or error.__cause__) is not None:
+        error = inner
+    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return f"{type(error).__name__}: {first[:300]}"

@@ -33,7 +33,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from tacl.device import device_info, fast_fp32_matmul, resolve_device
+from tacl.device import compile_failure, compiles, device_info, fast_fp32_matmul, resolve_device
 from tacl.finetune import FAMILY_HPARAMS, PRESETS
 from tacl.io import InputError
 from tacl.objectives import in_fp32, sdpa_mask
@@ -61,15 +61,17 @@ class Run:
 
     device: torch.device
     bf16: bool
+    compile: bool = False  # torch.compile the model (finetune.compile, resolved)
 
     @classmethod
-    def detect(cls, precision: str = "auto", device: str = "auto") -> "Run":
+    def detect(cls, precision: str = "auto", device: str = "auto", compile: bool | str = "auto") -> "Run":
         """`device` as in the config (auto | cuda | cpu): a job that asked for a GPU and sees none stops
-        here with tacl.device.DeviceError, before any data is tokenized or any model is built."""
+        here with tacl.device.DeviceError, before any data is tokenized or any model is built. `compile`:
+        finetune.compile (auto: on a GPU)."""
         where = resolve_device(device)
         bf16 = precision == "bf16" or (precision == "auto" and where.type == "cuda")
         fast_fp32_matmul(where)
-        return cls(where, bf16)
+        return cls(where, bf16, compiles(compile, where))
 
     def describe(self) -> dict[str, Any]:
         """What metrics.json records about the run's device (GPU model and count, torch, CUDA, NCCL)."""
@@ -179,6 +181,8 @@ def train(model: torch.nn.Module, rows: list[dict[str, Any]], hp: dict[str, Any]
 
     seed_everything(seed)
     model.to(run.device).train()
+    if run.compile:  # in place (parameter names stay); one graph for every batch width, another for prediction
+        model.compile(dynamic=True)
     batch_size = hp["batch"]
     steps_per_epoch = -(-len(rows) // batch_size)
     total = steps_per_epoch * hp["epochs"]
@@ -210,17 +214,31 @@ def train(model: torch.nn.Module, rows: list[dict[str, Any]], hp: dict[str, Any]
             "train_s": round(time.time() - started, 1)}
 
 
-def train_step(model: torch.nn.Module, batch: dict[str, torch.Tensor], opt: torch.optim.Optimizer, sched: Any,
-               hp: dict[str, Any], run: Run, extra_loss: Callable | None = None,
-               task_weight: float = 1.0) -> torch.Tensor:
-    """One optimizer step on a batch already on the device (`to_device`); returns the loss, detached and on
-    the device: nothing here waits for the device."""
+def _loss_and_backward(model: torch.nn.Module, batch: dict[str, torch.Tensor], run: Run,
+                       extra_loss: Callable | None, task_weight: float) -> torch.Tensor:
     with torch.autocast(run.device.type, dtype=torch.bfloat16, enabled=run.bf16):
         outputs = model(**batch, output_hidden_states=extra_loss is not None)
         loss = outputs.loss * task_weight
         if extra_loss is not None:
             loss = loss + extra_loss(model, batch, outputs)
     loss.backward()
+    return loss
+
+
+def train_step(model: torch.nn.Module, batch: dict[str, torch.Tensor], opt: torch.optim.Optimizer, sched: Any,
+               hp: dict[str, Any], run: Run, extra_loss: Callable | None = None,
+               task_weight: float = 1.0) -> torch.Tensor:
+    """One optimizer step on a batch already on the device (`to_device`); returns the loss, detached and on
+    the device: nothing here waits for the device."""
+    try:
+        loss = _loss_and_backward(model, batch, run, extra_loss, task_weight)
+    except Exception as e:  # a compilation that failed: on uncompiled, saying so once
+        if getattr(model, "_compiled_call_impl", None) is None or (why := compile_failure(e)) is None:
+            raise
+        model._compiled_call_impl = None  # (what nn.Module.compile set)
+        log.warning("finetune.compile: torch.compile failed (%s); this fine-tune goes on uncompiled (eager, "
+                    "slower)", why)
+        loss = _loss_and_backward(model, batch, run, extra_loss, task_weight)
     if hp.get("grad_clip"):
         torch.nn.utils.clip_grad_norm_(model.parameters(), hp["grad_clip"])
     opt.step()

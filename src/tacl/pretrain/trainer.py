@@ -39,7 +39,7 @@ from typing import Any, Iterator
 import torch
 
 from tacl.data.pretraining import MicroBatches, micro_batch_loader, unpack
-from tacl.device import fast_fp32_matmul
+from tacl.device import compile_failure, compiles, fast_fp32_matmul
 from tacl.io import InputError, read_json, stable_hash, write_json_atomic
 from tacl.objectives import objective_draws
 from tacl.pretrain import checkpoint
@@ -108,15 +108,11 @@ class Pretrainer(torch.nn.Module):
     def compiled(self) -> bool:
         return self.losses != self.eager_losses
 
-    def go_eager(self, error: BaseException) -> None:
-        """A compilation failed: this run goes on uncompiled, saying so once (naming the root cause: dynamo
-        wraps a backend's error in its own)."""
-        while (inner := getattr(error, "inner_exception", None) or error.__cause__) is not None:
-            error = inner
-        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        log.warning("pretrain.compile: torch.compile failed (%s: %s); this chunk goes on uncompiled (eager, "
-                    "slower); `tacl doctor --device cuda --compile` checks the tool chain, and pretrain.compile: "
-                    "false turns compilation off", type(error).__name__, first[:300])
+    def go_eager(self, why: str) -> None:
+        """A compilation failed (`why`: tacl.device.compile_failure): this run goes on uncompiled, saying so."""
+        log.warning("pretrain.compile: torch.compile failed (%s); this chunk goes on uncompiled (eager, slower); "
+                    "`tacl doctor --device cuda --compile` checks the tool chain, and pretrain.compile: false "
+                    "turns compilation off", why)
         self.losses = self.eager_losses
 
 
@@ -129,12 +125,6 @@ def linear_schedule(steps: int, warmup_ratio: float):
         return max(0.0, (steps - step) / max(1, steps - warmup))
 
     return factor
-
-
-def compiles(setting: bool | str, device: torch.device) -> bool:
-    """pretrain.compile (and finetune.compile): true, false, or auto = on a GPU (where the launches of an
-    eager step cost more than the GPU's work), off on a CPU (where compiling costs minutes and gains little)."""
-    return setting is True or (setting == "auto" and device.type == "cuda")
 
 
 def uses_autocast(s: TrainSettings, bf16: bool) -> bool:
@@ -481,9 +471,9 @@ def optimizer_step(chunk: Chunk, batches: Iterator[dict[str, Any]], meter: Meter
         try:
             loss, losses, metrics = _forward_backward(chunk, batch, a * env.world_size + env.rank)
         except Exception as e:  # a compilation that failed (in the forward, or a lazy one in the backward)
-            if not (engine.module.compiled and type(e).__module__.startswith(("torch._dynamo", "torch._inductor"))):
+            if not engine.module.compiled or (why := compile_failure(e)) is None:
                 raise
-            engine.module.go_eager(e)
+            engine.module.go_eager(why)
             loss, losses, metrics = _forward_backward(chunk, batch, a * env.world_size + env.rank)
         if chunk.clip is not None and a == chunk.accumulation - 1:
             _clip(chunk)
