@@ -28,8 +28,14 @@ project's own data stage (not timed).
    synchronisations per step of ours, counted under torch.cuda.set_sync_debug_mode("warn") and named by where
    they come from (DeepSpeed's own optimizer step apart); --compile adds TaCL with pretrain.compile.
 
+4. Counts (any device; alone with --counts-only): aten operations dispatched per micro-batch of the real eager
+   step (bf16, optimizer included) at ZeRO 0, 1 and 2 with the host reads per optimizer step, and graph
+   breaks and compilations of the compiled forward and loss (`pretrain.compile`) over the first micro-batches,
+   dynamic shapes against static ones and dynamo's default.
+
     python benchmarks/pretrain_step.py [--files 2] [--steps 4] [--gpu] [--compile] [--wikipedia DIR]
         [--sentence-splitter regex] [--objectives tacl,taco] [--json OUT.json]
+        [--counts-only] [--count-layers 12] [--compile-batches 32]
 """
 
 from __future__ import annotations
