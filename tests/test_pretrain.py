@@ -193,6 +193,57 @@ def test_failed_save_keeps_latest(tmp_path):
     assert not (root / "step00000020").exists()
 
 
+@pytest.mark.parametrize("recorded", [True, False], ids=["device-recorded", "older-checkpoint"])
+def test_resume_on_fewer_visible_gpus_restores_this_ranks_cuda_rng(tmp_path, monkeypatch, caplog, recorded):
+    """4 ranks saved under torchrun with 4 GPUs visible to each; now srun shows each task only its own GPU:
+    rank 2 (local rank 2) restores the state of the GPU it trained on (saved GPU 2) on its GPU 0."""
+    import random
+
+    from tacl.pretrain.distributed import DistEnv
+
+    cuda_states = [torch.full((16,), i, dtype=torch.uint8) for i in range(4)]
+    tag = checkpoint.tag_for(10)
+    (tmp_path / "checkpoints" / tag).mkdir(parents=True)
+    for rank in range(4):
+        random.seed(rank)
+        state = checkpoint.rng_state()
+        state["cuda"] = cuda_states
+        if recorded:
+            state["cuda_device"] = rank
+        torch.save(state, tmp_path / "checkpoints" / tag / f"rng_rank{rank:05d}.pt")
+    restored = []
+
+    def set_all(states):
+        for i, s in enumerate(states):  # torch's own loop, which fails on a GPU this process does not see
+            if i >= torch.cuda.device_count():
+                raise IndexError("list index out of range")
+            restored.append((s, i))
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", set_all)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda s, device="cuda": restored.append((s, device)))
+
+    class Engine:
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+
+        def load_checkpoint(self, root, tag, **kw):
+            return root, {"step": 10}
+
+    random.seed(99)
+    with caplog.at_level("INFO", logger="tacl.pretrain"):
+        checkpoint.load(Engine(), tmp_path, tag, DistEnv(2, 4, 2, torch.device("cpu")))
+    assert len(restored) == 1 and restored[0][1] == 0 and torch.equal(restored[0][0], cuda_states[2])
+    assert random.random() == random.Random(2).random()  # rank 2's own file was read
+    assert "states of 4 GPUs, this process sees 1: restored saved GPU 2's state on GPU 0" in caplog.text
+    restored.clear()
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)  # as many GPUs as saved: all restored, as before
+    saved = torch.load(tmp_path / "checkpoints" / tag / "rng_rank00002.pt", weights_only=False)
+    checkpoint.set_rng_state(saved, 2)
+    assert [i for _, i in restored] == [0, 1, 2, 3]
+
+
 def test_locked_run_directory_refuses_a_second_trainer(demo_data, tmp_path):
     run = tmp_path / "run"
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])

@@ -10,16 +10,18 @@ tau 0.01, and 0.11 on TACO's 3.5 at ZeRO 1, where h - e of this untrained 2-laye
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from sync_guard import HostSync, SyncGuard
-from tacl.data.pretraining import MicroBatches, micro_batch_loader
+from tacl.data.pretraining import MicroBatches, micro_batch_loader, pack, unpack
 from tacl.objectives.registry import OBJECTIVES
 from tacl.pretrain import checkpoint
 from tacl.pretrain.lock import RunLock
@@ -264,3 +266,127 @@ def test_fine_tune_step_has_no_host_sync(demo_data, tokenizer):
         with SyncGuard("cpu"):
             losses.append(train_step(model, batch, opt, sched, hp, run, extra_loss, 0.1))
         assert all(loss.dtype == torch.float32 and math.isfinite(float(loss)) for loss in losses)
+
+
+@pytest.fixture
+def compiled_with(monkeypatch):
+    """`pretrain.compile: true` compiled with this torch.compile backend (in a test: "eager", dynamo's tracing
+    without code generation, which finds the same graph breaks and recompilations in seconds rather than
+    inductor's minutes on a CPU); dynamo's caches and counters start empty."""
+    from torch._dynamo.utils import counters
+
+    from tacl.pretrain.trainer import Pretrainer
+
+    def use(backend):
+        compile_losses = Pretrainer.compile_losses
+        monkeypatch.setattr(Pretrainer, "compile_losses", lambda self, teacher=None: compile_losses(self, teacher, backend))
+        torch._dynamo.reset()
+        counters.clear()
+        return counters
+
+    yield use
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("objective", OBJECTIVES)
+def test_compiled_step_has_one_graph_over_every_width_and_the_eager_losses(demo_data, tmp_path, env, fp32_losses,
+                                                                          compiled_with, objective):
+    """pretrain.compile: the student's forward and the objective's loss (TACO's hidden states, COCO-LM's
+    draws included) trace as one graph with no graph break, compiled once for micro-batches of several
+    widths and numbers of masked positions (dynamic shapes), and give the eager step's losses."""
+    counters = compiled_with("eager")
+    chunk, batches = start(demo_data, tmp_path, env, objective, compile=True)
+    assert chunk.engine.module.compiled
+    # (not under the guard: dynamo leaves every frame uncompiled while a dispatch mode such as the guard's is on)
+    got = [step(chunk, batches, env, contextlib.nullcontext()) for _ in range(STEPS)]
+    masked = {chunk.data.micro_batch(s, j)["mlm_index"].shape[0] for s in range(STEPS) for j in range(2)}
+    # then micro-batches of other widths (the demo's first steps are all 64 wide), forward and backward
+    lengths = chunk.data.shards.lengths(chunk.data.locate(np.arange(len(chunk.data.shards)))[1])
+    widths = set()
+    for top in (24, 40, 56):
+        positions = np.flatnonzero((lengths <= top) & (lengths > top - 8))[:4]
+        packed = pack(chunk.data.batch(positions))  # (as the loader delivers a micro-batch)
+        batch = unpack(packed["packed"], packed["layout"])
+        widths.add(batch["input_ids"].shape[1])
+        masked.add(batch["mlm_index"].shape[0])
+        chunk.engine.backward(chunk.engine(batch, chunk.teacher, chunk.generator)[0])
+    assert widths == {24, 40, 56}
+    assert dict(counters["graph_break"]) == {}
+    assert len(masked) >= 2, masked  # (the number of masked positions varies too)
+    assert counters["frames"]["total"] == counters["frames"]["ok"] == 1, counters  # one compilation
+    assert counters["stats"]["unique_graphs"] == 1, counters
+    for s, (value, reference) in enumerate(zip(got, fp32_losses[objective])):
+        assert value.keys() == reference.keys()
+        for term in value:
+            assert value[term] == pytest.approx(reference[term], rel=1e-5, abs=1e-6), (s, term)
+
+
+def test_a_failed_compilation_goes_on_eager_saying_so_once(demo_data, tmp_path, env, fp32_losses, compiled_with,
+                                                          caplog):
+    """A backend that fails (as inductor without a C compiler or Triton would): one warning, and the chunk goes
+    on uncompiled with the same losses as an eager run (the micro-batch is computed again, reseeded)."""
+
+    def broken(graph, inputs):
+        raise RuntimeError("no working C compiler")
+
+    compiled_with(broken)
+    chunk, batches = start(demo_data, tmp_path, env, "taco", compile=True)
+    with caplog.at_level("WARNING", logger="tacl.pretrain"):
+        got = [step(chunk, batches, env, contextlib.nullcontext()) for _ in range(STEPS)]
+    warnings = [r.getMessage() for r in caplog.records if "torch.compile failed" in r.getMessage()]
+    assert len(warnings) == 1 and "no working C compiler" in warnings[0] and "uncompiled" in warnings[0]
+    assert not chunk.engine.module.compiled
+    assert got == fp32_losses["taco"]
+
+
+def test_compile_auto_is_on_for_a_gpu_only():
+    from tacl.device import compiles
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert compiles("auto", cuda) and not compiles("auto", cpu)
+    assert compiles(True, cpu) and not compiles(False, cuda)
+
+
+def test_compiled_fine_tune_step_is_one_graph_and_a_failed_one_goes_on_eager(demo_data, tokenizer, compiled_with,
+                                                                             caplog):
+    """finetune.compile: a classifier's step (grouped batches of several widths) traces as one graph without
+    a break, compiled once, with the eager losses; a failing backend leaves one warning and the eager losses."""
+    from transformers import AutoModelForSequenceClassification
+
+    from tacl.finetune.common import Run, load_task_model, optimizer_and_schedule, pad_batch, to_device, train_step
+
+    run = Run(torch.device("cpu"), bf16=False)
+    hp = {"lr": 1e-3, "weight_decay": 0.01, "warmup_ratio": 0.1, "grad_clip": 1.0}
+    texts = [["a short one", "four"], ["a somewhat longer sentence here", "and a third one of them"],
+             ["the longest of these sentences, by a margin of several words", "x"]]
+    batches = []
+    for group in texts:
+        enc = tokenizer(group, ["b"] * len(group))
+        rows = [{**{k: enc[k][i] for k in ("input_ids", "token_type_ids", "attention_mask")}, "labels": i % 2}
+                for i in range(len(group))]
+        batches.append(to_device(pad_batch(rows, tokenizer.pad_token_id), run.device))
+    assert len({b["input_ids"].shape[1] for b in batches}) == 3
+
+    def losses(backend):
+        model = load_task_model(AutoModelForSequenceClassification, str(demo_data["start"]), 0, num_labels=2,
+                                problem_type="single_label_classification")  # (as tacl.finetune.sequence does)
+        if backend is not None:
+            model.compile(dynamic=True, backend=backend)
+        opt, sched = optimizer_and_schedule(model, hp, 10)
+        torch.manual_seed(0)
+        return [float(train_step(model, b, opt, sched, hp, run)) for b in batches], model
+
+    eager, _ = losses(None)
+    counters = compiled_with("eager")
+    compiled, model = losses("eager")
+    assert dict(counters["graph_break"]) == {} and counters["frames"]["total"] == 1, counters
+    assert compiled == pytest.approx(eager, rel=1e-5)
+
+    def broken(graph, inputs):
+        raise RuntimeError("no working C compiler")
+
+    with caplog.at_level("WARNING", logger="tacl.finetune"):
+        fallen, model = losses(broken)
+    warnings = [r.getMessage() for r in caplog.records if "torch.compile failed" in r.getMessage()]
+    assert len(warnings) == 1 and "RuntimeError: no working C compiler" in warnings[0]
+    assert fallen == eager and model._compiled_call_impl is None

@@ -23,7 +23,7 @@ from tacl.pretrain.settings import CHUNK_OPERATIONAL_KEYS, OPERATIONAL_KEYS
 # tacl.pretrain.settings; the rest lay jobs out (ranks, nodes, chunk times) or name places.
 OPERATIONAL_CONFIG_KEYS = tuple(sorted(
     {"results_dir", "resources_dir", "conda_env", "device", "gpus", "data.clean_workers", "finetune.runtime_minutes",
-     "pretrain.remove_checkpoints", "plan.gpu", "plan.gpus", "plan.safety", "plan.startup_minutes",
+     "finetune.compile", "pretrain.remove_checkpoints", "plan.gpu", "plan.gpus", "plan.safety", "plan.startup_minutes",
      "plan.min_runtime_minutes"}
     | {f"pretrain.{k}" for k in OPERATIONAL_KEYS if k != "device"}
     | {f"pretrain.{k}" for k in CHUNK_OPERATIONAL_KEYS if k != "chunk"}
@@ -200,6 +200,11 @@ def finetune_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]
                  for task in ft["sweep"].get("tasks") or {} if task not in tasks]
     problems += [f"finetune.extra_models.{name}: {name} is an objective's name; give the model another"
                  for name in ft["extra_models"] if name in MODELS]
+    hparams = ft["hparams"]
+    given = [(f"finetune.hparams.{family}", hparams.get(family) or {}) for family in ("glue", "squad", "ner")]
+    given += [(f"finetune.hparams.tasks.{task}", hp or {}) for task, hp in (hparams.get("tasks") or {}).items()]
+    problems += [f"{key}.group_by_length: {hp['group_by_length']!r} is not true or false" for key, hp in given
+                 if not isinstance(hp.get("group_by_length", True), bool)]
     return problems
 
 

@@ -4,7 +4,9 @@ A GPU was asked for when the config says `device: cuda` (the paper config does),
 job GPUs (SLURM's SLURM_GPUS_ON_NODE / SLURM_JOB_GPUS / SLURM_STEP_GPUS, or TACL_REQUIRE_GPU=1, which a
 profile can set for its GPU rules). Such a job that sees no usable GPU stops at once with one message naming
 what it saw (CUDA_VISIBLE_DEVICES, the torch build's CUDA version, the CUDA error) instead of training on the
-CPU for a whole day. `tacl doctor` prints the same facts on a login or compute node and says what is wrong.
+CPU for a whole day. `tacl doctor` prints the same facts on a login or compute node and says what is wrong,
+including, with `--compile`, what torch.compile needs on the node (Triton for a GPU, a C compiler, the Python
+headers), and a transformers older than the code needs.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import platform
 import shutil
 import subprocess
 import sys
+import sysconfig
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tacl.io import InputError
@@ -24,6 +28,7 @@ if TYPE_CHECKING:
     import torch
 
 DEVICES = ("auto", "cuda", "cpu")
+TRANSFORMERS_MAJOR = 5  # every forward passes a 4-D boolean attention mask, which transformers 4.x refuses
 _SCHEDULER_GPU_VARS = ("SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "SLURM_GPUS")
 
 
@@ -169,8 +174,34 @@ def visible_gpus(value: str | None) -> list[str] | None:
     return [entry.strip() for entry in value.split(",") if entry.strip()]
 
 
-def doctor(requested: str = "auto") -> tuple[dict[str, Any], list[str]]:
-    """(facts, problems) for `tacl doctor`: device facts, and what would stop a GPU job here."""
+def compile_toolchain() -> dict[str, str | None]:
+    """What torch.compile builds with on this node: Triton (its GPU kernels), a C compiler (Triton's launcher
+    and the CPU's kernels: $CC, else cc, gcc or clang on PATH) and the Python headers (Python.h, both
+    compile against it); each its version or path, None where missing."""
+    import importlib.metadata
+
+    try:
+        triton = importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        triton = None
+    compiler = next((shutil.which(c) for c in (os.environ.get("CC"), "cc", "gcc", "clang") if c and shutil.which(c)),
+                    None)
+    headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    return {"triton": triton, "c_compiler": compiler, "python_headers": str(headers) if headers.is_file() else None}
+
+
+def transformers_version() -> str | None:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def doctor(requested: str = "auto", compile: bool = False) -> tuple[dict[str, Any], list[str]]:
+    """(facts, problems) for `tacl doctor`: device facts, and what would stop a GPU job here (`compile`:
+    a job with pretrain.compile on)."""
     import torch
 
     reason = gpu_request(requested)
@@ -192,6 +223,24 @@ def doctor(requested: str = "auto") -> tuple[dict[str, Any], list[str]]:
     if torch.version.cuda and problem and "too old" in problem:
         problems.append("the NVIDIA driver is older than this torch build needs: install a torch build for "
                         "the driver's CUDA version (envs/requirements-cuda.txt says how)")
+    facts["transformers"] = transformers_version()
+    if facts["transformers"] is None or int(facts["transformers"].split(".")[0]) < TRANSFORMERS_MAJOR:
+        problems.append(f"transformers {facts['transformers'] or '(not installed)'}: the code needs "
+                        f"transformers {TRANSFORMERS_MAJOR}.x (envs/requirements-cuda.txt pins it; 4.x refuses the "
+                        "4-D attention masks every forward passes, \"Wrong shape\")")
+    facts["compile"] = compile_toolchain()
+    if compile:
+        tools = facts["compile"]
+        gpu = problem is None or reason is not None
+        missing = [what for what, have in (("Triton (pip package triton, for the GPU's kernels)",
+                                            tools["triton"] or not gpu),
+                                           ("a C compiler ($CC, cc, gcc or clang on PATH)", tools["c_compiler"]),
+                                           (f"the Python headers (Python.h under {sysconfig.get_paths()['include']};"
+                                            " a python3-dev / python3-devel package or a module that has them)",
+                                            tools["python_headers"])) if not have]
+        if missing:
+            problems.append(f"torch.compile (pretrain.compile) needs {'; '.join(missing)}: load or install "
+                            "them, or set pretrain.compile: false")
     return facts, problems
 
 
@@ -199,14 +248,33 @@ def register(commands: argparse._SubParsersAction) -> None:
     c = commands.add_parser("doctor", help="what device this node offers a job, and what is wrong with it")
     c.add_argument("--device", default="auto", choices=DEVICES,
                    help="what the job would ask for (cuda: fail unless a GPU is usable)")
+    c.add_argument("--compile", action="store_true",
+                   help="the job compiles (pretrain.compile): check Triton, a C compiler and the Python headers")
     c.set_defaults(func=_doctor)
 
 
 def _doctor(a: argparse.Namespace) -> int:
-    facts, problems = doctor(a.device)
+    facts, problems = doctor(a.device, a.compile)
     print(json.dumps(facts, indent=2))
     for p in problems:
         print(f"problem: {p}")
     if not problems:
         print("ok: " + (f"{facts['gpus']} x {facts['gpu']}" if facts.get("gpus") else "CPU only"))
     return 1 if problems else 0
+
+
+def compiles(setting: bool | str, device: torch.device) -> bool:
+    """pretrain.compile and finetune.compile: true, false, or auto = on a GPU (where an eager step's kernel
+    launches cost more than the GPU's work), off on a CPU (where compiling costs minutes and gains little)."""
+    return setting is True or (setting == "auto" and device.type == "cuda")
+
+
+def compile_failure(error: BaseException) -> str | None:
+    """`Type: first line` of the root cause when `error` comes from torch.compile (dynamo or inductor, which
+    wrap a backend's error in their own), else None (an error of the model itself)."""
+    if not type(error).__module__.startswith(("torch._dynamo", "torch._inductor")):
+        return None
+    while (inner := getattr(error, "inner_exception", None) or error.__cause__) is not None:
+        error = inner
+    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return f"{type(error).__name__}: {first[:300]}"

@@ -47,6 +47,7 @@ rule finetune:
     params:
         cache=operational(DATASETS_CACHE),
         device=operational(config["device"]),
+        compile=operational(str(config["finetune"]["compile"]).lower()),
         family=lambda w: task_family(w.task),
         seeds=lambda w: " ".join(str(s) for s in task_seeds(w.task)),
         source=lambda w: stamp(task_source(w.task)),
@@ -62,6 +63,7 @@ rule finetune:
         "python -m tacl finetune {params.family} {params.start} --task {wildcards.task}"
         " --seeds {params.seeds} --source {params.source:q} --cache-dir {params.cache}"
         " --hparams {params.hparams:q} --precision {params.precision} --device {params.device}"
+        " --compile {params.compile}"
         " --preset {params.preset} {params.contrastive}"
         " {params.keep} --out {params.out} --marker {output} > {log} 2>&1"
 

@@ -57,6 +57,8 @@ def register(stages: argparse._SubParsersAction) -> None:
                             "warmup, weight decay 0.01 (the config's hparams override either)")
         c.add_argument("--device", default="auto", choices=DEVICES,
                        help="cuda: stop at once unless a GPU is usable (the config's `device`)")
+        c.add_argument("--compile", default="auto", choices=["auto", "true", "false"],
+                       help="torch.compile the model (finetune.compile; auto: on a GPU)")
         if name == "glue":
             c.add_argument("--contrastive", choices=["kl", "scl"],
                            help="add a contrastive term on [CLS] (classification tasks; weight and tau in hparams)")
@@ -115,15 +117,21 @@ def _train(a: argparse.Namespace, model: str, start_from, source: dict, hp: dict
         from tacl.finetune.sequence import finetune_glue
 
         return finetune_glue(model, a.task, source, hp, seed, out, a.precision, a.device, a.preset,
-                             a.contrastive, start_from, a.save_model)
+                             a.contrastive, start_from, a.save_model, compile=_compile(a))
     if a.command == "squad":
         from tacl.finetune.data import SQUAD_TASKS
         from tacl.finetune.qa import finetune_squad
 
-        return finetune_squad(model, SQUAD_TASKS[a.task], source, hp, seed, out, a.precision, a.device, a.preset)
+        return finetune_squad(model, SQUAD_TASKS[a.task], source, hp, seed, out, a.precision, a.device, a.preset,
+                              compile=_compile(a))
     from tacl.finetune.ner import finetune_ner
 
-    return finetune_ner(model, source["data_dir"], hp, seed, out, a.precision, a.device, a.preset)
+    return finetune_ner(model, source["data_dir"], hp, seed, out, a.precision, a.device, a.preset,
+                        compile=_compile(a))
+
+
+def _compile(a: argparse.Namespace) -> bool | str:
+    return {"true": True, "false": False}.get(a.compile, a.compile)
 
 
 def _select(a: argparse.Namespace) -> None:

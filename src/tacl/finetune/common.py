@@ -1,5 +1,18 @@
-"""The fine-tuning loop shared by GLUE, SQuAD and NER: AdamW with linear warmup and decay, dynamic
-padding, bf16 autocast on GPU, gradient clipping, seeded data order; and batched prediction.
+"""The fine-tuning loop shared by GLUE, SQuAD and NER: AdamW with linear warmup and decay, batches grouped
+by length and padded to their longest row, bf16 autocast on GPU, gradient clipping, seeded data order; and
+batched prediction.
+
+Length grouping (`group_by_length`, on by default; `epoch_batches`): random batches of GLUE and SQuAD rows
+are 33-67% padding (SST-2, STS-B, MRPC, RTE, QNLI, WNLI at batch 32, the MiniLM tokenizer); each epoch's
+random permutation is cut into megabatches of MEGABATCH batches, each sorted by length and cut into batches,
+and the epoch's batches then go in a random order: 2-6% padding. Every example is seen once per epoch, the
+number of steps is the same, and the order is fixed by the seed, as without grouping; what changes is
+which examples share a batch (ones of similar length, drawn from a random megabatch), as with Hugging Face's
+LengthGroupedSampler (which keeps each megabatch's batches longest first instead of shuffling them). Off for
+contrastive fine-tuning, whose in-batch negatives would all be of the anchor's length
+(tacl.finetune.contrastive.DEFAULTS). Batches are not rounded up to a multiple of 8: on grouped batches that
+added 4-18 points of padding (SST-2's rows are 13 tokens long on average), and no kernel here needs it.
+benchmarks/finetune_step.py measures all of this. Prediction runs the rows sorted by length.
 
 Speed on a GPU: a batch is pinned and copied without blocking, the padding mask goes in as SDPA's 4-D mask,
 AdamW is PyTorch's fused kernel and the loss stays on the device (read every LOG_EVERY steps): a step
@@ -20,7 +33,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from tacl.device import device_info, fast_fp32_matmul, resolve_device
+from tacl.device import compile_failure, compiles, device_info, fast_fp32_matmul, resolve_device
 from tacl.finetune import FAMILY_HPARAMS, PRESETS
 from tacl.io import InputError
 from tacl.objectives import in_fp32, sdpa_mask
@@ -29,6 +42,7 @@ log = logging.getLogger("tacl.finetune")
 
 DEFAULT_HPARAMS = FAMILY_HPARAMS["glue"]
 LOG_EVERY = 200  # steps between log lines with the mean training loss (the only time it is read)
+MEGABATCH = 50  # batches per megabatch of length grouping (as Hugging Face's LengthGroupedSampler)
 TASK_HEADS = ("classifier", "qa_outputs")  # the Hugging Face task models' heads, run in fp32
 
 
@@ -36,6 +50,8 @@ def hyperparameters(defaults: dict[str, Any], preset: str, overrides: dict[str, 
     """A fine-tune's hyperparameters: the family's defaults, then the preset, then the config's values."""
     if preset not in PRESETS:
         raise InputError(f"finetune.preset: {preset!r} is not one of {', '.join(PRESETS)}")
+    if not isinstance(overrides.get("group_by_length", True), bool):
+        raise InputError(f"finetune.hparams: group_by_length is {overrides['group_by_length']!r}, not true or false")
     return {**defaults, **PRESETS[preset], **overrides}
 
 
@@ -45,15 +61,17 @@ class Run:
 
     device: torch.device
     bf16: bool
+    compile: bool = False  # torch.compile the model (finetune.compile, resolved)
 
     @classmethod
-    def detect(cls, precision: str = "auto", device: str = "auto") -> "Run":
+    def detect(cls, precision: str = "auto", device: str = "auto", compile: bool | str = "auto") -> "Run":
         """`device` as in the config (auto | cuda | cpu): a job that asked for a GPU and sees none stops
-        here with tacl.device.DeviceError, before any data is tokenized or any model is built."""
+        here with tacl.device.DeviceError, before any data is tokenized or any model is built. `compile`:
+        finetune.compile (auto: on a GPU)."""
         where = resolve_device(device)
         bf16 = precision == "bf16" or (precision == "auto" and where.type == "cuda")
         fast_fp32_matmul(where)
-        return cls(where, bf16)
+        return cls(where, bf16, compiles(compile, where))
 
     def describe(self) -> dict[str, Any]:
         """What metrics.json records about the run's device (GPU model and count, torch, CUDA, NCCL)."""
@@ -100,9 +118,9 @@ def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str,
 
 
 def pad_batch(rows: Sequence[dict[str, list[int]]], pad_id: int, label_pad: int = -100) -> dict[str, torch.Tensor]:
-    """Pad a list of tokenized rows to the longest (rounded up to 8); labels are padded with -100 when
-    they are sequences, stacked as they are when scalars."""
-    length = -(-max(len(r["input_ids"]) for r in rows) // 8) * 8
+    """Pad a list of tokenized rows to the longest; labels are padded with -100 when they are sequences,
+    stacked as they are when scalars."""
+    length = max(len(r["input_ids"]) for r in rows)
     out: dict[str, torch.Tensor] = {}
     for key in rows[0]:
         values = [r[key] for r in rows]
@@ -115,6 +133,24 @@ def pad_batch(rows: Sequence[dict[str, list[int]]], pad_id: int, label_pad: int 
         else:
             out[key] = torch.tensor(values)
     return out
+
+
+def epoch_batches(lengths: np.ndarray, batch: int, rng: np.random.Generator, grouped: bool = True
+                  ) -> list[np.ndarray]:
+    """One epoch's batches, as index arrays into the rows (of these `lengths`): ceil(n / batch) of them, all
+    full but one, every row once. Ungrouped: a random permutation cut into batches. Grouped: the permutation
+    cut into megabatches of MEGABATCH batches, each sorted by length (stably: rows of equal length keep
+    their random order) and cut into batches, then the batches in a random order."""
+    n = len(lengths)
+    order = rng.permutation(n)
+    if grouped:
+        step = batch * MEGABATCH
+        order = np.concatenate([mega[np.argsort(lengths[mega], kind="stable")]
+                                for mega in np.split(order, range(step, n, step))])
+    batches = [order[i : i + batch] for i in range(0, n, batch)]
+    if grouped:
+        batches = [batches[i] for i in rng.permutation(len(batches))]
+    return batches
 
 
 def optimizer_and_schedule(model: torch.nn.Module, hp: dict[str, Any], total_steps: int):
@@ -145,20 +181,24 @@ def train(model: torch.nn.Module, rows: list[dict[str, Any]], hp: dict[str, Any]
 
     seed_everything(seed)
     model.to(run.device).train()
+    if run.compile:  # in place (parameter names stay); one graph for every batch width, another for prediction
+        model.compile(dynamic=True)
     batch_size = hp["batch"]
     steps_per_epoch = -(-len(rows) // batch_size)
     total = steps_per_epoch * hp["epochs"]
     opt, sched = optimizer_and_schedule(model, hp, total)
     order_rng = np.random.default_rng(seed)
+    lengths = np.array([len(r["input_ids"]) for r in rows])
+    grouped = hp.get("group_by_length", True)
+    positions = 0  # padded positions of the batches, for the record
     started, step = time.time(), 0
     recent: collections.deque[torch.Tensor] = collections.deque(maxlen=max(1, steps_per_epoch // 10))
     interval = torch.zeros((), device=run.device)  # the loss summed since the last log line, on the device
     bar = tqdm(total=total, desc="fine-tune", unit=" steps", disable=not sys.stderr.isatty())
     for epoch in range(hp["epochs"]):
-        order = order_rng.permutation(len(rows))
-        for i in range(steps_per_epoch):
-            batch = to_device(pad_batch([rows[j] for j in order[i * batch_size : (i + 1) * batch_size]], pad_id),
-                              run.device)
+        for indices in epoch_batches(lengths, batch_size, order_rng, grouped):
+            positions += len(indices) * int(lengths[indices].max())
+            batch = to_device(pad_batch([rows[j] for j in indices], pad_id), run.device)
             loss = train_step(model, batch, opt, sched, hp, run, extra_loss, task_weight)
             recent.append(loss)
             interval += loss
@@ -168,9 +208,21 @@ def train(model: torch.nn.Module, rows: list[dict[str, Any]], hp: dict[str, Any]
                 interval.zero_()
             bar.update(1)
     bar.close()
-    return {"steps": total, "epochs": hp["epochs"], "train_examples": len(rows),
+    return {"steps": total, "epochs": hp["epochs"], "train_examples": len(rows), "group_by_length": grouped,
+            "padding": round(1 - int(lengths.sum()) * hp["epochs"] / positions, 4) if positions else None,
             "final_loss": float(torch.stack(list(recent)).double().mean()) if recent else None,
             "train_s": round(time.time() - started, 1)}
+
+
+def _loss_and_backward(model: torch.nn.Module, batch: dict[str, torch.Tensor], run: Run,
+                       extra_loss: Callable | None, task_weight: float) -> torch.Tensor:
+    with torch.autocast(run.device.type, dtype=torch.bfloat16, enabled=run.bf16):
+        outputs = model(**batch, output_hidden_states=extra_loss is not None)
+        loss = outputs.loss * task_weight
+        if extra_loss is not None:
+            loss = loss + extra_loss(model, batch, outputs)
+    loss.backward()
+    return loss
 
 
 def train_step(model: torch.nn.Module, batch: dict[str, torch.Tensor], opt: torch.optim.Optimizer, sched: Any,
@@ -178,12 +230,15 @@ def train_step(model: torch.nn.Module, batch: dict[str, torch.Tensor], opt: torc
                task_weight: float = 1.0) -> torch.Tensor:
     """One optimizer step on a batch already on the device (`to_device`); returns the loss, detached and on
     the device: nothing here waits for the device."""
-    with torch.autocast(run.device.type, dtype=torch.bfloat16, enabled=run.bf16):
-        outputs = model(**batch, output_hidden_states=extra_loss is not None)
-        loss = outputs.loss * task_weight
-        if extra_loss is not None:
-            loss = loss + extra_loss(model, batch, outputs)
-    loss.backward()
+    try:
+        loss = _loss_and_backward(model, batch, run, extra_loss, task_weight)
+    except Exception as e:  # a compilation that failed: on uncompiled, saying so once
+        if getattr(model, "_compiled_call_impl", None) is None or (why := compile_failure(e)) is None:
+            raise
+        model._compiled_call_impl = None  # (what nn.Module.compile set)
+        log.warning("finetune.compile: torch.compile failed (%s); this fine-tune goes on uncompiled (eager, "
+                    "slower)", why)
+        loss = _loss_and_backward(model, batch, run, extra_loss, task_weight)
     if hp.get("grad_clip"):
         torch.nn.utils.clip_grad_norm_(model.parameters(), hp["grad_clip"])
     opt.step()
@@ -195,20 +250,22 @@ def train_step(model: torch.nn.Module, batch: dict[str, torch.Tensor], opt: torc
 @torch.no_grad()
 def predict(model: torch.nn.Module, rows: list[dict[str, Any]], run: Run, pad_id: int, batch_size: int,
             outputs_of: Callable[[Any], Sequence[torch.Tensor]], per_token: bool = False) -> list[list[np.ndarray]]:
-    """Run the model over `rows` in order. `outputs_of(model_output)` picks tensors of shape [B, ...];
-    for each, one float32 array per row comes back; `per_token` outputs ([B, L, ...]) are cut to the
-    row's own length."""
+    """Run the model over `rows` (in batches of rows of similar length: longest first, little padding).
+    `outputs_of(model_output)` picks tensors of shape [B, ...]; for each, one float32 array per row comes
+    back, in the rows' order; `per_token` outputs ([B, L, ...]) are cut to the row's own length."""
     model.to(run.device).eval()
-    kept: list[list[np.ndarray]] = []
+    order = np.argsort([-len(r["input_ids"]) for r in rows], kind="stable")
+    kept: list[list[Any]] = []
     for i in range(0, len(rows), batch_size):
-        chunk = rows[i : i + batch_size]
-        batch = to_device(pad_batch([{k: v for k, v in r.items() if k != "labels"} for r in chunk], pad_id),
+        chunk = order[i : i + batch_size]
+        batch = to_device(pad_batch([{k: v for k, v in rows[j].items() if k != "labels"} for j in chunk], pad_id),
                           run.device)
         with torch.autocast(run.device.type, dtype=torch.bfloat16, enabled=run.bf16):
             out = outputs_of(model(**batch))
         for k, t in enumerate(out):
             arr = t.float().cpu().numpy()
             if len(kept) <= k:
-                kept.append([])
-            kept[k].extend(arr[j, : len(r["input_ids"])] if per_token else arr[j] for j, r in enumerate(chunk))
+                kept.append([None] * len(rows))
+            for a, j in enumerate(chunk):
+                kept[k][j] = arr[a, : len(rows[j]["input_ids"])] if per_token else arr[a]
     return kept

@@ -18,7 +18,9 @@ import torch.nn.functional as F
 from tacl.objectives import in_fp32
 
 FORMS = ("kl", "scl")
-DEFAULTS = {"contrastive_weight": 0.9, "contrastive_tau": 0.3}
+# group_by_length off: the term's negatives are the other examples of the batch, which length grouping would
+# make all of about the anchor's length
+DEFAULTS = {"contrastive_weight": 0.9, "contrastive_tau": 0.3, "group_by_length": False}
 
 
 def _similarities(cls: torch.Tensor, tau: float) -> torch.Tensor:

@@ -92,7 +92,7 @@ def entity_metrics(gold: list[list[str]], pred: list[list[str]]) -> dict[str, fl
 
 def finetune_ner(model_dir: str, data_dir: str, hparams: dict[str, Any], seed: int, out_dir: str,
                  precision: str = "auto", device: str = "auto",
-                 preset: str = "standard") -> dict[str, Any]:
+                 preset: str = "standard", compile: bool | str = "auto") -> dict[str, Any]:
     from transformers import AutoModelForTokenClassification, AutoTokenizer, BertModel
 
     from tacl.objectives.tacl import supervised_tacl_loss
@@ -101,7 +101,7 @@ def finetune_ner(model_dir: str, data_dir: str, hparams: dict[str, Any], seed: i
     model_dir = resolve_pretrained(model_dir)
     hp = hyperparameters(FAMILY_HPARAMS["ner"], preset, hparams)
     started = time.time()
-    run = Run.detect(precision, device)  # a job that asked for a GPU and has none stops here
+    run = Run.detect(precision, device, compile)  # a job that asked for a GPU and has none stops here
     data = {s: read_conll(Path(data_dir) / f) for s, f in SPLITS.items()}
     labels = label_list(data["train"])
     train_s = subset(data["train"], hp.get("max_train_examples", 0))

@@ -42,7 +42,7 @@ def feature_rows(features: squad.Features, train: bool) -> list[dict[str, Any]]:
 
 def finetune_squad(model_dir: str, version: str, source: dict[str, Any], hparams: dict[str, Any], seed: int,
                    out_dir: str, precision: str = "auto", device: str = "auto",
-                   preset: str = "standard") -> dict[str, Any]:
+                   preset: str = "standard", compile: bool | str = "auto") -> dict[str, Any]:
     from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 
     if version not in ("1.1", "2.0"):
@@ -50,7 +50,7 @@ def finetune_squad(model_dir: str, version: str, source: dict[str, Any], hparams
     model_dir = resolve_pretrained(model_dir)
     hp = hyperparameters(SQUAD_HPARAMS, preset, hparams)
     started = time.time()
-    run = Run.detect(precision, device)  # a job that asked for a GPU and has none stops here
+    run = Run.detect(precision, device, compile)  # a job that asked for a GPU and has none stops here
     train_ex = subset(load_examples(version, "train", source), hp.get("max_train_examples", 0))
     dev_ex = subset(load_examples(version, "dev", source), hp.get("max_eval_examples", 0))
 

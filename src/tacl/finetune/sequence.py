@@ -54,7 +54,7 @@ def encode(tokenizer: Any, task: str, examples: list[glue.Example], max_len: int
 def finetune_glue(model_dir: str, task: str, source: dict[str, Any], hparams: dict[str, Any], seed: int,
                   out_dir: str, precision: str = "auto", device: str = "auto",
                   preset: str = "standard", contrastive: str | None = None, start_from: str | None = None,
-                  save_model: bool = False) -> dict[str, Any]:
+                  save_model: bool = False, compile: bool | str = "auto") -> dict[str, Any]:
     """One fine-tune. `start_from` names where `model_dir` came from (another task's fine-tune,
     TASK:SETTING/seedN; recorded); `save_model` keeps the fine-tuned encoder, without its task head, in
     OUT/model, so that another task can start from it."""
@@ -72,7 +72,7 @@ def finetune_glue(model_dir: str, task: str, source: dict[str, Any], hparams: di
     model_dir = resolve_pretrained(model_dir)
     hp = hyperparameters({**DEFAULT_HPARAMS, **(CONTRASTIVE_DEFAULTS if contrastive else {})}, preset, hparams)
     started = time.time()
-    run = Run.detect(precision, device)  # a job that asked for a GPU and has none stops here
+    run = Run.detect(precision, device, compile)  # a job that asked for a GPU and has none stops here
     # all data first: a missing file fails before the model is built
     train_ex = subset(load_examples(task, "train", source), hp.get("max_train_examples", 0))
     dev = {s: subset(load_examples(task, s, source), hp.get("max_eval_examples", 0)) for s in spec.dev_splits}

@@ -16,6 +16,10 @@ shapes never depend on tensor values (fixed-shape gathers and ignore_index inste
 
 The package imports no torch itself (the Snakefile reads the registry while it parses); the objective
 modules do.
+
+An objective is called as `objective(model, teacher, batch, draws)`; one that draws random numbers (TACO's
+pairs, COCO-LM's samples and crops) has a method `draws(batch, generator)` that makes them ahead, as a
+dict of tensors (`objective_draws`): a compiled step (`pretrain.compile`) cannot take a generator.
 """
 
 from __future__ import annotations
@@ -72,3 +76,8 @@ def encoder_inputs(batch: dict[str, torch.Tensor], ids: str = "input_ids") -> di
     """A BERT encoder's keyword arguments for this batch (the padding mask as `sdpa_mask`)."""
     return {"input_ids": batch[ids], "token_type_ids": batch["token_type_ids"],
             "attention_mask": sdpa_mask(batch["attention_mask"])}
+
+
+def objective_draws(objective: Any, batch: dict[str, torch.Tensor], generator: torch.Generator) -> dict[str, Any]:
+    """The random numbers an objective draws for this micro-batch (none for most)."""
+    return objective.draws(batch, generator) if hasattr(objective, "draws") else {}

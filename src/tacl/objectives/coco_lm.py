@@ -15,7 +15,8 @@ corrupted sequence and learns:
 
 The total is L_aux + L_CLM + L_SCL. The auxiliary model and the copy head are trained and checkpointed
 with the main model (exact resume holds for them too); only the main model is exported. Every draw
-(replacements, crops) is made on the device from the micro-batch's generator, with fixed shapes.
+(replacements, crops) is made on the device from the micro-batch's generator, with fixed shapes, ahead of
+the forward (`draws`).
 """
 
 from __future__ import annotations
@@ -66,16 +67,25 @@ def sequence_contrastive_loss(a: torch.Tensor, b: torch.Tensor, tau: float) -> t
     return loss, counts(sims.argmax(-1) == target, torch.ones_like(target, dtype=torch.bool))
 
 
-def sample_rows(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+def uniform(draws: torch.Generator | torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """Uniform float64 numbers in [0, 1) of this shape: `draws` itself when they were drawn ahead (outside a
+    compiled step, which cannot take a generator), else drawn from the generator `draws`."""
+    if isinstance(draws, torch.Generator):
+        return torch.rand(shape, generator=draws, device=draws.device, dtype=torch.float64)
+    return draws
+
+
+def sample_rows(probs: torch.Tensor, draws: torch.Generator | torch.Tensor) -> torch.Tensor:
     """One draw per row of probs [K, V] by inverting the row's cumulative distribution with one uniform
-    number: K random numbers instead of torch.multinomial's K x V exponentials (41% of a CPU step)."""
+    number (`draws`: [K, 1], or a generator): K random numbers instead of torch.multinomial's K x V
+    exponentials (41% of a CPU step)."""
     cdf = probs.double().cumsum(-1)
-    u = torch.rand(len(probs), 1, generator=generator, device=probs.device, dtype=torch.float64) * cdf[:, -1:]
+    u = uniform(draws, (len(probs), 1)) * cdf[:, -1:]
     return torch.searchsorted(cdf, u).squeeze(1).clamp(max=probs.shape[1] - 1)
 
 
 def crop_view(ids: torch.Tensor, token_type: torch.Tensor, attention: torch.Tensor, share: float, pad_id: int,
-              generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              draws: torch.Generator | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(ids, token types, attention) of `[CLS] x[s+1 .. s+m] [SEP]` per row: the tokens between a row's
     [CLS] (position 0) and its last [SEP] (position n-1) are c = n-2; m = ceil(share * c) of them from a
     uniform start s in [0, c-m]. Shapes stay [B, L]."""
@@ -83,7 +93,7 @@ def crop_view(ids: torch.Tensor, token_type: torch.Tensor, attention: torch.Tens
     n = attention.sum(1)  # [B] real tokens
     c = (n - 2).clamp(min=0)
     m = torch.ceil(c.double() * share).long().clamp(max=c)
-    u = torch.rand(bsz, generator=generator, device=ids.device, dtype=torch.float64)
+    u = uniform(draws, (bsz,))  # ([B], or a generator)
     start = torch.minimum((u * (c - m + 1)).long(), c - m)
     j = torch.arange(length, device=ids.device)[None, :]
     source = (start[:, None] + j).clamp(max=length - 1)  # position j >= 1 of the view reads s + j
@@ -131,8 +141,14 @@ class COCOLM(torch.nn.Module):
                                                    attn_implementation="sdpa")
         self.copy_head = torch.nn.Linear(student.config.hidden_size, 1)
 
+    def draws(self, batch: dict[str, torch.Tensor], generator: torch.Generator) -> dict[str, torch.Tensor]:
+        """The uniform numbers of a micro-batch, in the order the eager forward drew them: one per selected
+        position (the auxiliary model's samples), one per sequence (its crop)."""
+        return {"samples": uniform(generator, (len(batch["mlm_index"]), 1)),
+                "crops": uniform(generator, (len(batch["input_ids"]),))}
+
     def forward(self, model: Any, teacher: Any, batch: dict[str, torch.Tensor],
-                generator: torch.Generator) -> tuple[dict, dict]:
+                draws: dict[str, torch.Tensor]) -> tuple[dict, dict]:
         from tacl.objectives import encoder_inputs
 
         index, targets = batch["mlm_index"], batch["mlm_targets"]
@@ -142,7 +158,7 @@ class COCOLM(torch.nn.Module):
         losses, metrics = {}, {}
         losses["aux_mlm"], metrics["aux_mlm_acc"] = mlm_loss(aux_logits, targets)
         with torch.no_grad():
-            samples = sample_rows(F.softmax(aux_logits.float(), -1), generator)
+            samples = sample_rows(F.softmax(aux_logits.float(), -1), draws["samples"])
         clean = batch["clean_ids"]
         flat = clean.flatten()
         picked = torch.where(targets != IGNORE_INDEX, samples, flat.index_select(0, index))  # list padding: unchanged
@@ -159,7 +175,7 @@ class COCOLM(torch.nn.Module):
         losses["clm"] = self.lambda_copy * copy + lm
         # sequence contrast: [CLS] of the corrupted sequence against [CLS] of a cropped view of the original
         view, types, attention = crop_view(clean, batch["token_type_ids"], batch["attention_mask"], self.crop,
-                                           model.config.pad_token_id or 0, generator)
+                                           model.config.pad_token_id or 0, draws["crops"])
         view_batch = {"input_ids": view, "token_type_ids": types, "attention_mask": attention}
         view_cls = model.bert(**encoder_inputs(view_batch)).last_hidden_state[:, 0]
         losses["scl"], metrics["scl_acc"] = sequence_contrastive_loss(hidden[:, 0], view_cls, self.tau)

@@ -52,6 +52,6 @@ class MlmNsp:
     needs_teacher: bool = False
 
     def __call__(self, model: Any, teacher: Any, batch: dict[str, torch.Tensor],
-                 generator: torch.Generator) -> tuple[dict, dict]:
+                 draws: dict[str, Any]) -> tuple[dict, dict]:
         out = model.bert(**encoder_inputs(batch))
         return mlm_nsp_terms(model, batch, out.last_hidden_state, out.pooler_output)

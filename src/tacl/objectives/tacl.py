@@ -93,7 +93,7 @@ class TaCL:
             raise ValueError(f"pretrain.tacl.negatives: {self.negatives!r} is not 'real', 'all' or 'batch'")
 
     def __call__(self, model: Any, teacher: Any, batch: dict[str, torch.Tensor],
-                 generator: torch.Generator) -> tuple[dict, dict]:
+                 draws: dict[str, Any]) -> tuple[dict, dict]:
         out = model.bert(**encoder_inputs(batch))
         losses, metrics = mlm_nsp_terms(model, batch, out.last_hidden_state, out.pooler_output)
         teacher.train(self.teacher_train_mode)

@@ -6,8 +6,10 @@ of the sequence if there is none) and K negatives drawn uniformly from the other
 positive and negatives are detached. Loss: InfoNCE with temperature tau, averaged over anchors, added to
 MLM (NSP only if `keep_nsp`).
 
-Pairs are drawn on the device with fixed shapes (no Python loop, no `nonzero`); the logits are gathered
-from one [B*L, B*L] similarity matrix, so no [N, K, hidden] copy of the negatives is kept for backward.
+Pairs are drawn on the device with fixed shapes (no Python loop, no `nonzero`). Only the 1 + K similarities
+of each anchor are computed (`gathered_dots`), not the [B*L, B*L] matrix they are a 51-column sample of
+(268 MB and 2 * 103 GFLOP per 32 x 256 micro-batch of BERT-base; benchmarks/taco_similarities.py measures
+both ways).
 """
 
 from __future__ import annotations
@@ -22,21 +24,36 @@ from tacl.objectives import counts, encoder_inputs, in_fp32
 from tacl.objectives.mlm_nsp import IGNORE_INDEX, mlm_nsp_terms
 
 
-def _below(n: torch.Tensor, shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
-    """Uniform integers in [0, n) (n broadcast against `shape`; 0 where n is 0)."""
-    u = torch.rand(shape, generator=generator, device=n.device, dtype=torch.float64)
+def _below(n: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Uniform integers in [0, n) from uniform numbers u in [0, 1) (n broadcast against u; 0 where n is 0)."""
     return torch.minimum((u * n).long(), (n - 1).clamp(min=0))
 
 
+TacoDraws = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def taco_draws(shape: tuple[int, int], window: int, k: int, generator: torch.Generator) -> TacoDraws:
+    """The uniform numbers `sample_taco_pairs` uses for a [B, L] batch, drawn ahead (outside a compiled
+    step, which cannot take a generator): the neighbour scores [B, L, 2 window], the fallback positive
+    [B, L] and the negatives [B, L, K]. `generator` lives on the batch's device."""
+    device = generator.device
+    return (torch.rand((*shape, 2 * window), generator=generator, device=device),
+            torch.rand(shape, generator=generator, device=device, dtype=torch.float64),
+            torch.rand((*shape, k), generator=generator, device=device, dtype=torch.float64))
+
+
 def sample_taco_pairs(valid: torch.Tensor, window: int, k: int,
-                      generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                      draws: torch.Generator | TacoDraws) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """For every position of valid [B, L]: a positive position [B, L] of the same sequence, K negatives
     [B, L, K] as flat indices into B*L (valid positions of the other sequences), and which anchors have
     negatives at all [B] (a batch whose other sequences are empty has none). Only rows where `valid` is
-    set are meaningful. `generator` lives on valid's device."""
+    set are meaningful. `draws`: `taco_draws`' numbers, or a generator on valid's device to draw them."""
     bsz, length = valid.shape
     if bsz < 2:
         raise ValueError("TACO draws negatives from other sequences: the micro batch needs >= 2 sequences")
+    if isinstance(draws, torch.Generator):
+        draws = taco_draws((bsz, length), window, k, draws)
+    u_scores, u_other, u_negatives = draws
     device = valid.device
     pos = torch.arange(length, device=device)
     # positive: a random valid neighbour within the window ...
@@ -46,12 +63,12 @@ def sample_taco_pairs(valid: torch.Tensor, window: int, k: int,
     in_range = (cand >= 0) & (cand < length)
     cand = cand.clamp(0, length - 1)
     cand_valid = in_range & valid[:, cand]  # [B, L, 2w]
-    scores = torch.rand(cand_valid.shape, generator=generator, device=device).masked_fill(~cand_valid, -1.0)
+    scores = u_scores.masked_fill(~cand_valid, -1.0)
     positive = cand.expand(bsz, length, -1).gather(-1, scores.argmax(-1, keepdim=True)).squeeze(-1)
     # ... else a random other valid position of the sequence (the r-th valid one, skipping itself)
     in_seq = valid.long().cumsum(1)  # [B, L]: valid positions up to and including t
     count = in_seq[:, -1:]  # [B, 1]
-    r = _below(count - 1, (bsz, length), generator)
+    r = _below(count - 1, u_other)
     r = r + (r >= in_seq - 1).long()
     other = torch.searchsorted(in_seq, r + 1).clamp(max=length - 1)
     other = torch.where(count > 1, other, pos)  # alone in its sequence: itself
@@ -61,11 +78,38 @@ def sample_taco_pairs(valid: torch.Tensor, window: int, k: int,
     count = count.squeeze(1)
     before = count.cumsum(0) - count  # valid positions in the earlier sequences
     pool = count.sum() - count
-    r = _below(pool[:, None, None], (bsz, length, k), generator)
+    r = _below(pool[:, None, None], u_negatives)
     r = r + torch.where(r >= before[:, None, None], count[:, None, None], 0)
     in_batch = valid.flatten().long().cumsum(0)
     negatives = torch.searchsorted(in_batch, (r + 1).flatten()).clamp(max=bsz * length - 1).view(bsz, length, k)
     return positive, negatives, pool > 0
+
+
+class _GatheredDots(torch.autograd.Function):
+    """dots[n, c] = q[n] . keys[columns[n, c]], differentiable in q only (keys are detached). Both ways are
+    one fused PyTorch kernel that reads the rows of `keys` it needs: forward the per-sample-weight gradient
+    kernel of embedding_bag (a dot per (anchor, column)), backward embedding_bag itself with the incoming
+    gradient as per-sample weights (sum_c grad[n, c] * keys[columns[n, c]]). No [N, C, H] copy of the
+    gathered rows is made or kept, and every shape is fixed by the input shapes."""
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, keys: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+        n, c = columns.shape
+        offsets = torch.arange(0, n * c, c, device=columns.device)  # bag n: samples n*c .. n*c + c - 1
+        bag_of_sample = torch.arange(n * c, device=columns.device) // c
+        ctx.save_for_backward(keys, columns)
+        return torch.ops.aten._embedding_bag_per_sample_weights_backward(
+            q.contiguous(), keys, columns.reshape(-1), offsets, bag_of_sample, 0).view(n, c)  # (0: mode sum)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        keys, columns = ctx.saved_tensors
+        return F.embedding_bag(columns, keys, mode="sum", per_sample_weights=grad.contiguous()), None, None
+
+
+def gathered_dots(q: torch.Tensor, keys: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+    """q [N, H] . keys[columns] -> [N, C] (`_GatheredDots`); the gradient reaches q only."""
+    return _GatheredDots.apply(q, keys.detach(), columns)
 
 
 @in_fp32
@@ -76,10 +120,9 @@ def taco_loss(g: torch.Tensor, valid: torch.Tensor, positive: torch.Tensor, nega
     Returns (loss averaged over valid anchors, accuracy counts: positive scored above every negative)."""
     bsz, length, hidden = g.shape
     flat = g.reshape(bsz * length, hidden)
-    sims = flat @ flat.detach().T  # [B*L, B*L]; backward needs only the detached keys
     own = (torch.arange(bsz, device=g.device)[:, None] * length + positive).reshape(-1, 1)
     columns = torch.cat([own, negatives.reshape(bsz * length, -1)], 1)
-    logits = sims.gather(1, columns).float() / tau  # [B*L, 1 + K]
+    logits = gathered_dots(flat, flat, columns) / tau  # [B*L, 1 + K]
     anchors = valid.flatten()
     target = torch.where(anchors, 0, IGNORE_INDEX)
     loss = F.cross_entropy(logits, target, ignore_index=IGNORE_INDEX, reduction="sum")
@@ -96,13 +139,16 @@ class TACO:
     name: str = "taco"
     needs_teacher: bool = False
 
+    def draws(self, batch: dict[str, torch.Tensor], generator: torch.Generator) -> dict[str, Any]:
+        return {"pairs": taco_draws(tuple(batch["input_ids"].shape), self.window, self.negatives, generator)}
+
     def __call__(self, model: Any, teacher: Any, batch: dict[str, torch.Tensor],
-                 generator: torch.Generator) -> tuple[dict, dict]:
+                 draws: dict[str, Any]) -> tuple[dict, dict]:
         out = model.bert(**encoder_inputs(batch), output_hidden_states=True)
         losses, metrics = mlm_nsp_terms(model, batch, out.last_hidden_state, out.pooler_output,
                                         with_nsp=self.keep_nsp)
         valid = batch["attention_mask"].bool()
-        positive, negatives, has_negatives = sample_taco_pairs(valid, self.window, self.negatives, generator)
+        positive, negatives, has_negatives = sample_taco_pairs(valid, self.window, self.negatives, draws["pairs"])
         g = F.normalize((out.hidden_states[-1] - out.hidden_states[0]).float(), dim=-1)
         loss, metrics["taco_acc"] = taco_loss(g, valid & has_negatives[:, None], positive, negatives, self.tau)
         losses["taco"] = self.weight * loss

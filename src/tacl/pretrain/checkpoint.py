@@ -16,6 +16,7 @@ converted checkpoint resumed measurably off the trajectory).
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import re
@@ -26,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tacl.device import rank_gpu
 from tacl.io import InputError, write_text_atomic
 from tacl.pretrain.distributed import DistEnv, barrier
 
@@ -34,6 +36,7 @@ INCOMING = ".incoming"
 UNIVERSAL = "universal"
 _TAG = re.compile(r"^step(\d{8})$")
 _RNG = re.compile(r"^rng_rank(\d{5})\.pt$")
+log = logging.getLogger("tacl.pretrain")
 
 
 def tag_for(step: int) -> str:
@@ -58,15 +61,37 @@ def rng_state() -> dict[str, Any]:
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda_device"] = torch.cuda.current_device()  # this rank's GPU (distributed.py set it)
     return state
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: dict[str, Any], local_rank: int = 0) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        set_cuda_rng_states(state["cuda"], state.get("cuda_device"), local_rank)
+
+
+def set_cuda_rng_states(states: list[torch.Tensor], saved_device: int | None, local_rank: int) -> None:
+    """Restore the saved CUDA generator states of the GPUs this process sees. A rank that now sees fewer GPUs
+    than were saved (torchrun with 4 visible per process, then srun with 1 per task) gets the state of the GPU
+    it trained on (`saved_device`; in checkpoints that did not record it, the GPU its local rank picked) on
+    the GPU it trains on now; the other saved states have no device here and are left, as the log says. (Dropout
+    and TACO draws are seeded per micro-batch, so the trajectory does not depend on these states; restoring
+    them keeps any other CUDA draw where it was.)"""
+    visible = torch.cuda.device_count()
+    if len(states) <= visible:
+        torch.cuda.set_rng_state_all(states)
+        return
+    current = torch.cuda.current_device()
+    source = saved_device if saved_device is not None else rank_gpu(local_rank, len(states))
+    if not isinstance(source, int) or source >= len(states):
+        source = min(current, len(states) - 1)
+    torch.cuda.set_rng_state(states[source], current)
+    log.info("checkpoint holds CUDA RNG states of %d GPUs, this process sees %d: restored saved GPU %d's "
+             "state on GPU %d (the GPU this rank trains on), left the others", len(states), visible, source,
+             current)
 
 
 def save(engine: Any, run_dir: str | os.PathLike, step: int, client_state: dict[str, Any], env: DistEnv,
@@ -157,5 +182,5 @@ def load(engine: Any, run_dir: str | os.PathLike, tag: str, env: DistEnv, univer
         rng_file = root / tag / f"rng_rank{env.rank:05d}.pt"
         if not rng_file.is_file():
             raise InputError(f"{rng_file}: missing (the checkpoint is incomplete)")
-        set_rng_state(torch.load(rng_file, weights_only=False))
+        set_rng_state(torch.load(rng_file, weights_only=False), env.local_rank)
     return client_state

@@ -39,8 +39,9 @@ from typing import Any, Iterator
 import torch
 
 from tacl.data.pretraining import MicroBatches, micro_batch_loader, unpack
-from tacl.device import fast_fp32_matmul
+from tacl.device import compile_failure, compiles, fast_fp32_matmul
 from tacl.io import InputError, read_json, stable_hash, write_json_atomic
+from tacl.objectives import objective_draws
 from tacl.pretrain import checkpoint
 from tacl.pretrain.deadline import Deadline, StopSignals, describe, end_times
 from tacl.pretrain.distributed import DistEnv, all_max, all_sum, barrier, broadcast_object, init_distributed, shutdown
@@ -78,10 +79,42 @@ class Pretrainer(torch.nn.Module):
         super().__init__()
         self.model = model
         self.objective = objective
+        self.losses = self.eager_losses  # `compile_losses` puts a compiled copy here
+
+    def eager_losses(self, batch: dict[str, torch.Tensor], teacher: Any, draws: dict[str, Any]):
+        """The student's forward and the objective's loss: the part `pretrain.compile` compiles."""
+        losses, metrics = self.objective(self.model, teacher, batch, draws)
+        return sum(losses.values()), losses, metrics
 
     def forward(self, batch: dict[str, torch.Tensor], teacher: Any, generator: torch.Generator):
-        losses, metrics = self.objective(self.model, teacher, batch, generator)
-        return sum(losses.values()), losses, metrics
+        # the objective's random numbers are drawn here, eagerly: a compiled graph cannot take a generator
+        return self.losses(batch, teacher, objective_draws(self.objective, batch, generator))
+
+    def compile_losses(self, teacher: Any = None, backend: str = "inductor") -> None:
+        """torch.compile the forward and loss, one graph for every micro-batch shape (`dynamic=True`: the
+        widths of length groups and the number of masked positions vary from one micro-batch to the next;
+        static shapes would compile once per width, up to max_len / 8 graphs). Parameter names, and so
+        checkpoints, stay as they are. transformers installs the hooks that collect `output_hidden_states`
+        (TACO's student, tacl_attn's teacher) on the first forward that asks for them, under a lock that
+        breaks the graph: installed here, on the teacher too."""
+        from transformers import PreTrainedModel
+        from transformers.utils.output_capturing import maybe_install_capturing_hooks
+
+        for module in [*self.modules(), *(teacher.modules() if teacher is not None else [])]:
+            if isinstance(module, PreTrainedModel):
+                maybe_install_capturing_hooks(module)
+        self.losses = torch.compile(self.eager_losses, dynamic=True, backend=backend)
+
+    @property
+    def compiled(self) -> bool:
+        return self.losses != self.eager_losses
+
+    def go_eager(self, why: str) -> None:
+        """A compilation failed (`why`: tacl.device.compile_failure): this run goes on uncompiled, saying so."""
+        log.warning("pretrain.compile: torch.compile failed (%s); this chunk goes on uncompiled (eager, slower); "
+                    "`tacl doctor --device cuda --compile` checks the tool chain, and pretrain.compile: false "
+                    "turns compilation off", why)
+        self.losses = self.eager_losses
 
 
 def linear_schedule(steps: int, warmup_ratio: float):
@@ -355,14 +388,14 @@ def _setup(args: ChunkArgs, env: DistEnv, lock: RunLock) -> Chunk:
     # -- model, optimizer, engine --------------------------------------------------------------------
     torch.manual_seed(s.seed)
     student = load_student(args.start_model)
-    if s.compile:
-        student.bert.compile(dynamic=True)  # in place: parameter names (and checkpoints) stay as they are
     teacher = load_teacher(args.start_model).to(env.device) if objective.needs_teacher else None
     if teacher is not None and bf16:
         teacher = teacher.to(torch.bfloat16)
     if hasattr(objective, "attach"):
         objective.attach(args.start_model, student)  # parameters of the objective's own (COCO-LM's auxiliary model)
     trainable = Pretrainer(student, objective)
+    if compiles(s.compile, env.device):
+        trainable.compile_losses(teacher)
     decay = [p for n, p in trainable.named_parameters() if not any(k in n for k in ("bias", "LayerNorm"))]
     no_decay = [p for n, p in trainable.named_parameters() if any(k in n for k in ("bias", "LayerNorm"))]
     # fused: one kernel for all parameters, and the step count stays on the device (the unfused CPU/foreach
@@ -437,12 +470,13 @@ def optimizer_step(chunk: Chunk, batches: Iterator[dict[str, Any]], meter: Meter
         batch = next(batches)
         tokens += batch["num_tokens"]
         batch = unpack(batch["packed"].to(env.device, non_blocking=True), batch["layout"])
-        j = a * env.world_size + env.rank
-        torch.manual_seed(derive_seed(s.seed, chunk.step, j, 0))  # dropout
-        chunk.generator.manual_seed(derive_seed(s.seed, chunk.step, j, 1))
-        with torch.autocast(env.device.type, dtype=torch.bfloat16, enabled=chunk.autocast):
-            loss, losses, metrics = engine(batch, chunk.teacher, chunk.generator)
-        engine.backward(loss)  # (the last micro-batch's backward all-reduces the gradient)
+        try:
+            loss, losses, metrics = _forward_backward(chunk, batch, a * env.world_size + env.rank)
+        except Exception as e:  # a compilation that failed (in the forward, or a lazy one in the backward)
+            if not engine.module.compiled or (why := compile_failure(e)) is None:
+                raise
+            engine.module.go_eager(why)
+            loss, losses, metrics = _forward_backward(chunk, batch, a * env.world_size + env.rank)
         if chunk.clip is not None and a == chunk.accumulation - 1:
             _clip(chunk)
         engine.step()
@@ -452,6 +486,17 @@ def optimizer_step(chunk: Chunk, batches: Iterator[dict[str, Any]], meter: Meter
     meter.steps += 1
     meter.tokens += tokens
     return tokens
+
+
+def _forward_backward(chunk: Chunk, batch: dict[str, torch.Tensor], j: int):
+    """Micro-batch j of the step: its seeds (dropout, the objective's draws), forward, loss and backward."""
+    s, engine = chunk.settings, chunk.engine
+    torch.manual_seed(derive_seed(s.seed, chunk.step, j, 0))  # dropout
+    chunk.generator.manual_seed(derive_seed(s.seed, chunk.step, j, 1))
+    with torch.autocast(chunk.env.device.type, dtype=torch.bfloat16, enabled=chunk.autocast):
+        loss, losses, metrics = engine(batch, chunk.teacher, chunk.generator)
+    engine.backward(loss)  # (the last micro-batch's backward all-reduces the gradient)
+    return loss, losses, metrics
 
 
 def _clip(chunk: Chunk) -> None:

