@@ -33,6 +33,7 @@ class Batching:
     micro_batch: int
     group_by_length: bool = True
     pad_multiple: int = 8  # max_len: every sequence padded to max_len (the reference's way)
+    packing: bool = False  # micro-batches in the packed layout (tacl.data.packing): no padding at all
 
     def width(self, lengths: np.ndarray) -> int:
         """The padded width of a micro-batch: its longest sequence, rounded up to pad_multiple."""
@@ -75,7 +76,12 @@ class PretrainingData:
         return positions[j * m : (j + 1) * m]
 
     def micro_batch(self, step: int, j: int) -> dict[str, Any]:
-        return self.batch(self.micro_positions(step, j))
+        batch = self.batch(self.micro_positions(step, j))
+        if self.batching.packing:  # the same sequences and masks, concatenated without padding
+            from tacl.data.packing import pack_sequences
+
+            return pack_sequences(batch)
+        return batch
 
     def batch(self, positions: Sequence[int]) -> dict[str, Any]:
         """A padded, masked batch of the samples at these data positions (tensors, plus `num_tokens`)."""
@@ -157,6 +163,13 @@ def unpack(packed: torch.Tensor, layout: tuple) -> dict[str, torch.Tensor]:
         out[name] = view.bool() if is_bool else view
         at += size
     return out
+
+
+def on_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """A `pack`ed batch on `device` (a non-blocking copy from pinned memory), with its host values (such as
+    a packed batch's sequence lengths) alongside, as they are."""
+    host = {k: v for k, v in batch.items() if k not in ("packed", "layout")}
+    return {**unpack(batch["packed"].to(device, non_blocking=True), batch["layout"]), **host}
 
 
 def _one_thread(_: int) -> None:

@@ -40,6 +40,7 @@ class TrainSettings:
     pad_to_max_len: bool = False
     group_by_length: bool = True  # micro-batches of similar length (less padding); see data/pretraining.py
     max_len: int = 256
+    packing: bool = False  # sequences packed without padding (tacl.data.packing); changes the trajectory
     objective_params: dict[str, Any] = field(default_factory=dict)
     # where and how fast (not part of the trajectory)
     device: str = "auto"  # auto | cuda | cpu; cuda: stop at once unless a GPU is usable (tacl.device)
@@ -82,4 +83,5 @@ class TrainSettings:
     def trajectory_hash(self) -> str:
         """What decides the weights a run reaches (not micro batch, ranks, ZeRO stage or logging)."""
         d = {**self.to_dict(), "data_version": DATA_VERSION}
-        return stable_hash({k: d[k] for k in TRAJECTORY_KEYS})
+        # packing only where it is on, so that the runs made before it existed keep their identity
+        return stable_hash({k: d[k] for k in TRAJECTORY_KEYS + (("packing",) if self.packing else ())})

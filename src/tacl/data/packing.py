@@ -1,0 +1,82 @@
+"""Packed micro-batches: a micro-batch's sequences concatenated into one row of real tokens, no padding.
+
+`pack_sequences` turns a padded, masked batch (tacl.data.pretraining.PretrainingData.batch) into the packed
+layout, on the host, in the DataLoader worker that built it. The masks are those of the padded batch, so a
+packed micro-batch trains on exactly the tokens, masks and labels of its padded twin. Keys:
+
+    input_ids, clean_ids, token_type_ids, position_ids   [1, T]  T = the micro-batch's real tokens; the
+                                                                  position ids restart at 0 per sequence
+    special_tokens_packed                                 [1, T]  [CLS]/[SEP] in the packed row
+    cu_seqlens                                            [B+1]   sequence b is tokens cu[b] .. cu[b+1]-1
+    pad_index                                             [B, W]  packed position of padded (b, j); 0 on padding
+    mlm_index, mlm_targets                                [K]     as in the padded batch, positions into T
+    attention_mask, special_tokens_mask, mlm_mask         [B, W]  the padded batch's masks (for losses that
+                                                                  work per sequence, after `pad_index`)
+    nsp_labels                                            [B]
+    lengths (tuple of ints), max_seqlen (int)                     on the host: no device read is needed to
+                                                                  size attention kernels or split sequences
+
+The encoder never sees padding (tacl.objectives.packed runs attention per sequence); only the small
+per-sequence loss tensors keep the [B, W] layout where the padded reference defines them that way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+# keys of the padded batch that the packed layout keeps as they are ([B, W] or [B], or host values)
+KEPT = ("attention_mask", "special_tokens_mask", "mlm_mask", "nsp_labels", "mlm_targets", "num_tokens")
+
+
+def pack_sequences(batch: dict[str, Any]) -> dict[str, Any]:
+    """The packed layout (module docstring) of a padded batch from PretrainingData.batch."""
+    attention = batch["attention_mask"].numpy().astype(bool)
+    bsz, width = attention.shape
+    lengths = attention.sum(1).astype(np.int64)
+    cu = np.zeros(bsz + 1, dtype=np.int64)
+    np.cumsum(lengths, out=cu[1:])
+    real = attention.reshape(-1)  # padded rows keep their real tokens first: flat order is packed order
+
+    def row(name: str) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(batch[name].numpy().reshape(-1)[real])[None, :])
+
+    position = np.arange(width)[None, :].repeat(bsz, 0)
+    pad_index = np.where(attention, cu[:-1, None] + position, 0)
+    # mlm_index: flat padded position b * W + j  ->  packed position cu[b] + j (list padding stays 0)
+    flat = batch["mlm_index"].numpy()
+    mlm_index = np.where(batch["mlm_targets"].numpy() >= 0, cu[flat // width] + flat % width, 0)
+    return {
+        "input_ids": row("input_ids"),
+        "clean_ids": row("clean_ids"),
+        "token_type_ids": row("token_type_ids"),
+        "position_ids": torch.from_numpy(position.reshape(-1)[real][None, :].copy()),
+        "special_tokens_packed": row("special_tokens_mask"),
+        "cu_seqlens": torch.from_numpy(cu),
+        "pad_index": torch.from_numpy(pad_index),
+        "mlm_index": torch.from_numpy(mlm_index),
+        **{k: batch[k] for k in KEPT},
+        "lengths": tuple(int(n) for n in lengths),
+        "max_seqlen": int(lengths.max()),
+    }
+
+
+def is_packed(batch: dict[str, Any]) -> bool:
+    return "cu_seqlens" in batch
+
+
+def padding_figures(lengths: np.ndarray, width: int) -> dict[str, float]:
+    """Padding share of a padded [B, width] micro-batch of sequences of these lengths, and its encoder FLOPs
+    relative to the packed row (linear layers in proportion to tokens, attention to squared lengths; for
+    BERT-base, hidden 768, attention is 2 * 2 * L * L * 768 per sequence and layer against 24 * L * 768^2)."""
+    hidden = 768
+    real = int(lengths.sum())
+    padded = len(lengths) * width
+
+    def flops(tokens: int, squares: int) -> float:
+        return 24.0 * tokens * hidden**2 + 4.0 * squares * hidden
+
+    return {"padding": 1 - real / padded,
+            "flops_ratio": flops(padded, len(lengths) * width**2) / flops(real, int((lengths**2).sum()))}

@@ -1,0 +1,130 @@
+"""The encoders and losses on packed micro-batches (tacl.data.packing): no compute on padding.
+
+A packed micro-batch is one row of T real tokens. Attention stays within each sequence:
+
+- on CUDA in bf16/fp16, `torch.nn.attention.varlen.varlen_attn` (flash attention over the sequences marked
+  by `cu_seqlens`; its grid is sized by the host's `max_seqlen`, so nothing is read back from the device);
+- elsewhere (the CPU, fp32), one scaled_dot_product_attention per sequence, split at the host's `lengths`.
+
+Neither takes attention-probability dropout (varlen_attn has none), so packed training has no attention
+dropout on any device; hidden-state dropout is unchanged. Position ids restart at 0 in every sequence and the
+token type ids are the padded batch's.
+
+Every model that reads packed batches uses the attention function `ATTENTION` (`use_packed_attention`),
+which runs PyTorch's SDPA, as `attn_implementation="sdpa"` does, on padded batches: one model serves both
+layouts (the padded one stays the reference). `encode` refuses a packed batch for a model without it (its
+attention would cross sequences).
+
+The losses: MLM gathers the masked positions of the row (`mlm_index` points into T); NSP and COCO-LM's
+sequence contrast read each sequence's [CLS] at `cu_seqlens[:-1]`; TaCL's within-sequence contrast and
+TACO's pairs work on the [B, W] layout of the padded batch, gathered from the row by `pad_index`
+(`per_sequence`): those losses cost O(B W^2 H) and O(B W K H) against the encoder's O(T H^2) per layer, and
+they then draw and compute exactly what the padded reference does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from tacl.data.packing import is_packed
+from tacl.objectives import encoder_inputs
+
+ATTENTION = "tacl_packed"
+
+
+def _varlen_attn() -> Any:
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:  # torch < 2.10: the per-sequence path
+        return None
+    return varlen_attn
+
+
+VARLEN = _varlen_attn()
+
+
+def packed_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                     packed_sequences: tuple | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """A transformers attention function: query/key/value [1, heads, T, d] of a packed row when
+    `packed_sequences` = (cu_seqlens int32 [B+1], lengths, max_seqlen) is given, else SDPA as usual."""
+    if packed_sequences is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    cu, lengths, max_seqlen = packed_sequences
+    if VARLEN is not None and query.is_cuda and query.dtype in (torch.bfloat16, torch.float16):
+        q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # [T, heads, d]
+        return VARLEN(q, k, v, cu, cu, max_seqlen, max_seqlen, scale=scaling)[None], None
+    parts = [F.scaled_dot_product_attention(q, k, v, scale=scaling)
+             for q, k, v in zip(*(x.split(lengths, dim=2) for x in (query, key, value)))]
+    return torch.cat(parts, dim=2).transpose(1, 2), None  # [1, T, heads, d]
+
+
+def _register() -> None:
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+
+    AttentionInterface.register(ATTENTION, packed_attention)
+    AttentionMaskInterface.register(ATTENTION, sdpa_mask)  # padded batches: SDPA's masks
+
+
+def use_packed_attention(*modules: Any) -> None:
+    """Switch every transformers model in these modules (and their submodules) to `packed_attention`."""
+    from transformers import PreTrainedModel
+
+    _register()
+    for module in modules:
+        for m in module.modules() if module is not None else ():
+            if isinstance(m, PreTrainedModel):
+                m.set_attn_implementation(ATTENTION)
+
+
+def packed_kwargs(cu_seqlens: torch.Tensor, lengths: tuple[int, ...], max_seqlen: int) -> dict[str, Any]:
+    return {"packed_sequences": (cu_seqlens.int(), tuple(lengths), int(max_seqlen))}
+
+
+def encode(bert: Any, batch: dict[str, Any], ids: str = "input_ids", **kwargs: Any) -> Any:
+    """A BertModel's output on a padded or a packed batch (read from its `ids` key)."""
+    if not is_packed(batch):
+        return bert(**encoder_inputs(batch, ids), **kwargs)
+    if bert.config._attn_implementation != ATTENTION:
+        raise RuntimeError(f"a packed batch needs attention within sequences: call use_packed_attention on the "
+                           f"model (it uses {bert.config._attn_implementation!r})")
+    return bert(input_ids=batch[ids], token_type_ids=batch["token_type_ids"], position_ids=batch["position_ids"],
+                **packed_kwargs(batch["cu_seqlens"], batch["lengths"], batch["max_seqlen"]), **kwargs)
+
+
+def first_tokens(hidden: torch.Tensor, batch: dict[str, Any]) -> torch.Tensor:
+    """[B, H]: each sequence's first ([CLS]) vector, of hidden [B, L, H] (padded) or [1, T, H] (packed)."""
+    if not is_packed(batch):
+        return hidden[:, 0]
+    return hidden[0].index_select(0, batch["cu_seqlens"][:-1])
+
+
+def pooled(model: Any, out: Any, batch: dict[str, Any]) -> torch.Tensor:
+    """BERT's pooled [CLS] output per sequence (the NSP head's input)."""
+    if not is_packed(batch):
+        return out.pooler_output
+    return model.bert.pooler(first_tokens(out.last_hidden_state, batch)[:, None])
+
+
+def per_sequence(x: torch.Tensor, batch: dict[str, Any]) -> torch.Tensor:
+    """[1, T, ...] of a packed batch as the padded batch's [B, W, ...] (padding positions read token 0: they
+    are outside every loss); a padded batch's tensors as they are."""
+    if not is_packed(batch):
+        return x
+    index = batch["pad_index"]
+    return x[0].index_select(0, index.flatten()).view(*index.shape, *x.shape[2:])
+
+
+def packing_error(objective: str, params: dict[str, Any]) -> str | None:
+    """Why this objective cannot train on packed batches (one line naming the keys), or None."""
+    if objective == "tacl" and params.get("negatives", "real") == "all":
+        return ("pretrain.packing: tacl with pretrain.tacl.negatives 'all' counts padding as negatives, and packed "
+                "batches have none; use negatives 'real' or packing false")
+    return None

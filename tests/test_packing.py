@@ -1,0 +1,146 @@
+"""Packed micro-batches (no padding): the layout holds the padded batch's sequences and masks; for every
+objective, the packed loss terms and gradients equal the padded reference's on the same sequences, under the
+sync guard; a packed run resumes bit for bit.
+
+Tolerance (fp32, tiny random BERT, dropout off in both layouts: its draws depend on the layout): every loss
+term within rtol 1e-4, atol 1e-6 of the padded one (measured: equal to the last bit for all five objectives),
+the accuracy counts equal, every gradient entry within rtol 1e-4 and atol 1e-6 x the largest gradient entry
+(measured worst: 1.1e-5 absolute on TACO against a largest entry of 8.1, i.e. 1.4e-6; float reordering only:
+per-sequence attention instead of masked attention, other summation orders).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from sync_guard import SyncGuard
+from tacl.data.masking import MaskingSpec
+from tacl.data.packing import pack_sequences
+from tacl.data.pretraining import Batching, PretrainingData
+from tacl.data.shards import ShardSet
+from tacl.objectives import build_objective
+from tacl.objectives.packed import packing_error, use_packed_attention
+
+OBJECTIVES = ("mlm_nsp", "tacl", "tacl_batch", "taco", "coco_lm")
+
+
+@pytest.fixture(scope="module")
+def data(demo_data):
+    from tacl.hub import load_tokenizer
+
+    tokenizer = load_tokenizer(str(demo_data["start"]))
+    shards = ShardSet(str(demo_data["manifest"]), verify=False)
+    # no length grouping: micro-batch 1 of step 5 holds sequences of 28, 42, 64 and 64 tokens
+    return PretrainingData(shards, MaskingSpec.from_tokenizer(tokenizer, 64), 3, Batching(8, 4, False))
+
+
+def test_the_packed_layout_holds_the_padded_batch(data):
+    padded = data.micro_batch(5, 1)
+    packed = pack_sequences(padded)
+    attention = padded["attention_mask"].bool()
+    lengths = attention.sum(1)
+    assert packed["lengths"] == tuple(lengths.tolist()) and packed["max_seqlen"] == int(lengths.max())
+    assert (lengths < attention.shape[1]).any(), "the fixture has padding"
+    cu = packed["cu_seqlens"]
+    assert cu.tolist() == [0, *lengths.cumsum(0).tolist()]
+    for key in ("input_ids", "clean_ids", "token_type_ids", "special_tokens_mask"):
+        row = packed["special_tokens_packed" if key == "special_tokens_mask" else key][0]
+        assert row.shape == (int(lengths.sum()),)
+        for b, n in enumerate(lengths.tolist()):  # sequence b, without its padding, at cu[b]
+            assert torch.equal(row[cu[b] : cu[b] + n], padded[key][b, :n]), key
+        gathered = row[packed["pad_index"]]
+        assert torch.equal(gathered[attention], padded[key][attention])
+    for b, n in enumerate(lengths.tolist()):
+        assert packed["position_ids"][0, cu[b] : cu[b] + n].tolist() == list(range(n))
+    valid = padded["mlm_targets"] >= 0
+    assert torch.equal(packed["input_ids"][0][packed["mlm_index"][valid]],
+                       padded["input_ids"].flatten()[padded["mlm_index"][valid]])
+    assert torch.equal(packed["mlm_targets"], padded["mlm_targets"])
+    first = packed["clean_ids"][0][cu[:-1]]
+    assert (first == padded["clean_ids"][:, 0]).all() and len(set(first.tolist())) == 1  # every [CLS]
+
+
+def models(demo_data, objective: str, params: dict):
+    """Student (dropout off: its draws depend on the layout), teacher and objective, packed attention on."""
+    from tacl.pretrain.model import load_student, load_teacher
+
+    torch.manual_seed(0)
+    objective_ = build_objective(objective, params)
+    student = load_student(str(demo_data["start"]))
+    teacher = load_teacher(str(demo_data["start"])) if objective_.needs_teacher else None
+    if hasattr(objective_, "attach"):
+        objective_.check(str(demo_data["start"]))
+        objective_.attach(str(demo_data["start"]), student)
+    modules = [student, teacher, objective_ if isinstance(objective_, torch.nn.Module) else None]
+    use_packed_attention(*modules)
+    for m in modules:
+        if m is not None:
+            m.eval()
+    return student, teacher, objective_
+
+
+def loss_and_grads(student, teacher, objective, batch, guard):
+    trainable = [p for m in (student, objective) if isinstance(m, torch.nn.Module) for p in m.parameters()]
+    for p in trainable:
+        p.grad = None
+    generator = torch.Generator().manual_seed(11)
+    with guard:
+        losses, metrics = objective(student, teacher, batch, generator)
+        sum(losses.values()).backward()
+    grads = [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in trainable]
+    return {k: v.detach() for k, v in losses.items()}, metrics, grads
+
+
+@pytest.mark.parametrize("objective", OBJECTIVES)
+def test_packed_loss_and_gradients_equal_the_padded_ones(demo_data, data, objective):
+    params = {"aux_layers": 1} if objective == "coco_lm" else {}
+    student, teacher, obj = models(demo_data, objective, params)
+    padded = data.micro_batch(5, 1)
+    packed = pack_sequences(padded)
+    ref_losses, ref_metrics, ref_grads = loss_and_grads(student, teacher, obj, padded, contextlib.nullcontext())
+    losses, metrics, grads = loss_and_grads(student, teacher, obj, packed, SyncGuard("cpu"))
+    assert losses.keys() == ref_losses.keys()
+    for term in losses:
+        torch.testing.assert_close(losses[term], ref_losses[term], rtol=1e-4, atol=1e-6, msg=term)
+    for name in metrics:  # accuracy counts: the same positions, the same decisions
+        assert torch.equal(metrics[name], ref_metrics[name]), name
+    scale = max(ref.abs().max() for ref in ref_grads)
+    assert scale > 0
+    for g, ref in zip(grads, ref_grads):
+        torch.testing.assert_close(g, ref, rtol=1e-4, atol=1e-6 * scale)
+
+
+def test_a_packed_batch_on_a_model_without_packed_attention_is_refused(demo_data, data):
+    from tacl.pretrain.model import load_student
+
+    student = load_student(str(demo_data["start"]))
+    with pytest.raises(RuntimeError, match="use_packed_attention"):
+        build_objective("mlm_nsp")(student, None, pack_sequences(data.micro_batch(0, 0)), torch.Generator())
+
+
+def test_tacl_negatives_all_refuses_packing():
+    why = packing_error("tacl", {"negatives": "all"})
+    assert why.startswith("pretrain.packing:") and "pretrain.tacl.negatives" in why
+    assert all(packing_error(o, {}) is None for o in OBJECTIVES)
+
+
+def test_packed_resume_is_bit_exact(demo_data, tmp_path):
+    from test_pretrain import final_weights, losses, settings, train
+
+    from tacl.pretrain.metrics import read_metrics
+
+    s = settings("taco", steps=6, packing=True, group_by_length=False)
+    train(demo_data, tmp_path / "whole", s)
+    for chunk, max_steps in enumerate([4, 100]):
+        train(demo_data, tmp_path / "chunks", s, "--max-steps", str(max_steps), "--chunk", str(chunk))
+    assert len(read_metrics(tmp_path / "whole")) == 6
+    assert losses(tmp_path / "chunks") == losses(tmp_path / "whole")
+    whole, chunks = final_weights(tmp_path / "whole"), final_weights(tmp_path / "chunks")
+    assert all(torch.equal(whole[k], chunks[k]) for k in whole)
+    assert json.loads((tmp_path / "whole" / "run.json").read_text())["settings"]["packing"] is True
+    assert np.isfinite([m["taco"] for m in read_metrics(tmp_path / "whole")]).all()
