@@ -12,13 +12,13 @@ per-sequence attention instead of masked attention, other summation orders).
 from __future__ import annotations
 
 import contextlib
-import json
+import math
 
-import numpy as np
 import pytest
 import torch
 
 from sync_guard import SyncGuard
+from test_step import env  # noqa: F401 (the module's gloo process group)
 from tacl.data.masking import MaskingSpec
 from tacl.data.packing import pack_sequences
 from tacl.data.pretraining import Batching, PretrainingData
@@ -39,9 +39,13 @@ def data(demo_data):
     return PretrainingData(shards, MaskingSpec.from_tokenizer(tokenizer, 64), 3, Batching(8, 4, False))
 
 
+def twins(data, step=5, j=1):
+    """A micro-batch padded, and packed (as the loader builds it with `packing` on)."""
+    return data.micro_batch(step, j), pack_sequences(data.arrays(data.micro_positions(step, j)))
+
+
 def test_the_packed_layout_holds_the_padded_batch(data):
-    padded = data.micro_batch(5, 1)
-    packed = pack_sequences(padded)
+    padded, packed = twins(data)
     attention = padded["attention_mask"].bool()
     lengths = attention.sum(1)
     assert packed["lengths"] == tuple(lengths.tolist()) and packed["max_seqlen"] == int(lengths.max())
@@ -100,8 +104,7 @@ def loss_and_grads(student, teacher, objective, batch, guard):
 def test_packed_loss_and_gradients_equal_the_padded_ones(demo_data, data, objective):
     params = {"aux_layers": 1} if objective == "coco_lm" else {}
     student, teacher, obj = models(demo_data, objective, params)
-    padded = data.micro_batch(5, 1)
-    packed = pack_sequences(padded)
+    padded, packed = twins(data)
     ref_losses, ref_metrics, ref_grads = loss_and_grads(student, teacher, obj, padded, contextlib.nullcontext())
     losses, metrics, grads = loss_and_grads(student, teacher, obj, packed, SyncGuard("cpu"))
     assert losses.keys() == ref_losses.keys()
@@ -120,7 +123,7 @@ def test_a_packed_batch_on_a_model_without_packed_attention_is_refused(demo_data
 
     student = load_student(str(demo_data["start"]))
     with pytest.raises(RuntimeError, match="use_packed_attention"):
-        build_objective("mlm_nsp")(student, None, pack_sequences(data.micro_batch(0, 0)), torch.Generator())
+        build_objective("mlm_nsp")(student, None, twins(data)[1], torch.Generator())
 
 
 def test_tacl_negatives_all_refuses_packing():
@@ -129,18 +132,34 @@ def test_tacl_negatives_all_refuses_packing():
     assert all(packing_error(o, {}) is None for o in OBJECTIVES)
 
 
-def test_packed_resume_is_bit_exact(demo_data, tmp_path):
-    from test_pretrain import final_weights, losses, settings, train
+def test_packed_resume_is_bit_exact(demo_data, tmp_path, env):
+    """TACO, packed, in this process under the sync guard: 2 steps, a save, a fresh chunk resuming from it
+    for 2 more steps: the losses and weights of the 4-step run without a break, bit for bit."""
+    from test_step import step
 
-    from tacl.pretrain.metrics import read_metrics
+    from tacl.data.pretraining import MicroBatches, micro_batch_loader
+    from tacl.pretrain.lock import RunLock
+    from tacl.pretrain.settings import TrainSettings
+    from tacl.pretrain.trainer import ChunkArgs, _save, _setup
 
-    s = settings("taco", steps=6, packing=True, group_by_length=False)
-    train(demo_data, tmp_path / "whole", s)
-    for chunk, max_steps in enumerate([4, 100]):
-        train(demo_data, tmp_path / "chunks", s, "--max-steps", str(max_steps), "--chunk", str(chunk))
-    assert len(read_metrics(tmp_path / "whole")) == 6
-    assert losses(tmp_path / "chunks") == losses(tmp_path / "whole")
-    whole, chunks = final_weights(tmp_path / "whole"), final_weights(tmp_path / "chunks")
-    assert all(torch.equal(whole[k], chunks[k]) for k in whole)
-    assert json.loads((tmp_path / "whole" / "run.json").read_text())["settings"]["packing"] is True
-    assert np.isfinite([m["taco"] for m in read_metrics(tmp_path / "whole")]).all()
+    s = TrainSettings(objective="taco", steps=4, global_batch=8, micro_batch=4, lr=2e-3, seed=3, max_len=64,
+                      zero_stage=0, precision="fp32", loader_workers=0, device="cpu", log_every=1, packing=True,
+                      group_by_length=False)
+
+    def chunk_losses(run, steps):
+        lock = RunLock(run)
+        chunk = _setup(ChunkArgs(str(run), str(demo_data["start"]), str(demo_data["manifest"]), s,
+                                 tensorboard=False), env, lock)
+        batches = micro_batch_loader(MicroBatches(chunk.data, chunk.step, s.steps, chunk.accumulation, 0, 1), 0,
+                                     False)
+        got = [step(chunk, batches, env, SyncGuard("cpu")) for _ in range(steps)]
+        _save(chunk)
+        lock.release()
+        return got, {k: v.clone() for k, v in chunk.engine.module.state_dict().items()}
+
+    whole, whole_weights = chunk_losses(tmp_path / "whole", 4)
+    first, _ = chunk_losses(tmp_path / "chunks", 2)
+    second, weights = chunk_losses(tmp_path / "chunks", 2)
+    assert first + second == whole and all(math.isfinite(v["taco"]) for v in whole)
+    assert whole_weights.keys() == weights.keys()
+    assert all(torch.equal(whole_weights[k], weights[k]) for k in weights)

@@ -1,6 +1,6 @@
 """Packed micro-batches: a micro-batch's sequences concatenated into one row of real tokens, no padding.
 
-`pack_sequences` turns a padded, masked batch (tacl.data.pretraining.PretrainingData.batch) into the packed
+`pack_sequences` turns a padded, masked batch (tacl.data.pretraining.PretrainingData.arrays) into the packed
 layout, on the host, in the DataLoader worker that built it. The masks are those of the padded batch, so a
 packed micro-batch trains on exactly the tokens, masks and labels of its padded twin. Keys:
 
@@ -25,42 +25,43 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import torch
+
+from tacl.data.pretraining import as_tensors
 
 # keys of the padded batch that the packed layout keeps as they are ([B, W] or [B], or host values)
 KEPT = ("attention_mask", "special_tokens_mask", "mlm_mask", "nsp_labels", "mlm_targets", "num_tokens")
 
 
-def pack_sequences(batch: dict[str, Any]) -> dict[str, Any]:
-    """The packed layout (module docstring) of a padded batch from PretrainingData.batch."""
-    attention = batch["attention_mask"].numpy().astype(bool)
+def pack_sequences(arrays: dict[str, Any]) -> dict[str, Any]:
+    """The packed layout (module docstring, as tensors) of a padded batch's numpy arrays
+    (PretrainingData.arrays)."""
+    attention = arrays["attention_mask"].astype(bool)
     bsz, width = attention.shape
     lengths = attention.sum(1).astype(np.int64)
     cu = np.zeros(bsz + 1, dtype=np.int64)
     np.cumsum(lengths, out=cu[1:])
     real = attention.reshape(-1)  # padded rows keep their real tokens first: flat order is packed order
 
-    def row(name: str) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(batch[name].numpy().reshape(-1)[real])[None, :])
+    def row(name: str) -> np.ndarray:
+        return arrays[name].reshape(-1)[real][None, :]
 
     position = np.arange(width)[None, :].repeat(bsz, 0)
-    pad_index = np.where(attention, cu[:-1, None] + position, 0)
     # mlm_index: flat padded position b * W + j  ->  packed position cu[b] + j (list padding stays 0)
-    flat = batch["mlm_index"].numpy()
-    mlm_index = np.where(batch["mlm_targets"].numpy() >= 0, cu[flat // width] + flat % width, 0)
-    return {
+    flat = arrays["mlm_index"]
+    packed = {
         "input_ids": row("input_ids"),
         "clean_ids": row("clean_ids"),
         "token_type_ids": row("token_type_ids"),
-        "position_ids": torch.from_numpy(position.reshape(-1)[real][None, :].copy()),
+        "position_ids": position.reshape(-1)[real][None, :],
         "special_tokens_packed": row("special_tokens_mask"),
-        "cu_seqlens": torch.from_numpy(cu),
-        "pad_index": torch.from_numpy(pad_index),
-        "mlm_index": torch.from_numpy(mlm_index),
-        **{k: batch[k] for k in KEPT},
+        "cu_seqlens": cu,
+        "pad_index": np.where(attention, cu[:-1, None] + position, 0),
+        "mlm_index": np.where(arrays["mlm_targets"] >= 0, cu[flat // width] + flat % width, 0),
+        **{k: arrays[k] for k in KEPT},
         "lengths": tuple(int(n) for n in lengths),
         "max_seqlen": int(lengths.max()),
     }
+    return as_tensors(packed)
 
 
 def is_packed(batch: dict[str, Any]) -> bool:
