@@ -41,6 +41,14 @@ def config_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
 NEEDS_TWO_SEQUENCES = ("taco", "coco_lm", "tacl_batch")
 
 
+def packing_error(objective: str, params: dict[str, Any]) -> str | None:
+    """Why this objective cannot train on packed batches (one line naming the keys), or None."""
+    if objective == "tacl" and params.get("negatives", "real") == "all":
+        return ("pretrain.packing: tacl with pretrain.tacl.negatives 'all' counts padding as negatives, and packed "
+                "batches have none; use negatives 'real' or packing false")
+    return None
+
+
 def start_model_shape(config: dict[str, Any]) -> dict[str, Any] | None:
     """Depth and positions of the start model where they are known without a download: `model_init` (kind
     random), or the config.json of a local model directory or a package's model; None for a Hub name that
@@ -88,6 +96,10 @@ def plan_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
         if needs_two and p["micro_batch"] < 2:
             problems.append(f"pretrain.micro_batch: {p['micro_batch']}, but {', '.join(needs_two)} take negatives "
                             "from the other sequences of a micro-batch: 2 or more")
+        if p["packing"]:
+            from tacl.pretrain.settings import PARAMS_SECTION
+
+            problems += [why for o in trained if (why := packing_error(o, p.get(PARAMS_SECTION.get(o, o), {})))]
         chunk = p["chunk"]
         if chunk["margin_minutes"] >= chunk["runtime_minutes"]:
             problems.append(f"pretrain.chunk.margin_minutes: {chunk['margin_minutes']} leaves no time to train in "

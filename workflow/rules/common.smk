@@ -70,6 +70,7 @@ def train_settings(objective):
         "keep_checkpoints",
         "pad_to_max_len",
         "group_by_length",
+        "packing",
         "loader_workers",
         "compile",
     ]

@@ -120,11 +120,3 @@ def per_sequence(x: torch.Tensor, batch: dict[str, Any]) -> torch.Tensor:
         return x
     index = batch["pad_index"]
     return x[0].index_select(0, index.flatten()).view(*index.shape, *x.shape[2:])
-
-
-def packing_error(objective: str, params: dict[str, Any]) -> str | None:
-    """Why this objective cannot train on packed batches (one line naming the keys), or None."""
-    if objective == "tacl" and params.get("negatives", "real") == "all":
-        return ("pretrain.packing: tacl with pretrain.tacl.negatives 'all' counts padding as negatives, and packed "
-                "batches have none; use negatives 'real' or packing false")
-    return None

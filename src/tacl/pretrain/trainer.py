@@ -227,7 +227,8 @@ def _setup(args: ChunkArgs, env: DistEnv, lock: RunLock) -> Chunk:
     from tacl.data.shards import ShardSet
     from tacl.hub import load_tokenizer, tokenizer_hash
     from tacl.objectives import build_objective
-    from tacl.objectives.packed import packing_error, use_packed_attention
+    from tacl.config import packing_error
+    from tacl.objectives.packed import use_packed_attention
     from tacl.pretrain.model import load_student, load_teacher
 
     s = args.settings
