@@ -102,7 +102,7 @@ def crop_view(ids: torch.Tensor, token_type: torch.Tensor, attention: torch.Tens
 def packed_crop_view(clean: torch.Tensor, token_type: torch.Tensor, cu_seqlens: torch.Tensor, lengths: tuple[int, ...],
                      share: float, generator: torch.Generator) -> dict[str, Any]:
     """`crop_view` on a packed row: clean, token_type [1, T] -> the views as a packed batch of their own (the
-    encoder keys and cu_seqlens, lengths, max_seqlen of tacl.data.packing). The views' lengths m + 2 follow
+    keys of tacl.data.packing that the encoder reads). The views' lengths m + 2 follow
     from the host's `lengths` (m = ceil(share * (n - 2)), in float64 as on the device); the starts are drawn
     as `crop_view` draws them (one float64 number per sequence from `generator`), so a packed micro-batch
     sees the same views as its padded twin."""
@@ -123,10 +123,14 @@ def packed_crop_view(clean: torch.Tensor, token_type: torch.Tensor, cu_seqlens: 
     token = torch.where(j == 0, 0, torch.where(j <= m_t, start_t + j, n_t - 1))
     kind = torch.where(j <= m_t, start_t + j, n_t - 1)
     first = cu_seqlens.index_select(0, seq)
+    width = max(view_lengths)
+    position = torch.arange(width, device=device)[None, :]
+    real = position < (m + 2)[:, None]  # [B, Wv]
     return {"input_ids": clean[0].index_select(0, first + token)[None],
             "token_type_ids": token_type[0].index_select(0, first + kind)[None],
-            "position_ids": j[None], "cu_seqlens": view_cu, "lengths": view_lengths,
-            "max_seqlen": max(view_lengths)}
+            "position_ids": j[None], "cu_seqlens": view_cu, "lengths": view_lengths, "max_seqlen": width,
+            "attention_mask": real, "pad_index": torch.where(real, view_cu[:-1, None] + position, 0),
+            "unpad_index": seq * width + j}
 
 
 class COCOLM(torch.nn.Module):

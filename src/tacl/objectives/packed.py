@@ -4,7 +4,9 @@ A packed micro-batch is one row of T real tokens. Attention stays within each se
 
 - on CUDA in bf16/fp16, `torch.nn.attention.varlen.varlen_attn` (flash attention over the sequences marked
   by `cu_seqlens`; its grid is sized by the host's `max_seqlen`, so nothing is read back from the device);
-- elsewhere (the CPU, fp32), one scaled_dot_product_attention per sequence, split at the host's `lengths`.
+- elsewhere (the CPU, fp32, tests), the row's query, key and value gathered into the padded [B, W] layout for
+  one masked scaled_dot_product_attention call, and the result gathered back: there attention computes on
+  padding as the padded path does, and only the linear layers (most of the work) run on real tokens alone.
 
 Neither takes attention-probability dropout (varlen_attn has none), so packed training has no attention
 dropout on any device; hidden-state dropout is unchanged. Position ids restart at 0 in every sequence and the
@@ -24,7 +26,7 @@ they then draw and compute exactly what the padded reference does.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -46,23 +48,37 @@ def _varlen_attn() -> Any:
 VARLEN = _varlen_attn()
 
 
+class PackedSequences(NamedTuple):
+    """Where the sequences of a packed row are, for the attention function (device tensors, host ints)."""
+
+    cu_seqlens: torch.Tensor  # int32 [B+1]: sequence b is tokens cu[b] .. cu[b+1]-1 of the row
+    max_seqlen: int  # its longest sequence (sizes varlen_attn's grid; read from the host, never the device)
+    pad_index: torch.Tensor  # [B, W]: the row's token at (b, j) of the padded layout (0 on padding)
+    unpad_index: torch.Tensor  # [T]: the flat padded position b * W + j of each token of the row
+    key_mask: torch.Tensor  # [B, 1, 1, W] bool: the padded layout's real positions
+
+
 def packed_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                     packed_sequences: tuple | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+                     packed_sequences: PackedSequences | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
     """A transformers attention function: query/key/value [1, heads, T, d] of a packed row when
-    `packed_sequences` = (cu_seqlens int32 [B+1], lengths, max_seqlen) is given, else SDPA as usual."""
+    `packed_sequences` is given (no dropout), else SDPA as usual. Returns [1, T, heads, d]."""
     if packed_sequences is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
-    cu, lengths, max_seqlen = packed_sequences
+    p = packed_sequences
+    q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # [T, heads, d]
     if VARLEN is not None and query.is_cuda and query.dtype in (torch.bfloat16, torch.float16):
-        q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # [T, heads, d]
-        return VARLEN(q, k, v, cu, cu, max_seqlen, max_seqlen, scale=scaling)[None], None
-    parts = [F.scaled_dot_product_attention(q, k, v, scale=scaling)
-             for q, k, v in zip(*(x.split(lengths, dim=2) for x in (query, key, value)))]
-    return torch.cat(parts, dim=2).transpose(1, 2), None  # [1, T, heads, d]
+        return VARLEN(q, k, v, p.cu_seqlens, p.cu_seqlens, p.max_seqlen, p.max_seqlen, scale=scaling)[None], None
+    # elsewhere: gathered into the padded [B, W] layout for one masked SDPA call and back (on the CPU one call
+    # per sequence is slower still: its splits and joins copy more than the padding costs)
+    bsz, width = p.pad_index.shape
+    heads, dim = q.shape[1:]
+    blocks = [x.index_select(0, p.pad_index.flatten()).view(bsz, width, heads, dim).transpose(1, 2) for x in (q, k, v)]
+    out = F.scaled_dot_product_attention(*blocks, attn_mask=p.key_mask, scale=scaling)  # [B, heads, W, d]
+    return out.transpose(1, 2).reshape(bsz * width, heads, dim).index_select(0, p.unpad_index)[None], None
 
 
 def _register() -> None:
@@ -84,8 +100,10 @@ def use_packed_attention(*modules: Any) -> None:
                 m.set_attn_implementation(ATTENTION)
 
 
-def packed_kwargs(cu_seqlens: torch.Tensor, lengths: tuple[int, ...], max_seqlen: int) -> dict[str, Any]:
-    return {"packed_sequences": (cu_seqlens.int(), tuple(lengths), int(max_seqlen))}
+def sequences(batch: dict[str, Any]) -> PackedSequences:
+    """The attention function's view of a packed batch."""
+    return PackedSequences(batch["cu_seqlens"].int(), int(batch["max_seqlen"]), batch["pad_index"],
+                           batch["unpad_index"], batch["attention_mask"].bool()[:, None, None, :])
 
 
 def encode(bert: Any, batch: dict[str, Any], ids: str = "input_ids", **kwargs: Any) -> Any:
@@ -96,7 +114,7 @@ def encode(bert: Any, batch: dict[str, Any], ids: str = "input_ids", **kwargs: A
         raise RuntimeError(f"a packed batch needs attention within sequences: call use_packed_attention on the "
                            f"model (it uses {bert.config._attn_implementation!r})")
     return bert(input_ids=batch[ids], token_type_ids=batch["token_type_ids"], position_ids=batch["position_ids"],
-                **packed_kwargs(batch["cu_seqlens"], batch["lengths"], batch["max_seqlen"]), **kwargs)
+                packed_sequences=sequences(batch), **kwargs)
 
 
 def first_tokens(hidden: torch.Tensor, batch: dict[str, Any]) -> torch.Tensor:
