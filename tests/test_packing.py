@@ -119,6 +119,38 @@ def test_packed_loss_and_gradients_equal_the_padded_ones(demo_data, data, object
         torch.testing.assert_close(g, ref, rtol=1e-4, atol=1e-6 * scale)
 
 
+def test_varlen_attention_gets_the_packed_row_as_flash_attention_wants_it(demo_data, data, monkeypatch):
+    """The CUDA path's call, checked on the CPU: varlen_attn replaced by a per-sequence reference that
+    asserts its arguments ([T, heads, d] tensors, int32 cumulative lengths, host ints): the loss is the
+    padded one."""
+    import torch.nn.functional as F
+
+    from tacl.objectives import packed as packed_module
+
+    padded, packed = twins(data)
+    calls = []
+
+    def varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, *, scale):
+        assert q.dim() == 3 and q.shape == k.shape == v.shape and q.shape[0] == packed["cu_seqlens"][-1]
+        assert cu_q.dtype == torch.int32 and torch.equal(cu_q, cu_k) and torch.equal(cu_q.long(), packed["cu_seqlens"])
+        assert type(max_q) is int and max_q == max_k == max(packed["lengths"])
+        calls.append(1)
+        bounds = cu_q.tolist()
+        return torch.cat([F.scaled_dot_product_attention(*(x[a:b].transpose(0, 1) for x in (q, k, v)),
+                                                         scale=scale).transpose(0, 1)
+                          for a, b in zip(bounds, bounds[1:])])
+
+    monkeypatch.setattr(packed_module, "VARLEN", varlen_attn)
+    monkeypatch.setattr(packed_module, "use_varlen", lambda query: True)
+    student, _, objective = models(demo_data, "mlm_nsp", {})
+    with torch.no_grad():
+        reference, _ = objective(student, None, padded, torch.Generator())
+        losses, _ = objective(student, None, packed, torch.Generator())
+    assert len(calls) == student.config.num_hidden_layers
+    for term in losses:
+        torch.testing.assert_close(losses[term], reference[term], rtol=1e-4, atol=1e-6)
+
+
 def test_a_packed_batch_on_a_model_without_packed_attention_is_refused(demo_data, data):
     from tacl.pretrain.model import load_student
 

@@ -48,6 +48,11 @@ def _varlen_attn() -> Any:
 VARLEN = _varlen_attn()
 
 
+def use_varlen(query: torch.Tensor) -> bool:
+    """varlen_attn (flash attention) takes CUDA tensors in bf16 or fp16."""
+    return VARLEN is not None and query.is_cuda and query.dtype in (torch.bfloat16, torch.float16)
+
+
 class PackedSequences(NamedTuple):
     """Where the sequences of a packed row are, for the attention function (device tensors, host ints)."""
 
@@ -70,7 +75,7 @@ def packed_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
                                       **kwargs)
     p = packed_sequences
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # [T, heads, d]
-    if VARLEN is not None and query.is_cuda and query.dtype in (torch.bfloat16, torch.float16):
+    if use_varlen(query):
         return VARLEN(q, k, v, p.cu_seqlens, p.cu_seqlens, p.max_seqlen, p.max_seqlen, scale=scaling)[None], None
     # elsewhere: gathered into the padded [B, W] layout for one masked SDPA call and back (on the CPU one call
     # per sequence is slower still: its splits and joins copy more than the padding costs)
