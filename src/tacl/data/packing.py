@@ -68,18 +68,3 @@ def pack_sequences(arrays: dict[str, Any]) -> dict[str, Any]:
 
 def is_packed(batch: dict[str, Any]) -> bool:
     return "cu_seqlens" in batch
-
-
-def padding_figures(lengths: np.ndarray, width: int) -> dict[str, float]:
-    """Padding share of a padded [B, width] micro-batch of sequences of these lengths, and its encoder FLOPs
-    relative to the packed row (linear layers in proportion to tokens, attention to squared lengths; for
-    BERT-base, hidden 768, attention is 2 * 2 * L * L * 768 per sequence and layer against 24 * L * 768^2)."""
-    hidden = 768
-    real = int(lengths.sum())
-    padded = len(lengths) * width
-
-    def flops(tokens: int, squares: int) -> float:
-        return 24.0 * tokens * hidden**2 + 4.0 * squares * hidden
-
-    return {"padding": 1 - real / padded,
-            "flops_ratio": flops(padded, len(lengths) * width**2) / flops(real, int((lengths**2).sum()))}
