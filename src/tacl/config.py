@@ -96,7 +96,7 @@ def plan_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
         if needs_two and p["micro_batch"] < 2:
             problems.append(f"pretrain.micro_batch: {p['micro_batch']}, but {', '.join(needs_two)} take negatives "
                             "from the other sequences of a micro-batch: 2 or more")
-        if p["packing"]:
+        if p.get("packing"):
             from tacl.pretrain.settings import PARAMS_SECTION
 
             problems += [why for o in trained if (why := packing_error(o, p.get(PARAMS_SECTION.get(o, o), {})))]
