@@ -8,11 +8,10 @@ packed micro-batch trains on exactly the tokens, masks and labels of its padded 
                                                                   position ids restart at 0 per sequence
     special_tokens_packed                                 [1, T]  [CLS]/[SEP] in the packed row
     cu_seqlens                                            [B+1]   sequence b is tokens cu[b] .. cu[b+1]-1
-    pad_index                                             [B, W]  packed position of padded (b, j); 0 on padding
     unpad_index                                           [T]     padded flat position b * W + j of each token
     mlm_index, mlm_targets                                [K]     as in the padded batch, positions into T
     attention_mask, special_tokens_mask, mlm_mask         [B, W]  the padded batch's masks (for losses that
-                                                                  work per sequence, after `pad_index`)
+                                                                  work per sequence, after `unpad_index`)
     nsp_labels                                            [B]
     lengths (tuple of ints), max_seqlen (int)                     on the host: no device read is needed to
                                                                   size attention kernels or split sequences
@@ -56,7 +55,6 @@ def pack_sequences(arrays: dict[str, Any]) -> dict[str, Any]:
         "position_ids": position.reshape(-1)[real][None, :],
         "special_tokens_packed": row("special_tokens_mask"),
         "cu_seqlens": cu,
-        "pad_index": np.where(attention, cu[:-1, None] + position, 0),
         "unpad_index": np.flatnonzero(real),
         "mlm_index": np.where(arrays["mlm_targets"] >= 0, cu[flat // width] + flat % width, 0),
         **{k: arrays[k] for k in KEPT},

@@ -129,8 +129,7 @@ def packed_crop_view(clean: torch.Tensor, token_type: torch.Tensor, cu_seqlens: 
     return {"input_ids": clean[0].index_select(0, first + token)[None],
             "token_type_ids": token_type[0].index_select(0, first + kind)[None],
             "position_ids": j[None], "cu_seqlens": view_cu, "lengths": view_lengths, "max_seqlen": width,
-            "attention_mask": real, "pad_index": torch.where(real, view_cu[:-1, None] + position, 0),
-            "unpad_index": seq * width + j}
+            "attention_mask": real, "unpad_index": seq * width + j}
 
 
 class COCOLM(torch.nn.Module):

@@ -19,8 +19,7 @@ attention would cross sequences).
 
 The losses: MLM gathers the masked positions of the row (`mlm_index` points into T); NSP and COCO-LM's
 sequence contrast read each sequence's [CLS] at `cu_seqlens[:-1]`; TaCL's within-sequence contrast and
-TACO's pairs work on the [B, W] layout of the padded batch, gathered from the row by `pad_index`
-(`per_sequence`): those losses cost O(B W^2 H) and O(B W K H) against the encoder's O(T H^2) per layer, and
+TACO's pairs work on the [B, W] layout of the padded batch, the row's vectors copied into it (`per_sequence`): those losses cost O(B W^2 H) and O(B W K H) against the encoder's O(T H^2) per layer, and
 they then draw and compute exactly what the padded reference does.
 """
 
@@ -58,7 +57,6 @@ class PackedSequences(NamedTuple):
 
     cu_seqlens: torch.Tensor  # int32 [B+1]: sequence b is tokens cu[b] .. cu[b+1]-1 of the row
     max_seqlen: int  # its longest sequence (sizes varlen_attn's grid; read from the host, never the device)
-    pad_index: torch.Tensor  # [B, W]: the row's token at (b, j) of the padded layout (0 on padding)
     unpad_index: torch.Tensor  # [T]: the flat padded position b * W + j of each token of the row
     key_mask: torch.Tensor  # [B, 1, 1, W] bool: the padded layout's real positions
 
@@ -77,13 +75,34 @@ def packed_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # [T, heads, d]
     if use_varlen(query):
         return VARLEN(q, k, v, p.cu_seqlens, p.cu_seqlens, p.max_seqlen, p.max_seqlen, scale=scaling)[None], None
-    # elsewhere: gathered into the padded [B, W] layout for one masked SDPA call and back (on the CPU one call
+    # elsewhere: copied into the padded [B, W] layout for one masked SDPA call and back (on the CPU one call
     # per sequence is slower still: its splits and joins copy more than the padding costs)
-    bsz, width = p.pad_index.shape
-    heads, dim = q.shape[1:]
-    blocks = [x.index_select(0, p.pad_index.flatten()).view(bsz, width, heads, dim).transpose(1, 2) for x in (q, k, v)]
+    bsz, width = p.key_mask.shape[0], p.key_mask.shape[-1]
+    blocks = [padded_rows(x, p.unpad_index, bsz, width).transpose(1, 2) for x in (q, k, v)]
     out = F.scaled_dot_product_attention(*blocks, attn_mask=p.key_mask, scale=scaling)  # [B, heads, W, d]
-    return out.transpose(1, 2).reshape(bsz * width, heads, dim).index_select(0, p.unpad_index)[None], None
+    return _Rows.apply(out.transpose(1, 2).flatten(0, 1), p.unpad_index)[None], None
+
+
+def padded_rows(x: torch.Tensor, unpad_index: torch.Tensor, bsz: int, width: int) -> torch.Tensor:
+    """x [T, ...] of a packed row in the padded layout [B, W, ...] (zeros on padding). An index_copy, whose
+    gradient is a gather: the gradient of a gather (index_select) is a serial scatter-add on the CPU."""
+    return x.new_zeros(bsz * width, *x.shape[1:]).index_copy(0, unpad_index, x).view(bsz, width, *x.shape[1:])
+
+
+class _Rows(torch.autograd.Function):
+    """x.index_select(0, index) for distinct indices, whose gradient is an index_copy into zeros (not the
+    serial scatter-add of index_select's)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(index)
+        ctx.rows = x.shape[0]
+        return x.index_select(0, index)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (index,) = ctx.saved_tensors
+        return grad.new_zeros(ctx.rows, *grad.shape[1:]).index_copy(0, index, grad), None
 
 
 def _register() -> None:
@@ -107,8 +126,8 @@ def use_packed_attention(*modules: Any) -> None:
 
 def sequences(batch: dict[str, Any]) -> PackedSequences:
     """The attention function's view of a packed batch."""
-    return PackedSequences(batch["cu_seqlens"].int(), int(batch["max_seqlen"]), batch["pad_index"],
-                           batch["unpad_index"], batch["attention_mask"].bool()[:, None, None, :])
+    return PackedSequences(batch["cu_seqlens"].int(), int(batch["max_seqlen"]), batch["unpad_index"],
+                           batch["attention_mask"].bool()[:, None, None, :])
 
 
 def encode(bert: Any, batch: dict[str, Any], ids: str = "input_ids", **kwargs: Any) -> Any:
@@ -137,9 +156,8 @@ def pooled(model: Any, out: Any, batch: dict[str, Any]) -> torch.Tensor:
 
 
 def per_sequence(x: torch.Tensor, batch: dict[str, Any]) -> torch.Tensor:
-    """[1, T, ...] of a packed batch as the padded batch's [B, W, ...] (padding positions read token 0: they
-    are outside every loss); a padded batch's tensors as they are."""
+    """[1, T, ...] of a packed batch as the padded batch's [B, W, ...] (zeros on padding, which is outside
+    every loss); a padded batch's tensors as they are."""
     if not is_packed(batch):
         return x
-    index = batch["pad_index"]
-    return x[0].index_select(0, index.flatten()).view(*index.shape, *x.shape[2:])
+    return padded_rows(x[0], batch["unpad_index"], *batch["attention_mask"].shape)
