@@ -14,9 +14,9 @@ packed micro-batch trains on exactly the tokens, masks and labels of its padded 
                                                                   work per sequence, after `unpad_index`)
     nsp_labels                                            [B]
     lengths (tuple of ints), max_seqlen (int)                     on the host: no device read is needed to
-                                                                  size attention kernels or split sequences
+                                                                  size attention kernels or COCO-LM's views
 
-The encoder never sees padding (tacl.objectives.packed runs attention per sequence); only the small
+The encoder never sees padding (tacl.objectives.packed keeps attention within each sequence); only the small
 per-sequence loss tensors keep the [B, W] layout where the padded reference defines them that way.
 """
 

@@ -4,9 +4,10 @@ A packed micro-batch is one row of T real tokens. Attention stays within each se
 
 - on CUDA in bf16/fp16, `torch.nn.attention.varlen.varlen_attn` (flash attention over the sequences marked
   by `cu_seqlens`; its grid is sized by the host's `max_seqlen`, so nothing is read back from the device);
-- elsewhere (the CPU, fp32, tests), the row's query, key and value gathered into the padded [B, W] layout for
-  one masked scaled_dot_product_attention call, and the result gathered back: there attention computes on
-  padding as the padded path does, and only the linear layers (most of the work) run on real tokens alone.
+- elsewhere (the CPU, fp32 on CUDA, tests), the row's query, key and value copied into the padded [B, W]
+  layout for one masked scaled_dot_product_attention call, and the result copied back: there attention
+  computes on padding as the padded path does, and only the rest (the linear layers, most of the work) runs
+  on real tokens alone.
 
 Neither takes attention-probability dropout (varlen_attn has none), so packed training has no attention
 dropout on any device; hidden-state dropout is unchanged. Position ids restart at 0 in every sequence and the
@@ -19,7 +20,8 @@ attention would cross sequences).
 
 The losses: MLM gathers the masked positions of the row (`mlm_index` points into T); NSP and COCO-LM's
 sequence contrast read each sequence's [CLS] at `cu_seqlens[:-1]`; TaCL's within-sequence contrast and
-TACO's pairs work on the [B, W] layout of the padded batch, the row's vectors copied into it (`per_sequence`): those losses cost O(B W^2 H) and O(B W K H) against the encoder's O(T H^2) per layer, and
+TACO's pairs work on the [B, W] layout of the padded batch, the row's vectors copied into it
+(`per_sequence`): those losses cost O(B W^2 H) and O(B W K H) against the encoder's O(T H^2) per layer, and
 they then draw and compute exactly what the padded reference does.
 """
 
@@ -39,7 +41,7 @@ ATTENTION = "tacl_packed"
 def _varlen_attn() -> Any:
     try:
         from torch.nn.attention.varlen import varlen_attn
-    except ImportError:  # torch < 2.10: the per-sequence path
+    except ImportError:  # an older torch: the SDPA path everywhere
         return None
     return varlen_attn
 
