@@ -190,18 +190,22 @@ def model_flops(config, lengths: np.ndarray, masked: int, teacher: bool, head: b
     return student + ((2 * n * tokens + 4 * layers * h * squares) if teacher else 0.0)
 
 
-def objective_flops(objective: str, config, lengths: np.ndarray, aux_layers: int, teacher: bool) -> float:
+def objective_flops(objective: str, config, lengths: np.ndarray, aux_layers: int, teacher: bool,
+                    width: int | None = None) -> float:
     """Model FLOPs of one micro-batch for an objective: the student, plus a teacher's forward; COCO-LM's
     auxiliary model (its layers and MLM head), the main model on the corrupted sequences and again on the
-    cropped views (crop 0.9 of the tokens between [CLS] and [SEP], no head)."""
+    cropped views (crop 0.9 of the tokens between [CLS] and [SEP], no head). `width`: what the encoders
+    compute when every sequence (and view) is padded to it (the MLM head still sees the masked positions)."""
     masked = int(round(0.15 * lengths.sum()))
+    views = np.ceil(0.9 * np.maximum(lengths - 2, 0)).astype(np.int64) + 2
+    if width is not None:
+        lengths = views = np.full_like(lengths, width)
     if objective != "coco_lm":
         return model_flops(config, lengths, masked, teacher)
     import copy
 
     aux = copy.copy(config)
     aux.num_hidden_layers = aux_layers
-    views = np.ceil(0.9 * np.maximum(lengths - 2, 0)).astype(np.int64) + 2
     return (model_flops(config, lengths, masked, False) + model_flops(config, views, 0, False, head=False)
             + model_flops(aux, lengths, masked, False))
 
@@ -264,9 +268,9 @@ def a100_rank_demand(data: PretrainingData, config) -> float:
 
 
 def time_ours(objective: str, manifest: str, start: str, tmp: str, device: str, steps: int, global_batch: int,
-              micro: int, workers: int, zero_stage: int, compile: bool = False) -> dict[str, Any]:
+              micro: int, workers: int, zero_stage: int, compile: bool = False, **settings: Any) -> dict[str, Any]:
     """The trainer's own step: s per optimizer step, real tokens and model FLOPs per step, and the
-    synchronisations seen in the timed steps (on a GPU)."""
+    synchronisations seen in the timed steps (on a GPU). `settings`: more TrainSettings (e.g. packing)."""
     from tacl.pretrain.lock import RunLock
     from tacl.pretrain.settings import TrainSettings
     from tacl.pretrain.trainer import ChunkArgs, Meter, _setup, optimizer_step
@@ -274,7 +278,7 @@ def time_ours(objective: str, manifest: str, start: str, tmp: str, device: str, 
     warm = 3 if compile else 2  # (a compiled step compiles in the first one)
     settings = TrainSettings(objective=objective, steps=steps + warm, global_batch=global_batch, micro_batch=micro,
                              precision="auto", max_len=MAX_LEN, loader_workers=workers, device=device,
-                             zero_stage=zero_stage, compile=compile)
+                             zero_stage=zero_stage, compile=compile, **settings)
     run_dir = tempfile.mkdtemp(dir=tmp)
     lock = RunLock(run_dir)
     chunk = _setup(ChunkArgs(run_dir, start, manifest, settings), ENV, lock)

@@ -93,6 +93,17 @@ def config_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
     return sorted(problems)
 
 
+def packing_error(objective: str, params: dict[str, Any]) -> str | None:
+    """Why this objective cannot train on packed batches (one line naming the keys), or None."""
+    if objective == "tacl_attn":
+        return ("pretrain.packing: tacl_attn computes its attention weights on the padded layout; use packing "
+                "false for it (its own config) or leave it out of pretrain.objectives")
+    if objective == "tacl" and params.get("negatives", "real") == "all":
+        return ("pretrain.packing: tacl with pretrain.tacl.negatives 'all' counts padding as negatives, and packed "
+                "batches have none; use negatives 'real' or packing false")
+    return None
+
+
 def start_model_shape(config: dict[str, Any]) -> dict[str, Any] | None:
     """Depth, positions and sizes of the start model where they are known without a download: `model_init`
     (kind random), or the config.json of a local model directory or a package's model; None for a Hub name
@@ -142,6 +153,10 @@ def plan_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
         if needs_two and p["micro_batch"] < 2:
             problems.append(f"pretrain.micro_batch: {p['micro_batch']}, but {', '.join(needs_two)} take negatives "
                             "from the other sequences of a micro-batch: 2 or more")
+        if p.get("packing"):
+            from tacl.objectives.registry import objective_params
+
+            problems += [why for o in trained if (why := packing_error(o, objective_params(p, o)))]
         chunk = p["chunk"]
         if chunk["margin_minutes"] >= chunk["runtime_minutes"]:
             problems.append(f"pretrain.chunk.margin_minutes: {chunk['margin_minutes']} leaves no time to train in "

@@ -33,6 +33,7 @@ class Batching:
     micro_batch: int
     group_by_length: bool = True
     pad_multiple: int = 8  # max_len: every sequence padded to max_len (the reference's way)
+    packing: bool = False  # micro-batches in the packed layout (tacl.data.packing): no padding at all
 
     def width(self, lengths: np.ndarray) -> int:
         """The padded width of a micro-batch: its longest sequence, rounded up to pad_multiple."""
@@ -75,10 +76,19 @@ class PretrainingData:
         return positions[j * m : (j + 1) * m]
 
     def micro_batch(self, step: int, j: int) -> dict[str, Any]:
-        return self.batch(self.micro_positions(step, j))
+        arrays = self.arrays(self.micro_positions(step, j))
+        if self.batching.packing:  # the same sequences and masks, concatenated without padding
+            from tacl.data.packing import pack_sequences
+
+            return pack_sequences(arrays)
+        return as_tensors(arrays)
 
     def batch(self, positions: Sequence[int]) -> dict[str, Any]:
         """A padded, masked batch of the samples at these data positions (tensors, plus `num_tokens`)."""
+        return as_tensors(self.arrays(positions))
+
+    def arrays(self, positions: Sequence[int]) -> dict[str, Any]:
+        """`batch` as numpy arrays."""
         epochs, index = self.locate(np.asarray(positions, dtype=np.int64))
         examples = [self.shards.example(int(i)) for i in index]
         lengths = np.array([len(e[0]) for e in examples], dtype=np.int64)
@@ -94,22 +104,32 @@ class PretrainingData:
         masked, labels = mask_batch(clean, lengths, example_keys(self.seed, epochs, index), self.spec)
         attention = np.arange(width)[None, :] < lengths[:, None]
         return {
-            "input_ids": torch.from_numpy(masked),
-            "clean_ids": torch.from_numpy(clean),
-            "token_type_ids": torch.from_numpy(token_type),
-            "attention_mask": torch.from_numpy(attention.astype(np.int64)),
-            "special_tokens_mask": torch.from_numpy(np.isin(clean, self.spec.special_ids)),
-            "nsp_labels": torch.from_numpy(nsp),
-            "mlm_mask": torch.from_numpy(labels != IGNORE_INDEX),
-            **masked_positions(labels),
+            "input_ids": masked,
+            "clean_ids": clean,
+            "token_type_ids": token_type,
+            "attention_mask": attention.astype(np.int64),
+            "special_tokens_mask": np.isin(clean, self.spec.special_ids),
+            "nsp_labels": nsp,
+            "mlm_mask": labels != IGNORE_INDEX,
+            **masked_index(labels),
             "num_tokens": int(lengths.sum()),
         }
+
+
+def as_tensors(arrays: dict[str, Any]) -> dict[str, Any]:
+    """numpy arrays as tensors (sharing their memory); other values as they are."""
+    return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in arrays.items()}
 
 
 def masked_positions(labels: np.ndarray, multiple: int = 8) -> dict[str, torch.Tensor]:
     """The selected positions as a fixed-length gather: `mlm_index` (flat positions into B*L, in order)
     and `mlm_targets` (their original ids), padded to a multiple of 8 with position 0 and IGNORE_INDEX, so
     the model never needs a boolean mask or `nonzero` (a host-device sync) to find them."""
+    return as_tensors(masked_index(labels, multiple))
+
+
+def masked_index(labels: np.ndarray, multiple: int = 8) -> dict[str, np.ndarray]:
+    """`masked_positions` as numpy arrays."""
     flat = labels.reshape(-1)
     index = np.flatnonzero(flat != IGNORE_INDEX)
     size = max(multiple, -(-len(index) // multiple) * multiple)
@@ -117,7 +137,7 @@ def masked_positions(labels: np.ndarray, multiple: int = 8) -> dict[str, torch.T
     mlm_targets = np.full(size, IGNORE_INDEX, dtype=np.int64)
     mlm_index[: len(index)] = index
     mlm_targets[: len(index)] = flat[index]
-    return {"mlm_index": torch.from_numpy(mlm_index), "mlm_targets": torch.from_numpy(mlm_targets)}
+    return {"mlm_index": mlm_index, "mlm_targets": mlm_targets}
 
 
 class MicroBatches(torch.utils.data.Dataset):
@@ -157,6 +177,13 @@ def unpack(packed: torch.Tensor, layout: tuple) -> dict[str, torch.Tensor]:
         out[name] = view.bool() if is_bool else view
         at += size
     return out
+
+
+def on_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """A `pack`ed batch on `device` (a non-blocking copy from pinned memory), with its host values (such as
+    a packed batch's sequence lengths) alongside, as they are."""
+    host = {k: v for k, v in batch.items() if k not in ("packed", "layout")}
+    return {**unpack(batch["packed"].to(device, non_blocking=True), batch["layout"]), **host}
 
 
 def _one_thread(_: int) -> None:

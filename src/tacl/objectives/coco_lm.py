@@ -21,14 +21,17 @@ the forward (`draws`).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from tacl.data.packing import is_packed
 from tacl.io import InputError
 from tacl.objectives import counts, in_fp32
 from tacl.objectives.mlm_nsp import IGNORE_INDEX, mlm_loss
+from tacl.objectives.packed import encode, first_tokens
 
 
 @in_fp32
@@ -106,6 +109,39 @@ def crop_view(ids: torch.Tensor, token_type: torch.Tensor, attention: torch.Tens
     return view, torch.where(keep, types, 0), keep.long()
 
 
+def packed_crop_view(clean: torch.Tensor, token_type: torch.Tensor, cu_seqlens: torch.Tensor, lengths: tuple[int, ...],
+                     share: float, draws: torch.Generator | torch.Tensor) -> dict[str, Any]:
+    """`crop_view` on a packed row: clean, token_type [1, T] -> the views as a packed batch of their own (the
+    keys of tacl.data.packing that the encoder reads). The views' lengths m + 2 follow
+    from the host's `lengths` (m = ceil(share * (n - 2)), in float64 as on the device); the starts are drawn
+    as `crop_view` draws them (one float64 number per sequence, `draws`), so a packed micro-batch
+    sees the same views as its padded twin."""
+    device = clean.device
+    view_lengths = tuple(min(math.ceil(max(n - 2, 0) * share), max(n - 2, 0)) + 2 for n in lengths)
+    bsz, total = len(lengths), sum(view_lengths)
+    n = cu_seqlens[1:] - cu_seqlens[:-1]
+    c = (n - 2).clamp(min=0)
+    m = torch.ceil(c.double() * share).long().clamp(max=c)
+    u = uniform(draws, (bsz,))
+    start = torch.minimum((u * (c - m + 1)).long(), c - m)
+    view_cu = F.pad((m + 2).cumsum(0), (1, 0))
+    seq = torch.searchsorted(view_cu[1:], torch.arange(total, device=device), right=True)  # [Tv]
+    j = torch.arange(total, device=device) - view_cu.index_select(0, seq)
+    m_t, n_t, start_t = m.index_select(0, seq), n.index_select(0, seq), start.index_select(0, seq)
+    # as crop_view: position 0 is [CLS]; 1..m the body from s + j; m + 1 the last [SEP]; the token types are
+    # those of s + j up to m, then the [SEP]'s
+    token = torch.where(j == 0, 0, torch.where(j <= m_t, start_t + j, n_t - 1))
+    kind = torch.where(j <= m_t, start_t + j, n_t - 1)
+    first = cu_seqlens.index_select(0, seq)
+    width = max(view_lengths)
+    position = torch.arange(width, device=device)[None, :]
+    real = position < (m + 2)[:, None]  # [B, Wv]
+    return {"input_ids": clean[0].index_select(0, first + token)[None],
+            "token_type_ids": token_type[0].index_select(0, first + kind)[None],
+            "position_ids": j[None], "cu_seqlens": view_cu, "lengths": view_lengths, "max_seqlen": width,
+            "attention_mask": real, "unpad_index": seq * width + j}
+
+
 class COCOLM(torch.nn.Module):
     """The objective holds the auxiliary MLM model and the copy head: parameters that train and checkpoint
     with the student (inside the DeepSpeed engine) but are not exported."""
@@ -145,15 +181,13 @@ class COCOLM(torch.nn.Module):
         """The uniform numbers of a micro-batch, in the order the eager forward drew them: one per selected
         position (the auxiliary model's samples), one per sequence (its crop)."""
         return {"samples": uniform(generator, (len(batch["mlm_index"]), 1)),
-                "crops": uniform(generator, (len(batch["input_ids"]),))}
+                "crops": uniform(generator, (len(batch["attention_mask"]),))}  # (sequences, packed or not)
 
     def forward(self, model: Any, teacher: Any, batch: dict[str, torch.Tensor],
                 draws: dict[str, torch.Tensor]) -> tuple[dict, dict]:
-        from tacl.objectives import encoder_inputs
-
         index, targets = batch["mlm_index"], batch["mlm_targets"]
         # the auxiliary MLM on the masked sequence, and its samples at the selected positions
-        aux_hidden = self.aux.bert(**encoder_inputs(batch)).last_hidden_state
+        aux_hidden = encode(self.aux.bert, batch).last_hidden_state
         aux_logits = self.aux.cls(aux_hidden.flatten(0, 1).index_select(0, index))
         losses, metrics = {}, {}
         losses["aux_mlm"], metrics["aux_mlm_acc"] = mlm_loss(aux_logits, targets)
@@ -165,18 +199,23 @@ class COCOLM(torch.nn.Module):
         corrupted = flat.scatter(0, index, picked).view_as(clean)
         # the main model on the corrupted sequence: copy head and corrective LM
         corrupted_batch = {**batch, "input_ids": corrupted}
-        hidden = model.bert(**encoder_inputs(corrupted_batch)).last_hidden_state
+        hidden = encode(model.bert, corrupted_batch).last_hidden_state
         copy_logits = self.copy_head(hidden).squeeze(-1)
-        valid = batch["attention_mask"].bool()
+        valid = torch.ones_like(clean, dtype=torch.bool) if is_packed(batch) else batch["attention_mask"].bool()
         copy, metrics["copy_acc"] = copy_loss(copy_logits, corrupted == clean, valid)
         lm_logits = model.cls.predictions(hidden.flatten(0, 1).index_select(0, index))
         lm, metrics["clm_acc"] = corrective_lm_loss(lm_logits, copy_logits.flatten().index_select(0, index),
                                                     picked, targets)
         losses["clm"] = self.lambda_copy * copy + lm
         # sequence contrast: [CLS] of the corrupted sequence against [CLS] of a cropped view of the original
-        view, types, attention = crop_view(clean, batch["token_type_ids"], batch["attention_mask"], self.crop,
-                                           model.config.pad_token_id or 0, draws["crops"])
-        view_batch = {"input_ids": view, "token_type_ids": types, "attention_mask": attention}
-        view_cls = model.bert(**encoder_inputs(view_batch)).last_hidden_state[:, 0]
-        losses["scl"], metrics["scl_acc"] = sequence_contrastive_loss(hidden[:, 0], view_cls, self.tau)
+        if is_packed(batch):
+            view_batch = packed_crop_view(clean, batch["token_type_ids"], batch["cu_seqlens"], batch["lengths"],
+                                          self.crop, draws["crops"])
+        else:
+            view, types, attention = crop_view(clean, batch["token_type_ids"], batch["attention_mask"], self.crop,
+                                               model.config.pad_token_id or 0, draws["crops"])
+            view_batch = {"input_ids": view, "token_type_ids": types, "attention_mask": attention}
+        view_cls = first_tokens(encode(model.bert, view_batch).last_hidden_state, view_batch)
+        losses["scl"], metrics["scl_acc"] = sequence_contrastive_loss(first_tokens(hidden, batch), view_cls,
+                                                                      self.tau)
         return losses, metrics

@@ -8,7 +8,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from tacl.objectives import counts, encoder_inputs, in_fp32
+from tacl.objectives import counts, in_fp32
+from tacl.objectives.packed import encode, pooled
 
 IGNORE_INDEX = -100
 
@@ -53,5 +54,5 @@ class MlmNsp:
 
     def __call__(self, model: Any, teacher: Any, batch: dict[str, torch.Tensor],
                  draws: dict[str, Any]) -> tuple[dict, dict]:
-        out = model.bert(**encoder_inputs(batch))
-        return mlm_nsp_terms(model, batch, out.last_hidden_state, out.pooler_output)
+        out = encode(model.bert, batch)
+        return mlm_nsp_terms(model, batch, out.last_hidden_state, pooled(model, out, batch))

@@ -15,8 +15,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from tacl.objectives import counts, encoder_inputs, in_fp32
+from tacl.data.packing import is_packed
+from tacl.objectives import counts, in_fp32
 from tacl.objectives.mlm_nsp import IGNORE_INDEX, mlm_nsp_terms
+from tacl.objectives.packed import encode, per_sequence, pooled
 
 _EXCLUDED = -1e9  # a logit that softmax turns into exactly 0 (-inf would make NaN gradients on empty rows)
 
@@ -94,24 +96,28 @@ class TaCL:
 
     def __call__(self, model: Any, teacher: Any, batch: dict[str, torch.Tensor],
                  draws: dict[str, Any]) -> tuple[dict, dict]:
-        out = model.bert(**encoder_inputs(batch))
-        losses, metrics = mlm_nsp_terms(model, batch, out.last_hidden_state, out.pooler_output)
+        out = encode(model.bert, batch)
+        losses, metrics = mlm_nsp_terms(model, batch, out.last_hidden_state, pooled(model, out, batch))
         teacher.train(self.teacher_train_mode)
         with torch.inference_mode():  # no autograd record at all (the teacher is frozen)
             h, weights = self.teacher_side(teacher, batch, metrics)
         # ordinary tensors again, so that the loss may save them for the student's backward
         h = h.clone()
         weights = None if weights is None else weights.clone()
-        anchors = batch["mlm_mask"]
-        real = batch["attention_mask"].bool() & ~batch["special_tokens_mask"]
         if self.negatives == "batch":  # the real tokens of every sequence of the micro-batch
+            real = (~batch["special_tokens_packed"] if is_packed(batch)
+                    else batch["attention_mask"].bool() & ~batch["special_tokens_mask"])
             index = batch["mlm_index"]
             listed = None if weights is None else weights.flatten().index_select(0, index)
             losses["tacl"], metrics["tacl_acc"] = tacl_batch_loss(out.last_hidden_state, h, index,
                                                                   batch["mlm_targets"], real, self.tau, listed)
             return losses, metrics
+        # within each sequence: on the padded [B, W] layout (a packed batch's vectors gathered into it)
+        anchors = batch["mlm_mask"]
+        real = batch["attention_mask"].bool() & ~batch["special_tokens_mask"]
         candidates = real if self.negatives == "real" else torch.ones_like(anchors)
-        losses["tacl"], metrics["tacl_acc"] = tacl_loss(out.last_hidden_state, h, anchors, candidates, self.tau,
+        losses["tacl"], metrics["tacl_acc"] = tacl_loss(per_sequence(out.last_hidden_state, batch),
+                                                        per_sequence(h, batch), anchors, candidates, self.tau,
                                                         weights)
         return losses, metrics
 
@@ -119,4 +125,4 @@ class TaCL:
                      metrics: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(under inference_mode) The teacher's last layer on the clean sequences, and the anchors' weights
         [B, L] (None: every anchor counts once, TaCL's own loss)."""
-        return teacher(**encoder_inputs(batch, "clean_ids")).last_hidden_state, None
+        return encode(teacher, batch, "clean_ids").last_hidden_state, None

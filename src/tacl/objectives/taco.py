@@ -20,8 +20,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from tacl.objectives import counts, encoder_inputs, in_fp32
+from tacl.objectives import counts, in_fp32
 from tacl.objectives.mlm_nsp import IGNORE_INDEX, mlm_nsp_terms
+from tacl.objectives.packed import encode, per_sequence, pooled
 
 
 def _below(n: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -144,12 +145,13 @@ class TACO:
 
     def __call__(self, model: Any, teacher: Any, batch: dict[str, torch.Tensor],
                  draws: dict[str, Any]) -> tuple[dict, dict]:
-        out = model.bert(**encoder_inputs(batch), output_hidden_states=True)
-        losses, metrics = mlm_nsp_terms(model, batch, out.last_hidden_state, out.pooler_output,
+        out = encode(model.bert, batch, output_hidden_states=True)
+        losses, metrics = mlm_nsp_terms(model, batch, out.last_hidden_state, pooled(model, out, batch),
                                         with_nsp=self.keep_nsp)
         valid = batch["attention_mask"].bool()
         positive, negatives, has_negatives = sample_taco_pairs(valid, self.window, self.negatives, draws["pairs"])
-        g = F.normalize((out.hidden_states[-1] - out.hidden_states[0]).float(), dim=-1)
+        # (a packed batch's vectors gathered into the padded [B, W] layout: the same draws and pairs)
+        g = F.normalize(per_sequence(out.hidden_states[-1] - out.hidden_states[0], batch).float(), dim=-1)
         loss, metrics["taco_acc"] = taco_loss(g, valid & has_negatives[:, None], positive, negatives, self.tau)
         losses["taco"] = self.weight * loss
         return losses, metrics

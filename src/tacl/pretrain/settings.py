@@ -19,7 +19,8 @@ from tacl.io import InputError, stable_hash
 from tacl.objectives.registry import objective_params
 
 RESULT_KEYS = ("objective", "steps", "global_batch", "lr", "warmup_ratio", "weight_decay", "adam_eps", "adam_betas",
-               "grad_clip", "precision", "seed", "pad_to_max_len", "group_by_length", "max_len", "objective_params")
+               "grad_clip", "precision", "seed", "pad_to_max_len", "group_by_length", "max_len", "objective_params",
+               "packing")
 OPERATIONAL_KEYS = ("micro_batch", "zero_stage", "log_every", "checkpoint_minutes", "keep_checkpoints",
                     "loader_workers", "compile", "device")
 # The config keys of `pretrain` that reach no trainer setting and only say how a run is cut into jobs and
@@ -30,7 +31,7 @@ CHUNK_OPERATIONAL_KEYS = ("ranks_per_node", "cpus_per_rank", "nodes", "launcher"
 # vectorised masking). Kept in a run's identity under the name "data_version".
 DATA_VERSION = RESULT_VERSIONS["pretrain"]
 # Before the split above, a run's identity was a hash of these (precision left out); kept to read such runs.
-LEGACY_TRAJECTORY_KEYS = tuple(k for k in RESULT_KEYS if k != "precision") + ("data_version",)
+LEGACY_TRAJECTORY_KEYS = tuple(k for k in RESULT_KEYS if k not in ("precision", "packing")) + ("data_version",)
 
 
 @dataclass
@@ -54,6 +55,7 @@ class TrainSettings:
     pad_to_max_len: bool = False
     group_by_length: bool = True  # micro-batches of similar length (less padding); see data/pretraining.py
     max_len: int = 256
+    packing: bool = False  # sequences packed without padding (tacl.data.packing); changes the trajectory
     objective_params: dict[str, Any] = field(default_factory=dict)
     # where and how fast (OPERATIONAL_KEYS, with micro_batch and zero_stage above)
     device: str = "auto"  # auto | cuda | cpu; cuda: stop at once unless a GPU is usable (tacl.device)
@@ -97,7 +99,8 @@ class TrainSettings:
         """The settings that decide the weights (RESULT_KEYS) and the batch version: what a run's checkpoints
         belong to, and what Snakemake compares to decide a rerun."""
         d = self.to_dict()
-        return {**{k: d[k] for k in RESULT_KEYS}, "data_version": DATA_VERSION}
+        # (packing only where it is on: the runs made before it existed keep their identity, and no rerun)
+        return {**{k: d[k] for k in RESULT_KEYS if k != "packing" or self.packing}, "data_version": DATA_VERSION}
 
     def operational(self) -> dict[str, Any]:
         d = self.to_dict()

@@ -38,7 +38,7 @@ from typing import Any, Iterator
 
 import torch
 
-from tacl.data.pretraining import MicroBatches, micro_batch_loader, unpack
+from tacl.data.pretraining import MicroBatches, micro_batch_loader, on_device
 from tacl.device import compile_failure, compiles, fast_fp32_matmul
 from tacl.io import InputError, read_json, stable_hash, write_json_atomic
 from tacl.objectives import objective_draws
@@ -344,6 +344,8 @@ def _setup(args: ChunkArgs, env: DistEnv, lock: RunLock) -> Chunk:
     from tacl.hub import load_tokenizer, tokenizer_hash
     from tacl.objectives import build_objective
     from tacl.objectives.registry import spec
+    from tacl.config import packing_error
+    from tacl.objectives.packed import use_packed_attention
     from tacl.pretrain.model import load_student, load_teacher
 
     s = args.settings
@@ -353,6 +355,8 @@ def _setup(args: ChunkArgs, env: DistEnv, lock: RunLock) -> Chunk:
     objective = build_objective(s.objective, s.objective_params)
     if spec(s.objective).two_sequences and s.micro_batch < 2:
         raise InputError(f"pretrain.micro_batch must be >= 2 for {s.objective} (negatives come from other sequences)")
+    if s.packing and (why := packing_error(s.objective, s.objective_params)):
+        raise InputError(why)
     if hasattr(objective, "check"):
         objective.check(args.start_model)  # e.g. COCO-LM's auxiliary model is no larger than the main one
     tokenizer = load_tokenizer(args.start_model)
@@ -382,7 +386,8 @@ def _setup(args: ChunkArgs, env: DistEnv, lock: RunLock) -> Chunk:
         raise InputError(f"{run_dir}: checkpoint {tag} was written by {saved_world} rank(s) with ZeRO stage 3, which "
                          f"cannot go on with {env.world_size}: its conversion does not reproduce the trajectory. "
                          f"Resume with {saved_world} rank(s); ZeRO stages 0, 1 and 2 go on with any number")
-    batching = Batching(s.global_batch, s.micro_batch, s.group_by_length, s.max_len if s.pad_to_max_len else 8)
+    batching = Batching(s.global_batch, s.micro_batch, s.group_by_length, s.max_len if s.pad_to_max_len else 8,
+                        packing=s.packing)
     data = PretrainingData(shards, MaskingSpec.from_tokenizer(tokenizer, s.max_len), s.seed, batching)
 
     # -- model, optimizer, engine --------------------------------------------------------------------
@@ -393,6 +398,8 @@ def _setup(args: ChunkArgs, env: DistEnv, lock: RunLock) -> Chunk:
         teacher = teacher.to(torch.bfloat16)
     if hasattr(objective, "attach"):
         objective.attach(args.start_model, student)  # parameters of the objective's own (COCO-LM's auxiliary model)
+    if s.packing:  # attention within each sequence of a packed row (tacl.objectives.packed)
+        use_packed_attention(student, teacher, objective if isinstance(objective, torch.nn.Module) else None)
     trainable = Pretrainer(student, objective)
     if compiles(s.compile, env.device):
         trainable.compile_losses(teacher)
@@ -469,7 +476,7 @@ def optimizer_step(chunk: Chunk, batches: Iterator[dict[str, Any]], meter: Meter
     for a in range(chunk.accumulation):
         batch = next(batches)
         tokens += batch["num_tokens"]
-        batch = unpack(batch["packed"].to(env.device, non_blocking=True), batch["layout"])
+        batch = on_device(batch, env.device)
         try:
             loss, losses, metrics = _forward_backward(chunk, batch, a * env.world_size + env.rank)
         except Exception as e:  # a compilation that failed (in the forward, or a lazy one in the backward)

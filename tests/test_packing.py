@@ -1,0 +1,197 @@
+"""Packed micro-batches (no padding): the layout holds the padded batch's sequences and masks; for every
+objective, the packed loss terms and gradients equal the padded reference's on the same sequences, under the
+sync guard; a packed run resumes bit for bit.
+
+Tolerance (fp32, tiny random BERT, dropout off in both layouts: its draws depend on the layout): every loss
+term within rtol 1e-4, atol 1e-6 of the padded one (measured: equal to the last bit for all five objectives),
+the accuracy counts equal, every gradient entry within rtol 1e-4 and atol 1e-6 x the largest gradient entry
+(measured worst: 1.1e-5 absolute on TACO against a largest entry of 8.1, i.e. 1.4e-6; float reordering only:
+per-sequence attention instead of masked attention, other summation orders).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import pytest
+import torch
+
+from sync_guard import SyncGuard
+from test_step import env  # noqa: F401 (the module's gloo process group)
+from tacl.data.masking import MaskingSpec
+from tacl.data.packing import pack_sequences
+from tacl.data.pretraining import Batching, PretrainingData
+from tacl.data.shards import ShardSet
+from tacl.objectives import build_objective
+from tacl.config import packing_error
+from tacl.objectives.packed import use_packed_attention
+
+OBJECTIVES = ("mlm_nsp", "tacl", "tacl_batch", "taco", "coco_lm")
+
+
+@pytest.fixture(scope="module")
+def data(demo_data):
+    from tacl.hub import load_tokenizer
+
+    tokenizer = load_tokenizer(str(demo_data["start"]))
+    shards = ShardSet(str(demo_data["manifest"]), verify=False)
+    # no length grouping: micro-batch 1 of step 5 holds sequences of 28, 42, 64 and 64 tokens
+    return PretrainingData(shards, MaskingSpec.from_tokenizer(tokenizer, 64), 3, Batching(8, 4, False))
+
+
+def twins(data, step=5, j=1):
+    """A micro-batch padded, and packed (as the loader builds it with `packing` on)."""
+    return data.micro_batch(step, j), pack_sequences(data.arrays(data.micro_positions(step, j)))
+
+
+def test_the_packed_layout_holds_the_padded_batch(data):
+    padded, packed = twins(data)
+    attention = padded["attention_mask"].bool()
+    lengths = attention.sum(1)
+    assert packed["lengths"] == tuple(lengths.tolist()) and packed["max_seqlen"] == int(lengths.max())
+    assert (lengths < attention.shape[1]).any(), "the fixture has padding"
+    cu = packed["cu_seqlens"]
+    assert cu.tolist() == [0, *lengths.cumsum(0).tolist()]
+    for key in ("input_ids", "clean_ids", "token_type_ids", "special_tokens_mask"):
+        row = packed["special_tokens_packed" if key == "special_tokens_mask" else key][0]
+        assert row.shape == (int(lengths.sum()),)
+        for b, n in enumerate(lengths.tolist()):  # sequence b, without its padding, at cu[b]
+            assert torch.equal(row[cu[b] : cu[b] + n], padded[key][b, :n]), key
+        assert torch.equal(padded[key].flatten()[packed["unpad_index"]], row)
+    for b, n in enumerate(lengths.tolist()):
+        assert packed["position_ids"][0, cu[b] : cu[b] + n].tolist() == list(range(n))
+    valid = padded["mlm_targets"] >= 0
+    assert torch.equal(packed["input_ids"][0][packed["mlm_index"][valid]],
+                       padded["input_ids"].flatten()[padded["mlm_index"][valid]])
+    assert torch.equal(packed["mlm_targets"], padded["mlm_targets"])
+    first = packed["clean_ids"][0][cu[:-1]]
+    assert (first == padded["clean_ids"][:, 0]).all() and len(set(first.tolist())) == 1  # every [CLS]
+
+
+def models(demo_data, objective: str, params: dict):
+    """Student (dropout off: its draws depend on the layout), teacher and objective, packed attention on."""
+    from tacl.pretrain.model import load_student, load_teacher
+
+    torch.manual_seed(0)
+    objective_ = build_objective(objective, params)
+    student = load_student(str(demo_data["start"]))
+    teacher = load_teacher(str(demo_data["start"])) if objective_.needs_teacher else None
+    if hasattr(objective_, "attach"):
+        objective_.check(str(demo_data["start"]))
+        objective_.attach(str(demo_data["start"]), student)
+    modules = [student, teacher, objective_ if isinstance(objective_, torch.nn.Module) else None]
+    use_packed_attention(*modules)
+    for m in modules:
+        if m is not None:
+            m.eval()
+    return student, teacher, objective_
+
+
+def loss_and_grads(student, teacher, objective, batch, guard):
+    trainable = [p for m in (student, objective) if isinstance(m, torch.nn.Module) for p in m.parameters()]
+    for p in trainable:
+        p.grad = None
+    generator = torch.Generator().manual_seed(11)
+    with guard:
+        losses, metrics = objective(student, teacher, batch, generator)
+        sum(losses.values()).backward()
+    grads = [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in trainable]
+    return {k: v.detach() for k, v in losses.items()}, metrics, grads
+
+
+@pytest.mark.parametrize("objective", OBJECTIVES)
+def test_packed_loss_and_gradients_equal_the_padded_ones(demo_data, data, objective):
+    params = {"aux_layers": 1} if objective == "coco_lm" else {}
+    student, teacher, obj = models(demo_data, objective, params)
+    padded, packed = twins(data)
+    ref_losses, ref_metrics, ref_grads = loss_and_grads(student, teacher, obj, padded, contextlib.nullcontext())
+    losses, metrics, grads = loss_and_grads(student, teacher, obj, packed, SyncGuard("cpu"))
+    assert losses.keys() == ref_losses.keys()
+    for term in losses:
+        torch.testing.assert_close(losses[term], ref_losses[term], rtol=1e-4, atol=1e-6, msg=term)
+    for name in metrics:  # accuracy counts: the same positions, the same decisions
+        assert torch.equal(metrics[name], ref_metrics[name]), name
+    scale = max(ref.abs().max() for ref in ref_grads)
+    assert scale > 0
+    for g, ref in zip(grads, ref_grads):
+        torch.testing.assert_close(g, ref, rtol=1e-4, atol=1e-6 * scale)
+
+
+def test_varlen_attention_gets_the_packed_row_as_flash_attention_wants_it(demo_data, data, monkeypatch):
+    """The CUDA path's call, checked on the CPU: varlen_attn replaced by a per-sequence reference that
+    asserts its arguments ([T, heads, d] tensors, int32 cumulative lengths, host ints): the loss is the
+    padded one."""
+    import torch.nn.functional as F
+
+    from tacl.objectives import packed as packed_module
+
+    padded, packed = twins(data)
+    calls = []
+
+    def varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, *, scale):
+        assert q.dim() == 3 and q.shape == k.shape == v.shape and q.shape[0] == packed["cu_seqlens"][-1]
+        assert cu_q.dtype == torch.int32 and torch.equal(cu_q, cu_k) and torch.equal(cu_q.long(), packed["cu_seqlens"])
+        assert type(max_q) is int and max_q == max_k == max(packed["lengths"])
+        calls.append(1)
+        bounds = cu_q.tolist()
+        return torch.cat([F.scaled_dot_product_attention(*(x[a:b].transpose(0, 1) for x in (q, k, v)),
+                                                         scale=scale).transpose(0, 1)
+                          for a, b in zip(bounds, bounds[1:])])
+
+    monkeypatch.setattr(packed_module, "VARLEN", varlen_attn)
+    monkeypatch.setattr(packed_module, "use_varlen", lambda query: True)
+    student, _, objective = models(demo_data, "mlm_nsp", {})
+    with torch.no_grad():
+        reference, _ = objective(student, None, padded, torch.Generator())
+        losses, _ = objective(student, None, packed, torch.Generator())
+    assert len(calls) == student.config.num_hidden_layers
+    for term in losses:
+        torch.testing.assert_close(losses[term], reference[term], rtol=1e-4, atol=1e-6)
+
+
+def test_a_packed_batch_on_a_model_without_packed_attention_is_refused(demo_data, data):
+    from tacl.pretrain.model import load_student
+
+    student = load_student(str(demo_data["start"]))
+    with pytest.raises(RuntimeError, match="use_packed_attention"):
+        build_objective("mlm_nsp")(student, None, twins(data)[1], torch.Generator())
+
+
+def test_tacl_negatives_all_refuses_packing():
+    why = packing_error("tacl", {"negatives": "all"})
+    assert why.startswith("pretrain.packing:") and "pretrain.tacl.negatives" in why
+    assert all(packing_error(o, {}) is None for o in OBJECTIVES)
+
+
+def test_packed_resume_is_bit_exact(demo_data, tmp_path, env):
+    """TACO, packed, in this process under the sync guard: 2 steps, a save, a fresh chunk resuming from it
+    for 2 more steps: the losses and weights of the 4-step run without a break, bit for bit."""
+    from test_step import step
+
+    from tacl.data.pretraining import MicroBatches, micro_batch_loader
+    from tacl.pretrain.lock import RunLock
+    from tacl.pretrain.settings import TrainSettings
+    from tacl.pretrain.trainer import ChunkArgs, _save, _setup
+
+    s = TrainSettings(objective="taco", steps=4, global_batch=8, micro_batch=4, lr=2e-3, seed=3, max_len=64,
+                      zero_stage=0, precision="fp32", loader_workers=0, device="cpu", log_every=1, packing=True,
+                      group_by_length=False)
+
+    def chunk_losses(run, steps):
+        lock = RunLock(run)
+        chunk = _setup(ChunkArgs(str(run), str(demo_data["start"]), str(demo_data["manifest"]), s,
+                                 tensorboard=False), env, lock)
+        batches = micro_batch_loader(MicroBatches(chunk.data, chunk.step, s.steps, chunk.accumulation, 0, 1), 0,
+                                     False)
+        got = [step(chunk, batches, env, SyncGuard("cpu")) for _ in range(steps)]
+        _save(chunk)
+        lock.release()
+        return got, {k: v.clone() for k, v in chunk.engine.module.state_dict().items()}
+
+    whole, whole_weights = chunk_losses(tmp_path / "whole", 4)
+    first, _ = chunk_losses(tmp_path / "chunks", 2)
+    second, weights = chunk_losses(tmp_path / "chunks", 2)
+    assert first + second == whole and all(math.isfinite(v["taco"]) for v in whole)
+    assert whole_weights.keys() == weights.keys()
+    assert all(torch.equal(whole_weights[k], weights[k]) for k in weights)
