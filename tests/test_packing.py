@@ -23,7 +23,7 @@ from tacl.data.masking import MaskingSpec
 from tacl.data.packing import pack_sequences
 from tacl.data.pretraining import Batching, PretrainingData
 from tacl.data.shards import ShardSet
-from tacl.objectives import build_objective
+from tacl.objectives import build_objective, objective_draws
 from tacl.config import packing_error
 from tacl.objectives.packed import use_packed_attention
 
@@ -94,7 +94,7 @@ def loss_and_grads(student, teacher, objective, batch, guard):
         p.grad = None
     generator = torch.Generator().manual_seed(11)
     with guard:
-        losses, metrics = objective(student, teacher, batch, generator)
+        losses, metrics = objective(student, teacher, batch, objective_draws(objective, batch, generator))
         sum(losses.values()).backward()
     grads = [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in trainable]
     return {k: v.detach() for k, v in losses.items()}, metrics, grads

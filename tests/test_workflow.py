@@ -157,7 +157,10 @@ def test_plan_errors_name_each_key(tmp_path):
             {"finetune.hparams.tasks": {"qnli": {"max_len": 200}}},
         "analysis.similarity_max_len: 512 tokens": {"analysis.similarity_max_len": 512},
         "pretrain.packing: tacl with pretrain.tacl.negatives 'all' counts padding as negatives":
-            {"pretrain.packing": True, "pretrain.tacl": {"negatives": "all"}},
+            {"pretrain.packing": True, "pretrain.tacl": {"negatives": "all"},
+             "pretrain.objectives": ["none", "mlm_nsp", "tacl", "taco", "coco_lm"]},
+        "pretrain.packing: tacl_attn computes its attention weights on the padded layout":
+            {"pretrain.packing": True},
         "finetune.hparams.tasks.qnli.group_by_length: 'yes' is not true or false":
             {"finetune.hparams.tasks": {"qnli": {"group_by_length": "yes"}}},
     }

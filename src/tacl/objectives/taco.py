@@ -141,7 +141,8 @@ class TACO:
     needs_teacher: bool = False
 
     def draws(self, batch: dict[str, torch.Tensor], generator: torch.Generator) -> dict[str, Any]:
-        return {"pairs": taco_draws(tuple(batch["input_ids"].shape), self.window, self.negatives, generator)}
+        # ([B, W], packed or not: the draws of a packed batch are its padded twin's)
+        return {"pairs": taco_draws(tuple(batch["attention_mask"].shape), self.window, self.negatives, generator)}
 
     def __call__(self, model: Any, teacher: Any, batch: dict[str, torch.Tensor],
                  draws: dict[str, Any]) -> tuple[dict, dict]:
