@@ -249,7 +249,9 @@ def test_demo_end_to_end_survives_a_kill(tmp_path, monkeypatch):
     status = json.loads(run_tacl("status", str(results), "--json").stdout)
     check_status_against_files(results, status)
     assert [r["objective"] for r in status["pretrain"]] == ["mlm_nsp", "tacl", "taco"]
-    assert any(r["state"] != "done" for r in status["pretrain"]) and all(r["done"] == 0 for r in status["finetune"])
+    # (the start model's fine-tunes need no pretraining: they may have finished before the kill)
+    assert any(r["state"] != "done" for r in status["pretrain"])
+    assert all(r["done"] == 0 for r in status["finetune"] if r["model"] in killed_runs)
     run_snakemake(clone, cfg, "--unlock", repo=clone)
     run_snakemake(clone, cfg, "--cores", "2", "--rerun-incomplete", repo=clone)
 
