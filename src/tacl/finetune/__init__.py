@@ -28,11 +28,11 @@ PRESETS = {"reference": {"warmup_ratio": 0.0, "weight_decay": 0.0},
 # Each task family's hyperparameters, before the preset and the config's values go over them (kept here,
 # free of heavy imports, so that the workflow can name sweep settings by their effective values).
 _SEQUENCE = {"max_len": 128, "batch": 32, "lr": 2e-5, "epochs": 3, "grad_clip": 1.0, "eval_batch": 64,
-             "group_by_length": True}
+             "group_by_length": False}  # (off: see tacl.finetune.common, length grouping)
 FAMILY_HPARAMS = {
     "glue": _SEQUENCE,
     "squad": {"max_len": 384, "doc_stride": 128, "max_query_len": 64, "batch": 12, "lr": 3e-5, "epochs": 2,
-              "grad_clip": 1.0, "eval_batch": 64, "n_best": 20, "max_answer_len": 30, "group_by_length": True},
+              "grad_clip": 1.0, "eval_batch": 64, "n_best": 20, "max_answer_len": 30, "group_by_length": False},
     "ner": {**_SEQUENCE, "max_len": 256, "lr": 5e-5, "supervised_tacl": False, "tacl_tau": 0.1, "tacl_weight": 1.0},
 }
 
