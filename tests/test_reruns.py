@@ -36,6 +36,11 @@ def test_the_schema_says_per_key_what_the_code_says():
 
 
 def test_changed_keys_and_when_a_summary_is_printed():
+    from tacl.data.clean import clean_given
+
+    # no cap, however the config spells it: the clean job is given `max_lines or None` (a finished demo's dry
+    # run once announced "clean: max_lines None -> 0")
+    assert clean_given(0, 0.05, "regex") == clean_given(None, 0.05, "regex")
     assert changed_keys({"lr": 1e-4, "tacl": {"tau": 0.01}, "betas": [0.9, 0.999]},
                         {"lr": 5e-5, "tacl": {"tau": 0.01}, "betas": (0.9, 0.999), "new": 1}) == [
         "lr 0.0001 -> 5e-05", "new (unset) -> 1"]

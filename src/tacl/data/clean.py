@@ -163,7 +163,8 @@ def capped_documents(articles: Iterable[Article], max_lines: int | None, heldout
 
 def clean_given(max_lines: int | None, heldout_fraction: float, splitter: str) -> dict[str, Any]:
     """The settings a clean job ran with, as its record keeps them (tacl.reruns compares them)."""
-    return {"max_lines": max_lines, "heldout_fraction": heldout_fraction, "sentence_splitter": splitter,
+    # (0 and None both mean no cap: the job is given `max_lines or None`)
+    return {"max_lines": max_lines or None, "heldout_fraction": heldout_fraction, "sentence_splitter": splitter,
             "version": RESULT_VERSIONS["data"]}
 
 
