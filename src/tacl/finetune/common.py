@@ -17,7 +17,7 @@ benchmarks/finetune_step.py measures all of this. Prediction runs the rows sorte
 Off by default because it changed the scores of short fine-tunes beyond seed noise: the demo's MiniLM on
 800 QNLI rows for one epoch (50 steps, one megabatch) reached 53.0 dev accuracy grouped against 65.5 with
 random batches, seed 0 (its loss stayed at chance, 0.693); `benchmarks/finetune_fidelity.py --against random`
-on MRPC (1,000 rows, 3 epochs) gave accuracy 68.9 / 73.5 / 77.0 grouped against 76.0 / 72.6 / ... random.
+on MRPC (1,000 rows, 3 epochs) gave accuracy 68.9 / 73.5 / 77.0 grouped against 76.0 / 72.6 / 74.8 random.
 Batches of one length carry skewed labels where length and label go together; a long fine-tune averages
 that out, a short one (RTE, MRPC, STS-B at paper scale: 234-540 steps) may not. `group_by_length: true`
 under `finetune.hparams` turns it on where the padding saved is worth it (MNLI, QQP on a GPU).
