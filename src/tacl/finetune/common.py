@@ -2,8 +2,8 @@
 by length and padded to their longest row, bf16 autocast on GPU, gradient clipping, seeded data order; and
 batched prediction.
 
-Length grouping (`group_by_length`, off by default, see below; `epoch_batches`): random batches of GLUE and SQuAD rows
-are 33-67% padding (SST-2, STS-B, MRPC, RTE, QNLI, WNLI at batch 32, the MiniLM tokenizer); each epoch's
+Length grouping (`group_by_length`, off by default, see below; `epoch_batches`): random batches of GLUE
+and SQuAD rows are 33-67% padding (SST-2, STS-B, MRPC, RTE, QNLI, WNLI at batch 32, the MiniLM tokenizer); each epoch's
 random permutation is cut into megabatches of MEGABATCH batches, each sorted by length and cut into batches,
 and the epoch's batches then go in a random order: 2-6% padding. Every example is seen once per epoch, the
 number of steps is the same, and the order is fixed by the seed, as without grouping; what changes is
