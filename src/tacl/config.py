@@ -13,7 +13,7 @@ from typing import Any, Callable
 import yaml
 
 from tacl.io import InputError
-from tacl.objectives.registry import MODELS, REGISTRY
+from tacl.objectives.registry import MODELS, REGISTRY, objective_params
 from tacl.pretrain.settings import CHUNK_OPERATIONAL_KEYS, OPERATIONAL_KEYS
 
 
@@ -69,6 +69,10 @@ def defaults_unlike(unset: list[str], config: dict[str, Any], reference: dict[st
     return lines
 
 
+# the workflow's schema, in the checkout this package is imported from
+SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
+
+
 def load_schema(path: str | Path) -> dict[str, Any]:
     return yaml.safe_load(Path(path).read_text())
 
@@ -113,7 +117,6 @@ def start_model_shape(config: dict[str, Any]) -> dict[str, Any] | None:
         return {"layers": init["layers"], "positions": init.get("max_position", 512), "hidden": init.get("hidden"),
                 "intermediate": init.get("intermediate"), "vocab": None, "key": "model_init"}
     from tacl.hub import resolve_pretrained
-    from tacl.io import InputError
 
     try:
         path = Path(resolve_pretrained(config["model"])) / "config.json"
@@ -154,8 +157,6 @@ def plan_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
             problems.append(f"pretrain.micro_batch: {p['micro_batch']}, but {', '.join(needs_two)} take negatives "
                             "from the other sequences of a micro-batch: 2 or more")
         if p.get("packing"):
-            from tacl.objectives.registry import objective_params
-
             problems += [why for o in trained if (why := packing_error(o, objective_params(p, o)))]
         chunk = p["chunk"]
         if chunk["margin_minutes"] >= chunk["runtime_minutes"]:
@@ -280,7 +281,7 @@ def register(commands) -> None:  # noqa: ANN001 (argparse's private subparsers t
     c = commands.add_parser("config", help="the configuration's reference")
     cmds = c.add_subparsers(dest="command", required=True)
     r = cmds.add_parser("reference", help="every key of the schema as Markdown tables (docs/configuration.md)")
-    r.add_argument("--schema", default=str(Path(__file__).resolve().parents[2] / "workflow/schemas/config.schema.yaml"))
+    r.add_argument("--schema", default=str(SCHEMA))
     r.add_argument("--write", metavar="DOC", help="replace the generated part of DOC instead of printing it")
     r.set_defaults(func=_reference)
 

@@ -95,11 +95,11 @@ def run_from_config(config_path: str, objective: str) -> PretrainRun:
     """The same run the workflow would make for `objective` (its start model and shards must exist)."""
     import yaml
 
-    from tacl.config import config_errors, load_schema
+    from tacl.config import SCHEMA, config_errors, load_schema
     from tacl.pretrain.settings import TrainSettings
 
     config = yaml.safe_load(require_file(config_path, "workflow config").read_text()) or {}
-    schema = load_schema(Path(__file__).resolve().parents[3] / "workflow" / "schemas" / "config.schema.yaml")
+    schema = load_schema(SCHEMA)
     problems = config_errors(config, schema)
     if problems:
         raise InputError(f"{config_path}: " + "; ".join(problems))
