@@ -21,7 +21,8 @@ import pytest
 import torch
 
 from sync_guard import HostSync, SyncGuard
-from tacl.data.pretraining import MicroBatches, micro_batch_loader, on_device, pack
+from tacl.data.packing import pack_sequences
+from tacl.data.pretraining import MicroBatches, as_tensors, micro_batch_loader, on_device, pack
 from tacl.objectives.registry import OBJECTIVES
 from tacl.pretrain import checkpoint
 from tacl.pretrain.lock import RunLock
@@ -93,27 +94,44 @@ def fp32_losses(demo_data, tmp_path_factory, env):
 
 @pytest.mark.parametrize("zero_stage", [0, 1])
 @pytest.mark.parametrize("objective", OBJECTIVES)
-def test_bf16_step_has_no_host_sync_and_exports_fp32_masters(demo_data, tmp_path, env, fp32_losses, monkeypatch,
-                                                              objective, zero_stage):
+def test_bf16_step_computes_in_bf16_has_no_host_sync_and_exports_fp32_masters(
+        demo_data, tmp_path, env, fp32_losses, monkeypatch, objective, zero_stage):
     """bf16 at ZeRO 0: autocast over fp32 weights and PyTorch's fused AdamW, not one sync. At ZeRO 1:
-    DeepSpeed's BF16_Optimizer with fp32 gradient accumulation; the only syncs are its own, in its step."""
+    DeepSpeed's BF16_Optimizer with fp32 gradient accumulation; the only syncs are its own, in its step.
+    The student's matmuls inside the DeepSpeed engine run in bf16 with `torch.is_autocast_enabled()`
+    answering as on CUDA (for the autocast in force: on the CPU it answers for CUDA's, and DeepSpeed, which
+    asks it, would leave an outer autocast on), and the chunk records what they ran in."""
     from deepspeed.accelerator import get_accelerator
     from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
 
+    from tacl.pretrain.trainer import check_compute_dtype
+
     synchronized = []
     monkeypatch.setattr(get_accelerator(), "synchronize", lambda *a, **k: synchronized.append(1))
+    is_autocast_enabled = torch.is_autocast_enabled
+    monkeypatch.setattr(torch, "is_autocast_enabled", lambda *a: is_autocast_enabled(*(a or ("cpu",))))
     chunk, batches = start(demo_data, tmp_path, env, objective, zero_stage, "bf16")
     engine = chunk.engine
     weights = next(engine.module.model.parameters())
+    assert chunk.bf16
     if zero_stage == 0:
-        assert chunk.autocast and type(engine.optimizer) is torch.optim.AdamW and weights.dtype == torch.float32
+        assert engine.module.autocast == "cpu" and type(engine.optimizer) is torch.optim.AdamW
+        assert weights.dtype == torch.float32
     else:
-        assert not chunk.autocast and isinstance(engine.optimizer, BF16_Optimizer)
+        assert engine.module.autocast is None and isinstance(engine.optimizer, BF16_Optimizer)
         assert weights.dtype == torch.bfloat16 and engine.optimizer.grad_acc_dtype == torch.float32
     assert all(g["fused"] for g in engine.basic_optimizer.param_groups)
+    ran_in = []  # the dtype of every linear layer's output in the student's forward, through engine(...)
+    hooks = [m.register_forward_hook(lambda m, i, o: ran_in.append(o.dtype))
+             for m in engine.module.model.modules() if isinstance(m, torch.nn.Linear)]
     for s, reference in enumerate(fp32_losses[objective]):
         guard = SyncGuard("cpu", allow=deepspeeds if zero_stage else None)
         got = step(chunk, batches, env, guard)
+        if s == 0:
+            for hook in hooks:
+                hook.remove()
+            assert ran_in and set(ran_in) == {torch.bfloat16}, set(ran_in)
+            assert check_compute_dtype(chunk) == "bfloat16"
         named = {where.split(" in ")[-1] for where in guard.allowed}
         assert named <= DEEPSPEED_SYNCS and sum(guard.allowed.values()) == (3 if zero_stage else 0), guard.allowed
         assert got.keys() == reference.keys()
@@ -136,6 +154,18 @@ def test_bf16_step_has_no_host_sync_and_exports_fp32_masters(demo_data, tmp_path
     assert all(v.dtype == torch.float32 for v in exported.values())
     assert torch.equal(exported[key], master)
     assert not torch.equal(exported[key], exported[key].bfloat16().float()), "not representable in bf16"
+
+
+def test_a_run_that_says_bf16_and_computes_in_fp32_stops(demo_data, tmp_path, env):
+    """The check behind each chunk's recorded matmul dtype: an fp32 computation labelled bf16 stops the run."""
+    from tacl.pretrain.trainer import check_compute_dtype
+
+    chunk, batches = start(demo_data, tmp_path, env, "mlm_nsp", steps=1)
+    step(chunk, batches, env, contextlib.nullcontext())
+    assert check_compute_dtype(chunk) == "float32"
+    chunk.bf16 = True
+    with pytest.raises(RuntimeError, match="precision bf16, but the student's matmuls ran in torch.float32"):
+        check_compute_dtype(chunk)
 
 
 def test_throughput_timer_is_off_and_its_synchronize_would_be_counted(demo_data, tmp_path, env, monkeypatch):
@@ -272,9 +302,10 @@ def test_fine_tune_step_has_no_host_sync(demo_data, tokenizer):
 
 @pytest.fixture
 def compiled_with(monkeypatch):
-    """`pretrain.compile: true` compiled with this torch.compile backend (in a test: "eager", dynamo's tracing
-    without code generation, which finds the same graph breaks and recompilations in seconds rather than
-    inductor's minutes on a CPU); dynamo's caches and counters start empty."""
+    """`pretrain.compile: true` compiled with this torch.compile backend (in a test: "aot_eager", dynamo's
+    tracing and AOTAutograd's joint graph without inductor's code generation: the same graph breaks,
+    recompilations and autograd tracing in seconds rather than inductor's minutes on a CPU; "eager" would skip
+    AOTAutograd, where the teacher's inference_mode used to fail); dynamo's caches and counters start empty."""
     from torch._dynamo.utils import counters
 
     from tacl.pretrain.trainer import Pretrainer
@@ -290,14 +321,24 @@ def compiled_with(monkeypatch):
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("objective", OBJECTIVES)
+PACKABLE = [o for o in OBJECTIVES if o != "tacl_attn"]  # (tacl_attn reads the teacher's padded attention)
+
+
+@pytest.mark.parametrize("objective, packing", [(o, False) for o in OBJECTIVES] + [(o, True) for o in PACKABLE])
 def test_compiled_step_has_one_graph_over_every_width_and_the_eager_losses(demo_data, tmp_path, env, fp32_losses,
-                                                                          compiled_with, objective):
-    """pretrain.compile: the student's forward and the objective's loss (TACO's hidden states, COCO-LM's
-    draws included) trace as one graph with no graph break, compiled once for micro-batches of several
-    widths and numbers of masked positions (dynamic shapes), and give the eager step's losses."""
-    counters = compiled_with("eager")
-    chunk, batches = start(demo_data, tmp_path, env, objective, compile=True)
+                                                                          compiled_with, objective, packing):
+    """pretrain.compile: the student's forward and the objective's loss (the teacher's pass, TACO's hidden
+    states, COCO-LM's draws and crops included), padded and packed, trace through AOTAutograd as one graph
+    with no graph break, compiled once for micro-batches of several widths and numbers of masked positions
+    (dynamic shapes), and give the eager step's losses (3 steps at lr 2e-3: the gradients of the first two
+    are in the last two losses) within rel 1e-5."""
+    if packing:  # (the packed eager reference, computed here: fp32_losses is padded)
+        reference, loader = start(demo_data, tmp_path / "eager", env, objective, packing=True)
+        eager = [step(reference, loader, env, contextlib.nullcontext()) for _ in range(STEPS)]
+    else:
+        eager = fp32_losses[objective]
+    counters = compiled_with("aot_eager")
+    chunk, batches = start(demo_data, tmp_path, env, objective, compile=True, packing=packing)
     assert chunk.engine.module.compiled
     # (not under the guard: dynamo leaves every frame uncompiled while a dispatch mode such as the guard's is on)
     got = [step(chunk, batches, env, contextlib.nullcontext()) for _ in range(STEPS)]
@@ -307,20 +348,52 @@ def test_compiled_step_has_one_graph_over_every_width_and_the_eager_losses(demo_
     widths = set()
     for top in (24, 40, 56):
         positions = np.flatnonzero((lengths <= top) & (lengths > top - 8))[:4]
-        packed = pack(chunk.data.batch(positions))  # (as the loader delivers a micro-batch)
+        arrays = chunk.data.arrays(positions)
+        packed = pack(pack_sequences(arrays) if packing else as_tensors(arrays))  # (as the loader delivers it)
         batch = on_device(packed, torch.device("cpu"))  # (host values too)
         widths.add(batch["input_ids"].shape[1])
         masked.add(batch["mlm_index"].shape[0])
         chunk.engine.backward(chunk.engine(batch, chunk.teacher, chunk.generator)[0])
-    assert widths == {24, 40, 56}
+    assert widths == {24, 40, 56} if not packing else len(widths) == 3  # (packed: the row's number of tokens)
     assert dict(counters["graph_break"]) == {}
     assert len(masked) >= 2, masked  # (the number of masked positions varies too)
     assert counters["frames"]["total"] == counters["frames"]["ok"] == 1, counters  # one compilation
     assert counters["stats"]["unique_graphs"] == 1, counters
-    for s, (value, reference) in enumerate(zip(got, fp32_losses[objective])):
+    assert chunk.engine.module.compiled  # (no failure sent it on eager)
+    for s, (value, reference) in enumerate(zip(got, eager)):
         assert value.keys() == reference.keys()
         for term in value:
             assert value[term] == pytest.approx(reference[term], rel=1e-5, abs=1e-6), (s, term)
+
+
+def test_a_compilation_that_fails_inside_inference_mode_goes_on_eager_and_trains(demo_data, tmp_path, env,
+                                                                                 fp32_losses, compiled_with,
+                                                                                 monkeypatch, caplog):
+    """The failure seen on a GPU: the teacher's pass under torch.inference_mode inside the compiled region (as
+    TaCL's once was) makes AOTAutograd fail and leaves the thread's dispatcher state behind; the eager retry
+    of the same micro-batch then trains (before tacl.device.ThreadState it died: "Hit PythonDispatcher
+    dispatch key but PythonDispatcherTLS was not set", on an H200 "Inference tensors cannot be saved for
+    backward"): the eager losses, and the weights change."""
+    from tacl.objectives.tacl import TaCL
+
+    teacher_side = TaCL.teacher_side
+
+    def in_inference_mode(self, teacher, batch, metrics):
+        with torch.inference_mode():
+            h, weights = teacher_side(self, teacher, batch, metrics)
+        return h.clone(), weights  # (as the code was: ordinary tensors for the backward)
+
+    monkeypatch.setattr(TaCL, "teacher_side", in_inference_mode)
+    compiled_with("aot_eager")
+    chunk, batches = start(demo_data, tmp_path, env, "tacl", compile=True)
+    before = chunk.engine.module.model.bert.encoder.layer[0].attention.self.query.weight.detach().clone()
+    with caplog.at_level("WARNING", logger="tacl.pretrain"):
+        got = [step(chunk, batches, env, contextlib.nullcontext()) for _ in range(STEPS)]
+    warnings = [r.getMessage() for r in caplog.records if "torch.compile failed" in r.getMessage()]
+    assert len(warnings) == 1 and "inference tensor" in warnings[0], warnings
+    assert not chunk.engine.module.compiled and not torch.is_inference_mode_enabled()
+    assert got == fp32_losses["tacl"]
+    assert not torch.equal(before, chunk.engine.module.model.bert.encoder.layer[0].attention.self.query.weight)
 
 
 def test_a_failed_compilation_goes_on_eager_saying_so_once(demo_data, tmp_path, env, fp32_losses, compiled_with,

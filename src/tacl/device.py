@@ -269,11 +269,55 @@ def compiles(setting: bool | str, device: torch.device) -> bool:
     return setting is True or (setting == "auto" and device.type == "cuda")
 
 
-def compile_failure(error: BaseException) -> str | None:
-    """`Type: first line` of the root cause when `error` comes from torch.compile (dynamo or inductor, which
-    wrap a backend's error in their own), else None (an error of the model itself)."""
-    if not type(error).__module__.startswith(("torch._dynamo", "torch._inductor")):
-        return None
+_HELD_MODES: list[Any] = []
+
+
+class ThreadState:
+    """The calling thread's autograd and dispatcher state, saved before a compiled call and put back after one
+    that failed. A torch.compile that fails inside AOTAutograd can leave its own dispatch keys switched on
+    (Python, PythonDispatcher, PythonTLSSnapshot included, Functionalize excluded: seen with torch 2.13 on the CPU,
+    "Cannot set version_counter for inference tensor"), or inference mode on (torch 2.11 on an H200): the eager
+    retry of the same micro-batch then dies ("Hit PythonDispatcher dispatch key but PythonDispatcherTLS was not
+    set", "Inference tensors cannot be saved for backward")."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self.included = torch._C._dispatch_tls_local_include_set()
+        self.excluded = torch._C._dispatch_tls_local_exclude_set()
+        self.grad = torch.is_grad_enabled()
+        self.inference = torch.is_inference_mode_enabled()
+
+    def restore(self) -> None:
+        """Put the saved state back. Call it after the failed call's error is gone: its frames hold the
+        failed compiler's guards, which set their own state again when they are freed."""
+        import gc
+
+        import torch
+
+        gc.collect()
+        included = torch._C._dispatch_tls_local_include_set()
+        excluded = torch._C._dispatch_tls_local_exclude_set()
+        for key in torch._C.DispatchKey.__members__.values():
+            if included.has(key) != self.included.has(key):
+                torch._C._dispatch_tls_set_dispatch_key_included(key, self.included.has(key))
+            if excluded.has(key) != self.excluded.has(key):
+                torch._C._dispatch_tls_set_dispatch_key_excluded(key, self.excluded.has(key))
+        if torch.is_inference_mode_enabled() != self.inference:
+            # (no call leaves a mode that another entered: one of our own holds for the rest of the process,
+            # kept alive here, since its guard restores the mode it replaced when it is freed)
+            mode = torch.inference_mode(self.inference)
+            mode.__enter__()
+            _HELD_MODES.append(mode)
+        torch.set_grad_enabled(self.grad)
+
+
+def compile_failure(error: BaseException) -> str:
+    """`Type: first line` of the root cause of an error raised while a compiled model ran (dynamo and inductor
+    wrap a backend's error in their own). Any such error sends the run on uncompiled: dynamo raises plain
+    AssertionErrors and KeyErrors too (seen: COCO-LM's crops with packing; a weakref KeyError on an H200), so no
+    test of the error's type can tell a compiler's failure from the model's; the model's own error comes
+    back from the uncompiled retry."""
     while (inner := getattr(error, "inner_exception", None) or error.__cause__) is not None:
         error = inner
     first = str(error).strip().splitlines()[0] if str(error).strip() else ""

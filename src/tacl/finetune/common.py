@@ -41,7 +41,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from tacl.device import compile_failure, compiles, device_info, fast_fp32_matmul, resolve_device
+from tacl.device import ThreadState, compile_failure, compiles, device_info, fast_fp32_matmul, resolve_device
 from tacl.finetune import FAMILY_HPARAMS, PRESETS
 from tacl.io import InputError
 from tacl.objectives import in_fp32, sdpa_mask
@@ -238,14 +238,22 @@ def train_step(model: torch.nn.Module, batch: dict[str, torch.Tensor], opt: torc
                task_weight: float = 1.0) -> torch.Tensor:
     """One optimizer step on a batch already on the device (`to_device`); returns the loss, detached and on
     the device: nothing here waits for the device."""
+    compiled = getattr(model, "_compiled_call_impl", None) is not None  # (what nn.Module.compile sets)
+    state = ThreadState() if compiled else None
     try:
         loss = _loss_and_backward(model, batch, run, extra_loss, task_weight)
-    except Exception as e:  # a compilation that failed: on uncompiled, saying so once
-        if getattr(model, "_compiled_call_impl", None) is None or (why := compile_failure(e)) is None:
+    except Exception as e:  # a compilation that failed: on uncompiled, saying so once (tacl.device.compile_failure)
+        if state is None:
             raise
-        model._compiled_call_impl = None  # (what nn.Module.compile set)
+        failure = compile_failure(e)
+    else:
+        failure = None
+    if failure is not None:  # (out of the `except`: the error's frames go before the state is put back)
+        state.restore()
+        opt.zero_grad(set_to_none=True)  # (nothing of this batch's gradient counts twice)
+        model._compiled_call_impl = None
         log.warning("finetune.compile: torch.compile failed (%s); this fine-tune goes on uncompiled (eager, "
-                    "slower)", why)
+                    "slower)", failure)
         loss = _loss_and_backward(model, batch, run, extra_loss, task_weight)
     if hp.get("grad_clip"):
         torch.nn.utils.clip_grad_norm_(model.parameters(), hp["grad_clip"])

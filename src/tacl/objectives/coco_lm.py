@@ -109,16 +109,22 @@ def crop_view(ids: torch.Tensor, token_type: torch.Tensor, attention: torch.Tens
     return view, torch.where(keep, types, 0), keep.long()
 
 
-def packed_crop_view(clean: torch.Tensor, token_type: torch.Tensor, cu_seqlens: torch.Tensor, lengths: tuple[int, ...],
-                     share: float, draws: torch.Generator | torch.Tensor) -> dict[str, Any]:
+def crop_lengths(lengths: tuple[int, ...], share: float) -> tuple[int, ...]:
+    """The lengths m + 2 of the cropped views of sequences of these lengths n (m = ceil(share * (n - 2)), in
+    float64 as on the device), from the host's lengths of a packed micro-batch. Computed eagerly, outside the
+    compiled step: dynamo cannot trace `math.ceil` of a dynamic length times a float."""
+    return tuple(min(math.ceil(max(n - 2, 0) * share), max(n - 2, 0)) + 2 for n in lengths)
+
+
+def packed_crop_view(clean: torch.Tensor, token_type: torch.Tensor, cu_seqlens: torch.Tensor,
+                     view_lengths: tuple[int, ...], share: float,
+                     draws: torch.Generator | torch.Tensor) -> dict[str, Any]:
     """`crop_view` on a packed row: clean, token_type [1, T] -> the views as a packed batch of their own (the
-    keys of tacl.data.packing that the encoder reads). The views' lengths m + 2 follow
-    from the host's `lengths` (m = ceil(share * (n - 2)), in float64 as on the device); the starts are drawn
-    as `crop_view` draws them (one float64 number per sequence, `draws`), so a packed micro-batch
+    keys of tacl.data.packing that the encoder reads), of the lengths `crop_lengths` gives; the starts are
+    drawn as `crop_view` draws them (one float64 number per sequence, `draws`), so a packed micro-batch
     sees the same views as its padded twin."""
     device = clean.device
-    view_lengths = tuple(min(math.ceil(max(n - 2, 0) * share), max(n - 2, 0)) + 2 for n in lengths)
-    bsz, total = len(lengths), sum(view_lengths)
+    bsz, total = len(view_lengths), sum(view_lengths)
     n = cu_seqlens[1:] - cu_seqlens[:-1]
     c = (n - 2).clamp(min=0)
     m = torch.ceil(c.double() * share).long().clamp(max=c)
@@ -180,8 +186,11 @@ class COCOLM(torch.nn.Module):
     def draws(self, batch: dict[str, torch.Tensor], generator: torch.Generator) -> dict[str, torch.Tensor]:
         """The uniform numbers of a micro-batch, in the order the eager forward drew them: one per selected
         position (the auxiliary model's samples), one per sequence (its crop)."""
-        return {"samples": uniform(generator, (len(batch["mlm_index"]), 1)),
-                "crops": uniform(generator, (len(batch["attention_mask"]),))}  # (sequences, packed or not)
+        draws = {"samples": uniform(generator, (len(batch["mlm_index"]), 1)),
+                 "crops": uniform(generator, (len(batch["attention_mask"]),))}  # (sequences, packed or not)
+        if is_packed(batch):
+            draws["view_lengths"] = crop_lengths(batch["lengths"], self.crop)
+        return draws
 
     def forward(self, model: Any, teacher: Any, batch: dict[str, torch.Tensor],
                 draws: dict[str, torch.Tensor]) -> tuple[dict, dict]:
@@ -209,7 +218,7 @@ class COCOLM(torch.nn.Module):
         losses["clm"] = self.lambda_copy * copy + lm
         # sequence contrast: [CLS] of the corrupted sequence against [CLS] of a cropped view of the original
         if is_packed(batch):
-            view_batch = packed_crop_view(clean, batch["token_type_ids"], batch["cu_seqlens"], batch["lengths"],
+            view_batch = packed_crop_view(clean, batch["token_type_ids"], batch["cu_seqlens"], draws["view_lengths"],
                                           self.crop, draws["crops"])
         else:
             view, types, attention = crop_view(clean, batch["token_type_ids"], batch["attention_mask"], self.crop,

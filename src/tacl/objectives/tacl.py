@@ -99,11 +99,11 @@ class TaCL:
         out = encode(model.bert, batch)
         losses, metrics = mlm_nsp_terms(model, batch, out.last_hidden_state, pooled(model, out, batch))
         teacher.train(self.teacher_train_mode)
-        with torch.inference_mode():  # no autograd record at all (the teacher is frozen)
+        # no autograd record (the teacher is frozen); not inference_mode, which torch.compile's AOTAutograd
+        # cannot trace ("Cannot set version_counter for inference tensor") and whose tensors the student's
+        # backward could not save without a copy
+        with torch.no_grad():
             h, weights = self.teacher_side(teacher, batch, metrics)
-        # ordinary tensors again, so that the loss may save them for the student's backward
-        h = h.clone()
-        weights = None if weights is None else weights.clone()
         if self.negatives == "batch":  # the real tokens of every sequence of the micro-batch
             real = (~batch["special_tokens_packed"] if is_packed(batch)
                     else batch["attention_mask"].bool() & ~batch["special_tokens_mask"])
@@ -123,6 +123,6 @@ class TaCL:
 
     def teacher_side(self, teacher: Any, batch: dict[str, torch.Tensor],
                      metrics: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(under inference_mode) The teacher's last layer on the clean sequences, and the anchors' weights
+        """(under no_grad) The teacher's last layer on the clean sequences, and the anchors' weights
         [B, L] (None: every anchor counts once, TaCL's own loss)."""
         return encode(teacher, batch, "clean_ids").last_hidden_state, None

@@ -39,7 +39,7 @@ from typing import Any, Iterator
 import torch
 
 from tacl.data.pretraining import MicroBatches, micro_batch_loader, on_device
-from tacl.device import compile_failure, compiles, fast_fp32_matmul
+from tacl.device import ThreadState, compile_failure, compiles, fast_fp32_matmul
 from tacl.io import InputError, read_json, stable_hash, write_json_atomic
 from tacl.objectives import objective_draws
 from tacl.pretrain import checkpoint
@@ -75,11 +75,13 @@ class Pretrainer(torch.nn.Module):
     such as COCO-LM's auxiliary model, train and checkpoint with it; only `model.*` is exported). The
     teacher is passed in, never a submodule, so it stays out of the optimizer and of ZeRO partitioning."""
 
-    def __init__(self, model: torch.nn.Module, objective: Any):
+    def __init__(self, model: torch.nn.Module, objective: Any, autocast: str | None = None):
         super().__init__()
         self.model = model
         self.objective = objective
         self.losses = self.eager_losses  # `compile_losses` puts a compiled copy here
+        self.autocast = autocast  # bf16 at ZeRO 0: the device type the forward autocasts on, else None
+        self.matmul_dtype: torch.dtype | None = None  # what the student's matmuls ran in (`compute_dtype`)
 
     def eager_losses(self, batch: dict[str, torch.Tensor], teacher: Any, draws: dict[str, Any]):
         """The student's forward and the objective's loss: the part `pretrain.compile` compiles."""
@@ -88,7 +90,14 @@ class Pretrainer(torch.nn.Module):
 
     def forward(self, batch: dict[str, torch.Tensor], teacher: Any, generator: torch.Generator):
         # the objective's random numbers are drawn here, eagerly: a compiled graph cannot take a generator
-        return self.losses(batch, teacher, objective_draws(self.objective, batch, generator))
+        draws = objective_draws(self.objective, batch, generator)
+        # bf16 at ZeRO 0: autocast is entered here, inside DeepSpeed's engine.forward, which switches off an
+        # autocast entered around it (deepspeed.runtime.torch_autocast.autocast_if_enabled, 0.19.8, where
+        # the DeepSpeed config has no torch_autocast section; on CUDA only: it asks torch.is_autocast_enabled())
+        with torch.autocast(self.autocast or "cpu", dtype=torch.bfloat16, enabled=self.autocast is not None):
+            if self.matmul_dtype is None:
+                self.matmul_dtype = compute_dtype(self.model)
+            return self.losses(batch, teacher, draws)
 
     def compile_losses(self, teacher: Any = None, backend: str = "inductor") -> None:
         """torch.compile the forward and loss, one graph for every micro-batch shape (`dynamic=True`: the
@@ -115,6 +124,28 @@ class Pretrainer(torch.nn.Module):
                     "`tacl doctor --device cuda --compile` checks the tool chain, and pretrain.compile: false "
                     "turns compilation off", why)
         self.losses = self.eager_losses
+
+
+def compute_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype the model's linear layers compute in here: a 1 x 1 matmul of their weights' dtype and device
+    (not the layer itself, whose weights ZeRO 3 partitions), under the autocast in force."""
+    weight = next(m for m in model.modules() if isinstance(m, torch.nn.Linear)).weight
+    one = torch.zeros(1, 1, dtype=weight.dtype, device=weight.device)
+    with torch.no_grad():
+        return (one @ one).dtype
+
+
+def check_compute_dtype(chunk: "Chunk") -> str:
+    """The dtype the first micro-batch's matmuls ran in (for the marker); a run that says bf16 and computed in
+    anything else (or the other way round) stops here, before anything is saved."""
+    seen = chunk.engine.module.matmul_dtype
+    expected = torch.bfloat16 if chunk.bf16 else torch.float32
+    if seen != expected:
+        raise RuntimeError(f"pretraining {chunk.settings.objective}: precision {'bf16' if chunk.bf16 else 'fp32'}, "
+                           f"but the student's matmuls ran in {seen} (ZeRO stage {chunk.settings.zero_stage}, "
+                           f"{chunk.env.device}); nothing was saved. Please report it, with the versions of torch "
+                           "and DeepSpeed")
+    return str(seen).removeprefix("torch.")
 
 
 def linear_schedule(steps: int, warmup_ratio: float):
@@ -316,7 +347,7 @@ class Chunk:
     data: Any  # tacl.data.pretraining.PretrainingData
     accumulation: int
     generator: torch.Generator  # the objective's random draws (TACO pairs), on the device
-    autocast: bool = False  # bf16 at ZeRO 0: the forward under torch.autocast
+    bf16: bool = False  # the run computes in bf16 (at ZeRO 0 under autocast: Pretrainer.autocast)
     clip: float | None = None  # ZeRO 0: the trainer clips to this (0: no clipping), not DeepSpeed
     step: int = 0
     tokens: int = 0  # tokens trained on by all ranks, up to the last time they were summed
@@ -400,7 +431,7 @@ def _setup(args: ChunkArgs, env: DistEnv, lock: RunLock) -> Chunk:
         objective.attach(args.start_model, student)  # parameters of the objective's own (COCO-LM's auxiliary model)
     if s.packing:  # attention within each sequence of a packed row (tacl.objectives.packed)
         use_packed_attention(student, teacher, objective if isinstance(objective, torch.nn.Module) else None)
-    trainable = Pretrainer(student, objective)
+    trainable = Pretrainer(student, objective, autocast=env.device.type if uses_autocast(s, bf16) else None)
     if compiles(s.compile, env.device):
         trainable.compile_losses(teacher)
     decay = [p for n, p in trainable.named_parameters() if not any(k in n for k in ("bias", "LayerNorm"))]
@@ -421,9 +452,8 @@ def _setup(args: ChunkArgs, env: DistEnv, lock: RunLock) -> Chunk:
         args=argparse.Namespace(device_rank=env.device.index) if env.device.type == "cuda" else None,
         model=trainable, optimizer=optimizer, lr_scheduler=scheduler,
         config=ds_config(s, accumulation, bf16, cpu, universal=universal is not None))
-    autocast = uses_autocast(s, bf16)
     chunk = Chunk(args, env, engine, scheduler, teacher, data, accumulation, torch.Generator(device=env.device),
-                  autocast=autocast, clip=s.grad_clip if s.zero_stage == 0 else None,
+                  bf16=bf16, clip=s.grad_clip if s.zero_stage == 0 else None,
                   nonfinite=torch.full((), -1, dtype=torch.long, device=env.device) if s.zero_stage == 0 else None)
     if tag is not None:
         state = checkpoint.load(engine, run_dir, tag, env, universal)
@@ -477,12 +507,18 @@ def optimizer_step(chunk: Chunk, batches: Iterator[dict[str, Any]], meter: Meter
         batch = next(batches)
         tokens += batch["num_tokens"]
         batch = on_device(batch, env.device)
+        state = ThreadState() if engine.module.compiled else None
         try:
             loss, losses, metrics = _forward_backward(chunk, batch, a * env.world_size + env.rank)
         except Exception as e:  # a compilation that failed (in the forward, or a lazy one in the backward)
-            if not engine.module.compiled or (why := compile_failure(e)) is None:
+            if state is None:
                 raise
-            engine.module.go_eager(why)
+            failure = compile_failure(e)
+        else:
+            failure = None
+        if failure is not None:  # (out of the `except`: the error's frames go before the state is put back)
+            state.restore()
+            engine.module.go_eager(failure)
             loss, losses, metrics = _forward_backward(chunk, batch, a * env.world_size + env.rank)
         if chunk.clip is not None and a == chunk.accumulation - 1:
             _clip(chunk)
@@ -500,8 +536,7 @@ def _forward_backward(chunk: Chunk, batch: dict[str, torch.Tensor], j: int):
     s, engine = chunk.settings, chunk.engine
     torch.manual_seed(derive_seed(s.seed, chunk.step, j, 0))  # dropout
     chunk.generator.manual_seed(derive_seed(s.seed, chunk.step, j, 1))
-    with torch.autocast(chunk.env.device.type, dtype=torch.bfloat16, enabled=chunk.autocast):
-        loss, losses, metrics = engine(batch, chunk.teacher, chunk.generator)
+    loss, losses, metrics = engine(batch, chunk.teacher, chunk.generator)  # (bf16 autocast inside: Pretrainer)
     engine.backward(loss)  # (the last micro-batch's backward all-reduces the gradient)
     return loss, losses, metrics
 
@@ -544,11 +579,14 @@ def _run_chunk(chunk: Chunk, signals: StopSignals, started: float) -> dict[str, 
     start_step, last_save, pending = chunk.step, time.time(), 0
     reason = "target" if chunk.step >= s.steps else None
     meter = Meter()
+    matmul_dtype = None  # what the student's matmuls ran in, seen in the chunk's first step
 
     while chunk.step < s.steps:
         t0 = time.time()
         pending += optimizer_step(chunk, batches, meter)
         chunk.step += 1
+        if matmul_dtype is None:
+            matmul_dtype = check_compute_dtype(chunk)
         deadline.observe_step(time.time() - t0)
         if progress is not None:
             progress.update(1)
@@ -588,7 +626,9 @@ def _run_chunk(chunk: Chunk, signals: StopSignals, started: float) -> dict[str, 
               "done": chunk.step >= s.steps, "reason": reason, "samples": chunk.step * s.global_batch,
               "tokens": chunk.tokens, "steps_this_chunk": chunk.step - start_step,
               "checkpoint": checkpoint.latest_tag(run_dir), "wall_s": round(time.time() - started, 1),
-              "world_size": env.world_size, "threads": torch.get_num_threads(), "device": device}
+              "world_size": env.world_size, "threads": torch.get_num_threads(), "device": device,
+              "precision": "bf16" if chunk.bf16 else "fp32", "matmul_dtype": matmul_dtype,
+              "compiled": chunk.engine.module.compiled}  # (false where a compilation failed and it went on eager)
     barrier()
     if env.is_main and args.marker:
         write_json_atomic(args.marker, marker)
