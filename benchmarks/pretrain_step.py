@@ -281,6 +281,7 @@ def time_ours(objective: str, manifest: str, start: str, tmp: str, device: str, 
                              zero_stage=zero_stage, compile=compile, **settings)
     run_dir = tempfile.mkdtemp(dir=tmp)
     lock = RunLock(run_dir)
+    reset_peak_memory()
     chunk = _setup(ChunkArgs(run_dir, start, manifest, settings), ENV, lock)
     batches = micro_batch_loader(
         MicroBatches(chunk.data, 0, settings.steps, chunk.accumulation, 0, 1), workers, device == "cuda")
@@ -308,10 +309,118 @@ def time_ours(objective: str, manifest: str, start: str, tmp: str, device: str, 
             _, index = chunk.data.locate(chunk.data.micro_positions(step, j))
             flops += objective_flops(objective, config, chunk.data.shards.lengths(index), aux_layers, teacher)
     optimizer = type(chunk.engine.optimizer).__name__
+    compiled, matmul_dtype = chunk.engine.module.compiled, str(chunk.engine.module.matmul_dtype)
     del batches, chunk
     lock.release()
     return {"s_per_step": elapsed, "tokens_per_step": tokens / steps, "flops_per_step": flops / steps,
-            "syncs": syncs.describe(steps), "optimizer": optimizer, "warmup_s": t0 - t_warm}
+            "syncs": syncs.describe(steps), "optimizer": optimizer, "warmup_s": t0 - t_warm,
+            "peak_memory_gib": peak_memory_gib(), "micro_batch": micro, "compiled": compiled,
+            "matmul_dtype": matmul_dtype}
+
+
+def reset_peak_memory() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_memory_gib() -> float | None:
+    """The most GPU memory tensors held since `reset_peak_memory` (what must fit on the smallest GPU)."""
+    return round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() else None
+
+
+def time_plain(manifest: str, tokenizer, start: str, device: torch.device, steps: int, global_batch: int,
+               micro: int, workers: int) -> dict[str, Any]:
+    """The ceiling: a plain loop as a transformers user writes it, on the same micro-batches (this project's
+    loader, grouped by length): BertForPreTraining with its 2-D padding mask, bf16 autocast on a GPU, the MLM
+    head on the masked positions only, NSP, clipping, fused AdamW; no DeepSpeed, no teacher, no metrics."""
+    import torch.nn.functional as F
+
+    from tacl.data.pretraining import on_device
+    from tacl.pretrain.model import load_student
+
+    torch.manual_seed(0)
+    reset_peak_memory()
+    model = load_student(start).to(device).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, eps=1e-6, fused=True)
+    data = pretraining_data(manifest, tokenizer, global_batch, micro)
+    accumulation = global_batch // micro
+    batches = micro_batch_loader(MicroBatches(data, 0, steps + 2, accumulation, 0, 1), workers,
+                                 device.type == "cuda")
+    bf16 = device.type == "cuda"
+    tokens = 0
+
+    def step() -> int:
+        n = 0
+        for _ in range(accumulation):
+            batch = on_device(next(batches), device)
+            n += batch["num_tokens"]
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                out = model.bert(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
+                                 attention_mask=batch["attention_mask"])
+                selected = out.last_hidden_state.flatten(0, 1).index_select(0, batch["mlm_index"])
+                mlm = F.cross_entropy(model.cls.predictions(selected).float(), batch["mlm_targets"])
+                nsp = F.cross_entropy(model.cls.seq_relationship(out.pooler_output).float(), batch["nsp_labels"])
+            ((mlm + nsp) / accumulation).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return n
+
+    for _ in range(2):
+        step()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        tokens += step()
+    sync()
+    elapsed = (time.perf_counter() - t0) / steps
+    flops = 0.0
+    for s in range(2, 2 + steps):
+        for j in range(accumulation):
+            _, index = data.locate(data.micro_positions(s, j))
+            flops += objective_flops("mlm_nsp", model.config, data.shards.lengths(index), 0, False)
+    del batches
+    return {"s_per_step": elapsed, "tokens_per_step": tokens / steps, "flops_per_step": flops / steps,
+            "syncs": "-", "optimizer": "AdamW (fused, plain)", "peak_memory_gib": peak_memory_gib(),
+            "micro_batch": micro, "compiled": False, "matmul_dtype": "torch.bfloat16" if bf16 else "torch.float32"}
+
+
+def profile_step(objective: str, manifest: str, start: str, tmp: str, device: str, global_batch: int, micro: int,
+                 workers: int, zero_stage: int) -> dict[str, Any]:
+    """Where one optimizer step's time goes (torch.profiler, after two warm-up steps): wall time, the GPU's
+    busy time (kernels), the number of kernels, and the 12 kernels that take the most time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from tacl.pretrain.lock import RunLock
+    from tacl.pretrain.settings import TrainSettings
+    from tacl.pretrain.trainer import ChunkArgs, Meter, _setup, optimizer_step
+
+    settings = TrainSettings(objective=objective, steps=3, global_batch=global_batch, micro_batch=micro,
+                             precision="auto", max_len=MAX_LEN, loader_workers=workers, device=device,
+                             zero_stage=zero_stage, compile=False)
+    run_dir = tempfile.mkdtemp(dir=tmp)
+    lock = RunLock(run_dir)
+    chunk = _setup(ChunkArgs(run_dir, start, manifest, settings), ENV, lock)
+    batches = micro_batch_loader(MicroBatches(chunk.data, 0, 3, chunk.accumulation, 0, 1), workers, device == "cuda")
+    meter = Meter()
+    for _ in range(2):
+        optimizer_step(chunk, batches, meter)
+        chunk.step += 1
+    sync()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        optimizer_step(chunk, batches, meter)
+        sync()
+        wall = time.perf_counter() - t0
+    del batches, chunk
+    lock.release()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    busy = sum(e.time_range.elapsed_us() for e in kernels) / 1e6 if kernels else None
+    table = prof.key_averages().table(sort_by="cuda_time_total" if device == "cuda" else "cpu_time_total",
+                                      row_limit=12, max_name_column_width=60)
+    return {"wall_s": wall, "gpu_busy_s": busy, "kernels": len(kernels), "top": table}
 
 
 def time_reference(manifest: str, tokenizer, start: str, device: torch.device, steps: int, global_batch: int,
@@ -497,7 +606,21 @@ def main() -> None:
     ap.add_argument("--files", type=int, default=2, help="how many of the Wikipedia files to use")
     ap.add_argument("--steps", type=int, default=4, help="timed optimizer steps per measurement")
     ap.add_argument("--gpu", action="store_true", help="BERT-base, bf16, ZeRO 0, on the GPU (MFU and syncs too)")
-    ap.add_argument("--compile", action="store_true", help="also TaCL with pretrain.compile (torch.compile)")
+    ap.add_argument("--compile", action="store_true",
+                    help="also the --compile-objectives with pretrain.compile (torch.compile), at the largest "
+                    "micro-batch")
+    ap.add_argument("--compile-objectives", default="mlm_nsp,tacl", help="what --compile times (comma-separated)")
+    ap.add_argument("--micro", default=None,
+                    help="micro-batch sizes, comma-separated (default: 32,128 with --gpu, else 8): every objective "
+                    "at the largest, MLM+NSP and TaCL (and the plain loop) at each")
+    ap.add_argument("--plain", action="store_true",
+                    help="also the plain transformers loop (the ceiling ours should reach) at each micro-batch size")
+    ap.add_argument("--packed", action="store_true",
+                    help="also MLM+NSP and TaCL with pretrain.packing, at the largest micro-batch")
+    ap.add_argument("--profile", action="store_true",
+                    help="also where one TaCL step's time goes (torch.profiler), at the largest micro-batch")
+    ap.add_argument("--no-reference", action="store_true", help="leave out TaCL the reference's way")
+    ap.add_argument("--no-counts", action="store_true", help="leave out section 4 (operation counts)")
     ap.add_argument("--objectives", default=",".join(OBJECTIVES), help="comma-separated, of " + ", ".join(OBJECTIVES))
     ap.add_argument("--wikipedia", default=str(REPO.parent / "shared" / "data" / "wikipedia"),
                     help="the folder of WikiExtractor files (wiki_*); default: ../shared/data/wikipedia")
@@ -527,13 +650,16 @@ def main() -> None:
         raise SystemExit(f"pretrain_step: {e}") from None
     if args.gpu:
         size = dict(layers=12, hidden=768, heads=12, intermediate=3072)
-        global_batch, micro, zero_stage = 256, 32, 0  # as config.yaml (ZeRO 0, bf16 from precision: auto)
+        global_batch, micros, zero_stage = 256, [32, 128], 0  # as config.yaml (ZeRO 0, bf16 from precision: auto)
     else:
         size = dict(layers=4, hidden=256, heads=4, intermediate=1024)
-        global_batch, micro, zero_stage = 32, 8, 0
+        global_batch, micros, zero_stage = 32, [8], 0
     if args.tiny:
         size = dict(layers=2, hidden=64, heads=2, intermediate=128)
-        global_batch, micro = 8, 4
+        global_batch, micros = 8, [4]
+    if args.micro:
+        micros = sorted(int(m) for m in args.micro.split(","))
+    micro = max(micros)
     tmp_dir = tempfile.TemporaryDirectory()
     tmp = tmp_dir.name
     manifest, tok_dir = build_shards(files, tmp, args.sentence_splitter)
@@ -589,11 +715,13 @@ def main() -> None:
     # 3. step time (each figure into --json as soon as it is measured: a time limit keeps what was done)
     precision = "bf16, ZeRO 0" if args.gpu else "fp32, ZeRO 0"
     print(f"\n3. optimizer step, BERT {size['layers']}x{size['hidden']}, vocabulary {len(tokenizer)}, global batch "
-          f"{global_batch} in micro-batches of {micro}, {args.steps} timed steps after the warm-up; ours {precision}, "
-          "the reference fp32" + (" with TF32 matmuls" if args.gpu else "") + ":", flush=True)
+          f"{global_batch} in micro-batches of {'/'.join(map(str, micros))}, {args.steps} timed steps after the "
+          f"warm-up; ours {precision}, the reference fp32" + (" with TF32 matmuls" if args.gpu else "")
+          + "; a name's suffix @N: micro-batch N, where it is not the largest:", flush=True)
     record: dict[str, Any] = {
         "device": where, "bf16_peak_tflops": peak / 1e12 if peak else None, "steps": args.steps,
-        "global_batch": global_batch, "micro_batch": micro, "zero_stage": zero_stage, "size": size, "padding": pad,
+        "global_batch": global_batch, "micro_batch": micro, "micro_batches": micros, "zero_stage": zero_stage,
+        "size": size, "padding": pad,
         "results": {}, "failed": {}, "complete": False}
     results, failed = record["results"], record["failed"]
 
@@ -606,37 +734,85 @@ def main() -> None:
         r["tflops"] = r["flops_per_step"] / r["s_per_step"] / 1e12
         r["mfu"] = r["tflops"] * 1e12 / peak if peak else None
         results[name] = r
-        base = results["mlm_nsp"]["s_per_step"] if "mlm_nsp" in results else None
+        same = "mlm_nsp" + ("" if r.get("micro_batch", micro) == micro else f" @{r['micro_batch']}")
+        base = results[same]["s_per_step"] if same in results else None
         line = (f"   {name:16s} {r['s_per_step'] * 1000:9.1f} ms/step {r['tokens_per_s']:10.0f} tokens/s"
                 + (f"  {r['s_per_step'] / base:5.2f}x mlm_nsp's time" if base else ""))
         if args.gpu:
             line += f"  {r['tflops']:6.1f} TFLOP/s" + (f", MFU {100 * r['mfu']:.1f}%" if peak else "")
+            line += f", peak {r.get('peak_memory_gib')} GiB" if r.get("peak_memory_gib") is not None else ""
             line += f"\n   {'':16s} syncs: {r['syncs']}" if r["syncs"] != "-" else ""
         print(line, flush=True)
         save()
 
     save()
-    for objective in objectives:
-        report(objective, time_ours(objective, manifest, start, tmp, device, args.steps, global_batch, micro,
-                                    workers=2, zero_stage=zero_stage))
+
+    def measure(name: str, how) -> None:
+        """One figure, reported as it comes; a failure is recorded and the next figure measured."""
+        try:
+            report(name, how())
+        except Exception as e:  # noqa: BLE001 - reported, not hidden
+            failed[name] = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+            print(f"   {name}: FAILED, {failed[name]}", flush=True)
+            save()
+
+    def ours(objective: str, m: int, **extra: Any):
+        return lambda: time_ours(objective, manifest, start, tmp, device, args.steps, global_batch, m, workers=2,
+                                 zero_stage=zero_stage, **extra)
+
+    def suffix(m: int) -> str:
+        return "" if m == micro else f" @{m}"
+
+    for m in micros:
+        for objective in objectives if m == micro else [o for o in ("mlm_nsp", "tacl") if o in objectives]:
+            measure(objective + suffix(m), ours(objective, m))
+        if args.plain:
+            measure("plain mlm_nsp" + suffix(m), lambda: time_plain(manifest, tokenizer, start, ENV.device, args.steps,
+                                                                    global_batch, m, workers=2))
     if "tacl_attn" in results and "tacl" in results:
         print(f"   tacl_attn / tacl: {results['tacl_attn']['s_per_step'] / results['tacl']['s_per_step']:.3f}x the "
               "time per step (the attention weights' cost)", flush=True)
-    t_ref = time_reference(manifest, tokenizer, start, ENV.device, args.steps, global_batch, micro)
-    report("tacl reference", {**results["tacl"], "s_per_step": t_ref, "syncs": "-", "optimizer": "AdamW (fp32)"})
-    record["tacl_speedup"] = t_ref / results["tacl"]["s_per_step"]
-    print(f"   ours / reference, TaCL: {record['tacl_speedup']:.2f}x the tokens/s", flush=True)
+    if "tacl" in results and "mlm_nsp" in results:
+        record["tacl_over_mlm"] = results["tacl"]["s_per_step"] / results["mlm_nsp"]["s_per_step"]
+        print(f"   tacl / mlm_nsp: {record['tacl_over_mlm']:.2f}x the time per step (target <= 1.4)", flush=True)
+    if "plain mlm_nsp" in results and "mlm_nsp" in results:
+        record["ours_over_plain"] = results["plain mlm_nsp"]["s_per_step"] / results["mlm_nsp"]["s_per_step"]
+        print(f"   mlm_nsp ours / the plain loop: {record['ours_over_plain']:.2f}x the tokens/s (target >= 1)",
+              flush=True)
+    if args.packed:
+        for objective in ("mlm_nsp", "tacl"):
+            measure(f"{objective} packed", ours(objective, micro, packing=True))
+    if not args.no_reference:
+        measure("tacl reference", lambda: {**results["tacl"], "syncs": "-", "optimizer": "AdamW (fp32)",
+                                           "peak_memory_gib": None, "compiled": False, "matmul_dtype": "tf32",
+                                           "s_per_step": time_reference(manifest, tokenizer, start, ENV.device,
+                                                                        args.steps, global_batch, micro)})
+    if "tacl reference" in results and "tacl" in results:
+        record["tacl_speedup"] = results["tacl reference"]["s_per_step"] / results["tacl"]["s_per_step"]
+        print(f"   ours / reference, TaCL: {record['tacl_speedup']:.2f}x the tokens/s (target >= 4)", flush=True)
     save()
-    if args.compile:  # last: a first compile of BERT-base takes minutes, and the figures above are kept
-        try:  # (a node whose compiler tool chain is incomplete still gets the other figures)
-            report("tacl compiled", time_ours("tacl", manifest, start, tmp, device, args.steps, global_batch,
-                                              micro, workers=2, zero_stage=zero_stage, compile=True))
-            print(f"   ours compiled / reference, TaCL: {t_ref / results['tacl compiled']['s_per_step']:.2f}x the "
-                  "tokens/s", flush=True)
+    if args.profile:
+        try:
+            prof = record["profile"] = profile_step("tacl", manifest, start, tmp, device, global_batch, micro, 2,
+                                                    zero_stage)
+            print(f"\n   one TaCL step profiled: {prof['wall_s'] * 1000:.0f} ms wall, "
+                  + (f"{prof['gpu_busy_s'] * 1000:.0f} ms of GPU kernels ({prof['kernels']} kernels)"
+                     if prof["gpu_busy_s"] is not None else "no GPU") + f"\n{prof['top']}", flush=True)
         except Exception as e:  # noqa: BLE001 - reported, not hidden
-            failed["tacl compiled"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
-            print(f"   tacl compiled: FAILED, {failed['tacl compiled']}")
-    report_counts(args, objectives, manifest, start, tmp, tokenizer, record)
+            failed["profile"] = f"{type(e).__name__}: {e}"
+        save()
+    if args.compile:  # last: a first compile of BERT-base takes minutes, and the figures above are kept
+        # (a node whose compiler tool chain is incomplete still gets the other figures)
+        for objective in [o for o in args.compile_objectives.split(",") if o]:
+            measure(f"{objective} compiled", ours(objective, micro, compile=True))
+            if not results.get(f"{objective} compiled", {}).get("compiled", True):
+                failed[f"{objective} compiled"] = "the compilation failed and the step went on eager (its log says why)"
+        if "tacl compiled" in results and "tacl reference" in results:
+            print(f"   ours compiled / reference, TaCL: "
+                  f"{results['tacl reference']['s_per_step'] / results['tacl compiled']['s_per_step']:.2f}x the "
+                  "tokens/s", flush=True)
+    if not args.no_counts:
+        report_counts(args, objectives, manifest, start, tmp, tokenizer, record)
     record["complete"] = True
     save()
     if failed:

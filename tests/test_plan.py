@@ -35,15 +35,17 @@ def test_expected_minutes_by_hand():
     pretrain = {"steps": 150_000, "global_batch": 256, "nodes": 1, "ranks_per_node": 4}
     assert pretrain_minutes("tacl", pretrain, bert, seq, A100) == pytest.approx(
         tokens * per_token / (4 * 312e12 * 0.3) / 60)
-    seq = 70 * 1.1  # RTE's typical length, 10% padding (grouped), under max_len 128
-    work = 2490 * 3 * seq * (6 * n + 12 * 12 * 768 * seq) + (277 + 3000) * seq * (2 * n + 4 * 12 * 768 * seq)
-    assert finetune_minutes("rte", {"max_len": 128, "epochs": 3}, 5, bert, A100) == pytest.approx(
-        5 * work / (312e12 * 0.2) / 60)
+    # RTE's typical length under max_len 128: random batches (the default) carry 48% padding, grouped 9%
+    for seq, grouped in ((min(128, 70 / (1 - 0.48)), False), (70 / (1 - 0.09), True)):
+        work = 2490 * 3 * seq * (6 * n + 12 * 12 * 768 * seq) + (277 + 3000) * seq * (2 * n + 4 * 12 * 768 * seq)
+        assert finetune_minutes("rte", {"max_len": 128, "epochs": 3, "group_by_length": grouped}, 5, bert,
+                                A100) == pytest.approx(5 * work / (312e12 * 0.2) / 60)
 
 
 def test_requests_and_chunks():
     assert request(2.0, PLAN) == 15  # the floor
     assert request(100.0, PLAN) == 205 and request(100.0, PLAN, cap=120) == 120
+    assert request(100.0, {**PLAN, "safety": 1.0}) == 130  # never within 20% of the expected time (x 1.25)
     chunk = {"runtime_minutes": 1410, "margin_minutes": 10, "max_chunks": 20, "max_steps": None}
     pretrain = {"steps": 1000, "chunk": chunk}
     assert chunk_requests(219.0, pretrain, PLAN, cpu=False) == [(5 + 10 + 438, 219.0)]

@@ -35,6 +35,23 @@ def test_the_schema_says_per_key_what_the_code_says():
     assert TrainSettings.from_parts(s.result(), s.operational()) == s
 
 
+def test_bf16_runs_made_before_bf16_was_really_on_are_another_result_and_fp32_runs_are_not():
+    """Runs labelled bf16 before the bf16 autocast really ran at ZeRO 0 (DeepSpeed switched it off on CUDA)
+    computed in fp32: every bf16 run's result settings carry BF16_VERSION, so those train again; the fp32
+    (CPU) runs' settings are what they were, key for key."""
+    from tacl.pretrain.settings import BF16_VERSION
+
+    before = {"objective", "steps", "global_batch", "lr", "warmup_ratio", "weight_decay", "adam_eps", "adam_betas",
+              "grad_clip", "precision", "seed", "pad_to_max_len", "group_by_length", "max_len", "objective_params",
+              "data_version"}
+    for precision, device in (("auto", "cpu"), ("fp32", "cuda"), ("fp32", "auto")):
+        assert set(TrainSettings("tacl", 10, 8, 4, precision=precision, device=device).result()) == before
+    for precision, device in (("auto", "cuda"), ("auto", "auto"), ("bf16", "cpu")):
+        result = TrainSettings("tacl", 10, 8, 4, precision=precision, device=device).result()
+        assert set(result) == before | {"bf16_version"} and result["bf16_version"] == BF16_VERSION == 2
+    assert "bf16_version" not in TrainSettings("tacl", 10, 8, 4, device="auto").result(bf16=False)
+
+
 def test_changed_keys_and_when_a_summary_is_printed():
     from tacl.data.clean import clean_given
 

@@ -414,12 +414,16 @@ def test_a_failed_compilation_goes_on_eager_saying_so_once(demo_data, tmp_path, 
     assert got == fp32_losses["taco"]
 
 
-def test_compile_auto_is_on_for_a_gpu_only():
+def test_compile_auto_is_on_for_a_gpu_only_where_it_was_measured_to_pay(monkeypatch):
+    from tacl import device
     from tacl.device import compiles
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
-    assert compiles("auto", cuda) and not compiles("auto", cpu)
-    assert compiles(True, cpu) and not compiles(False, cuda)
+    for stage in ("pretrain", "finetune"):
+        assert compiles(True, cpu, stage) and not compiles(False, cuda, stage) and not compiles("auto", cpu, stage)
+        assert compiles("auto", cuda, stage) == device.COMPILE_PAYS[stage]
+        monkeypatch.setitem(device.COMPILE_PAYS, stage, True)
+        assert compiles("auto", cuda, stage) and not compiles("auto", cpu, stage)
 
 
 def test_compiled_fine_tune_step_is_one_graph_and_a_failed_one_goes_on_eager(demo_data, tokenizer, compiled_with,

@@ -102,6 +102,12 @@ def resolve_device(requested: str = "auto", local_rank: int = 0) -> torch.device
     return torch.device("cpu")
 
 
+def computes_bf16(precision: str, device: str) -> bool:
+    """Whether a run computes in bf16 (pretraining, fine-tuning, the plan): precision bf16, or auto on a GPU
+    (`device` cuda, or auto, which finds one on a GPU node; a job's resolved device type is cuda or cpu)."""
+    return precision == "bf16" or (precision == "auto" and device != "cpu")
+
+
 def fast_fp32_matmul(device: torch.device) -> None:
     """On a GPU, fp32 matmuls (the contrastive losses' similarity matrices, fine-tuning in fp32) run on the
     tensor cores in TF32 (10-bit mantissa, fp32 range and accumulation), as PyTorch did by default from 1.7
@@ -263,10 +269,21 @@ def _doctor(a: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
-def compiles(setting: bool | str, device: torch.device) -> bool:
-    """pretrain.compile and finetune.compile: true, false, or auto = on a GPU (where an eager step's kernel
-    launches cost more than the GPU's work), off on a CPU (where compiling costs minutes and gains little)."""
-    return setting is True or (setting == "auto" and device.type == "cuda")
+# Where `compile: auto` compiles: on a GPU, for the stages where a GPU benchmark showed that it pays, compile
+# time included. Measured 2026-11-26 on an NVIDIA H200 (torch 2.11.0+cu130, BERT-base, bf16, ZeRO 0;
+# benchmarks/gpu_check.sh, figures in docs/pretraining.md and docs/finetuning.md):
+# - pretraining: TaCL 0.157 -> 0.118 s per step at micro-batch 128 (1.33x), MLM+NSP 0.175 -> 0.096 s at 64
+#   (1.82x), after 104-124 s of compilation at the start of each chunk: repaid after about 3,000 steps (under
+#   10 minutes) of a chunk that runs for hours;
+# - fine-tuning: QNLI at batch 32, 105 ms per step eager, 3,022 ms compiled (49 s for the first 3 steps).
+COMPILE_PAYS = {"pretrain": True, "finetune": False}
+
+
+def compiles(setting: bool | str, device: torch.device, stage: str) -> bool:
+    """pretrain.compile and finetune.compile (`stage`): true, false, or auto = on a GPU where COMPILE_PAYS says
+    the stage's compiled step was measured faster, its compile time included; off on a CPU (where compiling
+    costs minutes and gains little)."""
+    return setting is True or (setting == "auto" and device.type == "cuda" and COMPILE_PAYS[stage])
 
 
 _HELD_MODES: list[Any] = []

@@ -9,7 +9,8 @@ teacher, evaluation), plus attention, 12 x layers x hidden x sequence length tra
 only; the MLM head on the masked 15% of positions. Tokens: pretraining, steps x global batch x the mean
 padded length (the data stage's own mean once it has run, else 0.625 x max_len, the shared Wikipedia
 sample's; 9% padding with length grouping, 37% without); fine-tuning, the task's train examples x epochs x
-its mean padded length, and its dev and test examples once (published sizes, or the task's own once
+its mean padded length as its batching makes it (random batches by default: 34-67% padding on GLUE, measured
+per task; grouped 9%), and its dev and test examples once (published sizes, or the task's own once
 prepare_task has counted them). The assumptions are printed with the plan and set in the config (`plan`).
 
 Requests: runtime = the safety factor x the expected minutes, at least `plan.min_runtime_minutes`; a
@@ -35,6 +36,12 @@ TASK_SIZES = {
     "rte": (2490, 277 + 3000, 70), "wnli": (635, 71 + 146, 37),
     "squad_v1": (88641, 10833, 180), "squad_v2": (131754, 12232, 180), "conll2003": (14041, 3250 + 3453, 25),
 }
+# Share of padded positions in random batches of 32 (fine-tuning's default batching), measured on the team's GLUE
+# files (benchmarks/finetune_step.py, docs/finetuning.md); tasks not measured get RANDOM_PADDING_DEFAULT. Grouped
+# batches (group_by_length: true) carry 2-6%: GROUPED_PADDING.
+RANDOM_PADDING = {"mrpc": 0.335, "rte": 0.480, "qnli": 0.506, "wnli": 0.544, "stsb": 0.599, "sst2": 0.668}
+RANDOM_PADDING_DEFAULT = 0.55
+GROUPED_PADDING = 0.09
 BERT_BASE = {"layers": 12, "hidden": 768, "intermediate": 3072, "vocab": 30522}
 MASKED = 0.15  # share of positions the MLM head computes on
 
@@ -116,6 +123,7 @@ class Gpu:
     peak_tflops: float
     pretrain_mfu: float
     finetune_mfu: float
+    source: str = "the config's own figures"  # where the figures come from (GPU model, date, command)
 
     def seconds(self, flops: float, gpus: int, finetune: bool = False) -> float:
         mfu = self.finetune_mfu if finetune else self.pretrain_mfu
@@ -123,7 +131,8 @@ class Gpu:
 
 
 def gpus_of(plan: dict[str, Any]) -> dict[str, Gpu]:
-    return {k: Gpu(v["name"], v["peak_tflops"], v["pretrain_mfu"], v["finetune_mfu"]) for k, v in plan["gpus"].items()}
+    return {k: Gpu(v["name"], v["peak_tflops"], v["pretrain_mfu"], v["finetune_mfu"],
+                   v.get("source", "the config's own figures")) for k, v in plan["gpus"].items()}
 
 
 def pretrain_minutes(objective: str, pretrain: dict[str, Any], shape: Shape, seq: float, gpu: Gpu,
@@ -145,10 +154,18 @@ def finetune_minutes(task: str, hparams: dict[str, Any], seeds: int, shape: Shap
         train = sizes.get("train", train)
         evaluated = sum(n for split, n in sizes.items() if split != "train") or evaluated
     train = min(train, hparams.get("max_train_examples") or train)
-    seq = min(hparams.get("max_len", 128), mean * 1.10)
+    seq = finetune_padded_length(task, hparams, mean)
     flops = (train * hparams.get("epochs", 3) * seq * train_flops(shape, seq)
              + evaluated * seq * forward_flops(shape, seq))
     return seeds * gpu.seconds(flops, 1, finetune=True) / 60
+
+
+def finetune_padded_length(task: str, hparams: dict[str, Any], mean: float) -> float:
+    """The mean padded length a fine-tune computes on: its rows' mean length over the real share of its
+    batches (random by default, grouped with group_by_length), at most max_len."""
+    grouped = hparams.get("group_by_length", False)
+    padding = GROUPED_PADDING if grouped else RANDOM_PADDING.get(task, RANDOM_PADDING_DEFAULT)
+    return min(hparams.get("max_len", 128), mean / (1 - padding))
 
 
 def finetune_mem_mb(task: str, max_len: int, sizes: dict[str, int] | None = None) -> int:
@@ -166,10 +183,14 @@ def similarity_minutes(analysis: dict[str, Any], shape: Shape, gpu: Gpu) -> floa
     return gpu.seconds(tokens * forward_flops(shape, seq), 1, finetune=True) / 60
 
 
+MIN_SAFETY = 1.25  # a request never sits within 20% of the expected minutes, whatever plan.safety says
+
+
 def request(expected_minutes: float, plan: dict[str, Any], cap: float | None = None, extra: float = 0.0) -> int:
-    """The runtime to ask for: start-up (and `extra`, a chunk's margin) plus safety x the expected minutes,
-    at least the floor, at most `cap`."""
-    minutes = max(plan["min_runtime_minutes"], plan["startup_minutes"] + extra + plan["safety"] * expected_minutes)
+    """The runtime to ask for: start-up (and `extra`, a chunk's margin) plus safety (at least MIN_SAFETY) x the
+    expected minutes, at least the floor, at most `cap`."""
+    safety = max(plan["safety"], MIN_SAFETY)
+    minutes = max(plan["min_runtime_minutes"], plan["startup_minutes"] + extra + safety * expected_minutes)
     if cap is not None:
         minutes = min(minutes, cap)
     return math.ceil(minutes)

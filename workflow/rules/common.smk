@@ -14,6 +14,7 @@ import yaml
 from tacl import RESULT_VERSIONS, plan
 from tacl.cluster.hooks import scheduler_of_profile
 from tacl.config import start_model_shape
+from tacl.device import computes_bf16
 from tacl.finetune import GLUE_CLASSIFICATION, TASKS
 from tacl.finetune.sweep import parse_setting, task_settings
 from tacl.io import InputError
@@ -685,7 +686,7 @@ def plan_text():
     trained = [o for o in p["objectives"] if o != "none"]
     summary = f"{DATA}/summary.json"
     data = json.load(open(summary)) if os.path.exists(summary) else None
-    bf16 = p["precision"] == "bf16" or (p["precision"] == "auto" and config["device"] != "cpu")
+    bf16 = computes_bf16(p["precision"], config["device"])
     kept = sum(len(task_seeds(src)) for src in set(config["finetune"]["start_from"].values()))
     disk = plan.disk_at_peak(
         shape,
@@ -710,7 +711,7 @@ def plan_text():
     ]
     assumptions += [
         f"{gpu.name}: {gpu.peak_tflops:g} TFLOP/s peak, MFU {gpu.pretrain_mfu:g} pretraining / "
-        f"{gpu.finetune_mfu:g} fine-tuning (plan.gpus)"
+        f"{gpu.finetune_mfu:g} fine-tuning (plan.gpus; {gpu.source})"
         for gpu in plan.gpus_of(PLAN).values()
     ]
     expected = {

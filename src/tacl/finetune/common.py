@@ -41,7 +41,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from tacl.device import ThreadState, compile_failure, compiles, device_info, fast_fp32_matmul, resolve_device
+from tacl.device import (ThreadState, compile_failure, compiles, computes_bf16, device_info, fast_fp32_matmul,
+                         resolve_device)
 from tacl.finetune import FAMILY_HPARAMS, PRESETS
 from tacl.io import InputError
 from tacl.objectives import in_fp32, sdpa_mask
@@ -77,9 +78,9 @@ class Run:
         here with tacl.device.DeviceError, before any data is tokenized or any model is built. `compile`:
         finetune.compile (auto: on a GPU)."""
         where = resolve_device(device)
-        bf16 = precision == "bf16" or (precision == "auto" and where.type == "cuda")
+        bf16 = computes_bf16(precision, where.type)
         fast_fp32_matmul(where)
-        return cls(where, bf16, compiles(compile, where))
+        return cls(where, bf16, compiles(compile, where, "finetune"))
 
     def describe(self) -> dict[str, Any]:
         """What metrics.json records about the run's device (GPU model and count, torch, CUDA, NCCL)."""

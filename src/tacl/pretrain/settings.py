@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tacl import RESULT_VERSIONS
+from tacl.device import computes_bf16
 from tacl.io import InputError, stable_hash
 from tacl.objectives.registry import objective_params
 
@@ -30,6 +31,11 @@ CHUNK_OPERATIONAL_KEYS = ("ranks_per_node", "cpus_per_rank", "nodes", "launcher"
 # never resumed with batches or losses its first chunks did not see (tacl.RESULT_VERSIONS; 2: hash-based
 # vectorised masking). Kept in a run's identity under the name "data_version".
 DATA_VERSION = RESULT_VERSIONS["pretrain"]
+# How a bf16 run computes, in the result settings of every run that computes in bf16 (fp32 runs carry none):
+# 2 = its matmuls run in bf16 at every ZeRO stage. Before it (tacl 0.1.0 up to 2026-11-25) ZeRO 0's "bf16"
+# ran in fp32 on CUDA (DeepSpeed switched the trainer's autocast off): those runs are not the same result, and
+# their identity differs by this key (they train again, their checkpoints set aside).
+BF16_VERSION = 2
 # Before the split above, a run's identity was a hash of these (precision left out); kept to read such runs.
 LEGACY_TRAJECTORY_KEYS = tuple(k for k in RESULT_KEYS if k not in ("precision", "packing")) + ("data_version",)
 
@@ -95,12 +101,16 @@ class TrainSettings:
             )
         return self.global_batch // per_step
 
-    def result(self) -> dict[str, Any]:
-        """The settings that decide the weights (RESULT_KEYS) and the batch version: what a run's checkpoints
-        belong to, and what Snakemake compares to decide a rerun."""
+    def result(self, bf16: bool | None = None) -> dict[str, Any]:
+        """The settings that decide the weights (RESULT_KEYS), the batch version and, where the run computes
+        in bf16 (`bf16`; None: as precision and device say, tacl.device.computes_bf16), BF16_VERSION: what a
+        run's checkpoints belong to, and what Snakemake compares to decide a rerun."""
         d = self.to_dict()
         # (packing only where it is on: the runs made before it existed keep their identity, and no rerun)
-        return {**{k: d[k] for k in RESULT_KEYS if k != "packing" or self.packing}, "data_version": DATA_VERSION}
+        out = {**{k: d[k] for k in RESULT_KEYS if k != "packing" or self.packing}, "data_version": DATA_VERSION}
+        if computes_bf16(self.precision, self.device) if bf16 is None else bf16:
+            out["bf16_version"] = BF16_VERSION
+        return out
 
     def operational(self) -> dict[str, Any]:
         d = self.to_dict()
@@ -109,7 +119,7 @@ class TrainSettings:
     @classmethod
     def from_parts(cls, result: dict[str, Any], operational: dict[str, Any]) -> "TrainSettings":
         """From the two halves the workflow passes apart (`--settings` and `--operational`)."""
-        result = {k: v for k, v in result.items() if k != "data_version"}
+        result = {k: v for k, v in result.items() if k not in ("data_version", "bf16_version")}
         stray = sorted((set(result) & set(OPERATIONAL_KEYS)) | (set(operational) - set(OPERATIONAL_KEYS)))
         if stray:
             raise InputError(f"pretrain settings: {stray} given on the wrong side (result / operational)")

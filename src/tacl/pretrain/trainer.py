@@ -39,7 +39,7 @@ from typing import Any, Iterator
 import torch
 
 from tacl.data.pretraining import MicroBatches, micro_batch_loader, on_device
-from tacl.device import ThreadState, compile_failure, compiles, fast_fp32_matmul
+from tacl.device import ThreadState, compile_failure, compiles, computes_bf16, fast_fp32_matmul
 from tacl.io import InputError, read_json, stable_hash, write_json_atomic
 from tacl.objectives import objective_draws
 from tacl.pretrain import checkpoint
@@ -223,7 +223,7 @@ def run_identity(args: ChunkArgs, manifest: dict[str, Any], bf16: bool) -> dict[
 
     return {
         "objective": args.settings.objective,
-        "result": {**args.settings.result(), "precision": "bf16" if bf16 else "fp32"},
+        "result": {**args.settings.result(bf16), "precision": "bf16" if bf16 else "fp32"},
         "data": {"config_hash": manifest["config_hash"], "tokenizer": manifest["tokenizer"]["hash"],
                  "examples": manifest["totals"]["examples"]},
         "start_model": start_identity(args.start_model)["weights_sha256"],
@@ -237,7 +237,7 @@ def _recorded_identity(record: dict[str, Any], identity: dict[str, Any]) -> dict
     previous = dict(record["identity"])
     if "result" not in previous and "trajectory" in previous:
         settings = TrainSettings.from_dict(record["settings"])
-        result = settings.result()
+        result = settings.result(bf16=False)  # (made before BF16_VERSION)
         result["precision"] = identity["result"]["precision"]
         if settings.legacy_trajectory_hash() != previous.pop("trajectory"):
             result["data_version"] = "older"
@@ -392,7 +392,7 @@ def _setup(args: ChunkArgs, env: DistEnv, lock: RunLock) -> Chunk:
         objective.check(args.start_model)  # e.g. COCO-LM's auxiliary model is no larger than the main one
     tokenizer = load_tokenizer(args.start_model)
     cpu = env.device.type == "cpu"
-    bf16 = s.precision == "bf16" or (s.precision == "auto" and not cpu)
+    bf16 = computes_bf16(s.precision, env.device.type)
     error = None
     if env.is_main:
         try:
@@ -432,7 +432,7 @@ def _setup(args: ChunkArgs, env: DistEnv, lock: RunLock) -> Chunk:
     if s.packing:  # attention within each sequence of a packed row (tacl.objectives.packed)
         use_packed_attention(student, teacher, objective if isinstance(objective, torch.nn.Module) else None)
     trainable = Pretrainer(student, objective, autocast=env.device.type if uses_autocast(s, bf16) else None)
-    if compiles(s.compile, env.device):
+    if compiles(s.compile, env.device, "pretrain"):
         trainable.compile_losses(teacher)
     decay = [p for n, p in trainable.named_parameters() if not any(k in n for k in ("bias", "LayerNorm"))]
     no_decay = [p for n, p in trainable.named_parameters() if any(k in n for k in ("bias", "LayerNorm"))]
