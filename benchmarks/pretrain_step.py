@@ -13,7 +13,7 @@ project's own data stage (not timed).
    cheapest objective, so the hungriest) at 50% MFU of the A100's 312 TFLOP/s dense bf16 peak, with the
    model FLOPs of these very examples (DESIGN.md section 11).
 3. Step time: the trainer's own hot path (`tacl.pretrain.trainer._setup` + `optimizer_step`: DeepSpeed
-   engine, worker-built batches grouped by length, gathered MLM head, teacher under inference_mode, bf16
+   engine, worker-built batches grouped by length, gathered MLM head, teacher under no_grad, bf16
    and fused AdamW on a GPU) for every objective (MLM+NSP, TaCL, TaCL with cross-sequence negatives, TaCL
    with attention-weighted tokens, TACO, COCO-LM) as ratios to MLM+NSP, tacl_attn also to TaCL (the cost of
    its weights: the teacher's hidden states kept, one layer's attention recomputed in fp32); and TaCL the reference's
@@ -27,16 +27,19 @@ project's own data stage (not timed).
    FLOPs utilisation (MFU, DESIGN.md section 11's model FLOPs, the same for both) against the GPU's dense bf16
    peak by its exact model (tacl.device.dense_bf16_peak; none for a model not known exactly), and the host-device
    synchronisations per step of ours, counted under torch.cuda.set_sync_debug_mode("warn") and named by where
-   they come from (DeepSpeed's own optimizer step apart); --compile adds TaCL with pretrain.compile.
+   they come from (DeepSpeed's own optimizer step apart), and the peak GPU memory. --micro 64,128: every
+   objective at the largest micro-batch, MLM+NSP and TaCL at each; --plain: the plain transformers loop
+   (the ceiling; `time_plain`) at each; --packed: MLM+NSP and TaCL with pretrain.packing; --compile: MLM+NSP
+   and TaCL (--compile-objectives) with pretrain.compile, last; --profile: where one TaCL step's time goes.
 
 4. Counts (any device; alone with --counts-only): aten operations dispatched per micro-batch of the real eager
    step (bf16, optimizer included) at ZeRO 0, 1 and 2 with the host reads per optimizer step, and graph
    breaks and compilations of the compiled forward and loss (`pretrain.compile`) over the first micro-batches,
    dynamic shapes against static ones and dynamo's default.
 
-    python benchmarks/pretrain_step.py [--files 2] [--steps 4] [--gpu] [--compile] [--wikipedia DIR]
-        [--sentence-splitter regex] [--objectives tacl,taco] [--json OUT.json]
-        [--counts-only] [--count-layers 12] [--compile-batches 32]
+    python benchmarks/pretrain_step.py [--files 2] [--steps 4] [--gpu] [--micro 64,128] [--plain] [--packed]
+        [--compile] [--profile] [--wikipedia DIR] [--sentence-splitter regex] [--objectives tacl,taco]
+        [--json OUT.json] [--no-reference] [--no-counts] [--counts-only] [--count-layers 12] [--compile-batches 32]
 """
 
 from __future__ import annotations

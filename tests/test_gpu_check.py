@@ -1,5 +1,5 @@
 """benchmarks/gpu_check.sh without a GPU: its config is a valid experiment and the script parses. (Its whole
-control flow runs on a CPU with TACL_GPU_CHECK_CPU=1, about 3 minutes on 2 cores: by hand, not in CI.)"""
+control flow runs on a CPU with TACL_GPU_CHECK_CPU=1, a few minutes on 2 cores: by hand, not in CI.)"""
 
 import subprocess
 

@@ -39,11 +39,15 @@ ATTENTION = "tacl_packed"
 
 
 def _varlen_attn() -> Any:
+    """torch's varlen_attn where it takes what `packed_attention` passes (`scale` by keyword: torch 2.9's
+    has none), else None: the SDPA path everywhere, as on a torch without it (before 2.9)."""
+    import inspect
+
     try:
         from torch.nn.attention.varlen import varlen_attn
-    except ImportError:  # an older torch: the SDPA path everywhere
+    except ImportError:
         return None
-    return varlen_attn
+    return varlen_attn if "scale" in inspect.signature(varlen_attn).parameters else None
 
 
 VARLEN = _varlen_attn()
