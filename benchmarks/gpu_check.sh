@@ -4,7 +4,7 @@
 #   1. doctor      `tacl doctor --device cuda --compile`: the GPU, its driver, torch's CUDA, bf16, transformers,
 #                  and what torch.compile needs (Triton, a C compiler, the Python headers)
 #   2. chunk       a real `tacl pretrain train` chunk of TaCL at BERT-base size with config.yaml's pretraining
-#                  settings (micro-batch 64, ZeRO 0, bf16, compiled as pretrain.compile: auto does on a GPU)
+#                  settings (micro-batch auto, ZeRO 0, bf16, compiled as pretrain.compile: auto does on a GPU)
 #                  for 6 steps: its marker says what its matmuls ran in and whether it stayed compiled, its
 #                  metrics the tokens/s of its last steps (the first one compiles, 1.5-2 minutes)
 #   3. step        benchmarks/pretrain_step.py --gpu: BERT-base, seq 256, bf16, ZeRO 0, eager; tokens/s, MFU and

@@ -454,3 +454,15 @@ def test_settings_from_config():
     assert s.objective_params == {"tau": 0.05} and s.max_len == 128
     assert s.accumulation(2) == 1
     assert TrainSettings.from_dict(s.to_dict()) == s
+
+
+def test_micro_batch_auto_is_a_ranks_share_up_to_the_cap_of_its_gpu_memory():
+    """config.yaml's micro_batch: auto: 64 on each of 4 A100s (no accumulation), 32 on 8 of them across two
+    nodes, 128 on one H200, 64 on one A100 40 GB (COCO-LM held 39.2 GiB at 128 on the H200)."""
+    from tacl.pretrain.settings import auto_micro_batch
+
+    assert [auto_micro_batch(256, 4, 40.0), auto_micro_batch(256, 8, 40.0), auto_micro_batch(256, 1, 139.8),
+            auto_micro_batch(256, 1, 39.4), auto_micro_batch(96, 1, 39.4), auto_micro_batch(8, 1, None)] == [
+        64, 32, 128, 64, 48, 8]
+    s = TrainSettings("tacl", steps=10, global_batch=256, micro_batch="auto")
+    assert s.resolve_micro_batch(2, 79.6) == 64 and s.micro_batch == 64 and s.accumulation(2) == 2

@@ -146,6 +146,8 @@ def test_plan_errors_name_each_key(tmp_path):
         "pretrain.global_batch: 8 must be pretrain.micro_batch (4) x accumulation steps x 4 rank(s)":
             {"pretrain.ranks_per_node": 2, "pretrain.nodes": 2},
         "pretrain.micro_batch: 1, but taco, coco_lm take negatives": {"pretrain.micro_batch": 1},
+        "pretrain.global_batch: 8 must be a multiple of the 3 rank(s)":
+            {"pretrain.micro_batch": "auto", "pretrain.ranks_per_node": 3},
         "pretrain.coco_lm.aux_layers: 9 layers for the auxiliary model, but the start model has 2 (model_init)":
             {"pretrain.coco_lm": {"aux_layers": 9}},
         "pretrain.tacl_attn.layer: -3, but the start model has 2 layers (model_init: 1..2, or -1 for the last)":

@@ -147,13 +147,18 @@ def plan_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
     trained = [o for o in p["objectives"] if o != "none"]
     if trained:
         ranks = p["nodes"] * p["ranks_per_node"]
-        if p["global_batch"] % (p["micro_batch"] * ranks):
+        micro = p["micro_batch"]
+        if micro == "auto" and p["global_batch"] % ranks:
+            problems.append(f"pretrain.global_batch: {p['global_batch']} must be a multiple of the {ranks} rank(s) "
+                            "(pretrain.nodes x pretrain.ranks_per_node)")
+        elif micro != "auto" and p["global_batch"] % (micro * ranks):
             problems.append(
-                f"pretrain.global_batch: {p['global_batch']} must be pretrain.micro_batch ({p['micro_batch']}) x "
+                f"pretrain.global_batch: {p['global_batch']} must be pretrain.micro_batch ({micro}) x "
                 f"accumulation steps x {ranks} rank(s) (pretrain.nodes x pretrain.ranks_per_node), i.e. a "
-                f"multiple of {p['micro_batch'] * ranks}")
+                f"multiple of {micro * ranks}")
         needs_two = [o for o in trained if REGISTRY[o].two_sequences]
-        if needs_two and p["micro_batch"] < 2:
+        smallest = p["global_batch"] // ranks if micro == "auto" else micro  # (auto: 1 only where a rank gets 1)
+        if needs_two and smallest < 2:
             problems.append(f"pretrain.micro_batch: {p['micro_batch']}, but {', '.join(needs_two)} take negatives "
                             "from the other sequences of a micro-batch: 2 or more")
         if p.get("packing"):

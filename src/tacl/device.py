@@ -102,6 +102,15 @@ def resolve_device(requested: str = "auto", local_rank: int = 0) -> torch.device
     return torch.device("cpu")
 
 
+def gpu_memory_gib(device: torch.device) -> float | None:
+    """The GPU's memory in GiB (None on a CPU)."""
+    import torch
+
+    if device.type != "cuda":
+        return None
+    return torch.cuda.get_device_properties(device.index or 0).total_memory / 2**30
+
+
 def computes_bf16(precision: str, device: str) -> bool:
     """Whether a run computes in bf16 (pretraining, fine-tuning, the plan): precision bf16, or auto on a GPU
     (`device` cuda, or auto, which finds one on a GPU node; a job's resolved device type is cuda or cpu)."""

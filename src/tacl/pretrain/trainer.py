@@ -39,7 +39,7 @@ from typing import Any, Iterator
 import torch
 
 from tacl.data.pretraining import MicroBatches, micro_batch_loader, on_device
-from tacl.device import ThreadState, compile_failure, compiles, computes_bf16, fast_fp32_matmul
+from tacl.device import ThreadState, compile_failure, compiles, computes_bf16, fast_fp32_matmul, gpu_memory_gib
 from tacl.io import InputError, read_json, stable_hash, write_json_atomic
 from tacl.objectives import objective_draws
 from tacl.pretrain import checkpoint
@@ -382,6 +382,10 @@ def _setup(args: ChunkArgs, env: DistEnv, lock: RunLock) -> Chunk:
     s = args.settings
     run_dir = Path(args.run_dir)
     # -- everything that can be wrong is checked before the model is built ---------------------------
+    if s.micro_batch == "auto":
+        s.resolve_micro_batch(env.world_size, gpu_memory_gib(env.device))
+        log.info("pretrain.micro_batch auto: %d sequences per rank (tacl.pretrain.settings.AUTO_MICRO_BATCH)",
+                 s.micro_batch)
     accumulation = s.accumulation(env.world_size)
     objective = build_objective(s.objective, s.objective_params)
     if spec(s.objective).two_sequences and s.micro_batch < 2:
