@@ -257,8 +257,9 @@ def test_locked_run_directory_refuses_a_second_trainer(demo_data, tmp_path):
     finally:
         holder.kill()
         holder.wait()
-    # the holder is gone: its lock is stale and the next trainer takes it over
-    train(demo_data, run, settings("mlm_nsp", steps=2))
+    # the holder is gone: its lock is stale and the next trainer takes it over, saying so
+    proc = train(demo_data, run, settings("mlm_nsp", steps=2))
+    assert f"{run / 'LOCK'}: took over the stale lock of process {holder.pid} on host " in proc.stderr
     assert not (run / "LOCK").exists()
 
 
@@ -276,10 +277,11 @@ def _stand_in(bin_dir: Path, name: str, script: str) -> None:
     path.chmod(0o755)
 
 
-def test_stale_locks_of_gone_scheduler_jobs_are_taken_over(tmp_path, monkeypatch):
+def test_stale_locks_of_gone_scheduler_jobs_are_taken_over(tmp_path, monkeypatch, caplog):
     """A lock from another host names a SLURM or PBS job: taken over once its scheduler no longer runs it
     (qstat forgot it, squeue shows it finished or no longer lists it); a live job's lock stops the second
-    trainer naming the job and the command that shows it."""
+    trainer naming the job and the command that shows it. Each lock taken over is one warning naming the lock
+    file, its holder and why (also a dead process on this host, and the job's own earlier run)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     # squeue: 111 runs, 222 completed (within MinJobAge), anything else forgotten
@@ -300,12 +302,30 @@ def test_stale_locks_of_gone_scheduler_jobs_are_taken_over(tmp_path, monkeypatch
                                               **job}))
         return run
 
-    for name, job in [("slurm_done", {"slurm_job": "222"}), ("slurm_gone", {"slurm_job": "333"}),
-                      ("pbs_gone", {"pbs_job": "78.pbs01"})]:
-        run = lock_of(name, **job)
-        with RunLock(run):
+    def taken_over(run: Path) -> str:
+        """Take the lock of `run` over (its holder is gone); the one warning line that says so."""
+        caplog.clear()
+        with caplog.at_level("INFO", logger="tacl.pretrain"), RunLock(run):
             assert json.loads((run / "LOCK").read_text())["pid"] == os.getpid()
         assert not (run / "LOCK").exists()
+        (record,) = caplog.records
+        assert record.levelname == "WARNING"
+        return record.getMessage()
+
+    for name, job, why in [("slurm_done", {"slurm_job": "222"}, "squeue shows it in state COMPLETED"),
+                           ("slurm_gone", {"slurm_job": "333"}, "squeue no longer lists it"),
+                           ("pbs_gone", {"pbs_job": "78.pbs01"}, "qstat no longer lists it")]:
+        run = lock_of(name, **job)
+        scheduler, job_id = next(iter(job.items()))
+        assert taken_over(run) == (f"{run / 'LOCK'}: took over the stale lock of {scheduler[:-4].upper()} job "
+                                   f"{job_id} (host gpu-node-17, pid 4242, since 2026-11-20T10:00:00): {why}")
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    run = tmp_path / "pid_gone"
+    run.mkdir()
+    (run / "LOCK").write_text(json.dumps({"host": os.uname().nodename, "pid": gone.pid, "since": "2026-11-20"}))
+    assert taken_over(run).endswith(f"process {gone.pid} on host {os.uname().nodename} (since 2026-11-20): it no "
+                                    "longer runs")
     with pytest.raises(InputError) as e:
         RunLock(lock_of("slurm_live", slurm_job="111")).acquire()
     assert "SLURM job 111 (host gpu-node-17, pid 4242" in str(e.value) and "`squeue -j 111` shows it" in str(e.value)
@@ -314,8 +334,9 @@ def test_stale_locks_of_gone_scheduler_jobs_are_taken_over(tmp_path, monkeypatch
     assert "PBS job 77.pbs01" in str(e.value) and "`qstat -f 77.pbs01` shows it" in str(e.value)
     # the same job, requeued: its own earlier run's lock
     monkeypatch.setenv("SLURM_JOB_ID", "111")
-    with RunLock(tmp_path / "slurm_live"):
-        pass
+    assert taken_over(tmp_path / "slurm_live").endswith("SLURM job 111 (host gpu-node-17, pid 4242, since "
+                                                        "2026-11-20T10:00:00): this job's own earlier run (the job "
+                                                        "was requeued)")
 
 
 def test_changed_result_settings_start_again_and_a_change_undone_comes_back(demo_data, tmp_path):

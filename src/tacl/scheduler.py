@@ -227,11 +227,15 @@ def pbs_job_state(job_id: str) -> str | None:
     return None if record is None else str(record.get("job_state", "")).strip() or None
 
 
-def job_alive(scheduler: str, job_id: str) -> bool:
-    """Whether the scheduler still runs the job's processes; RuntimeError when it cannot tell."""
-    if scheduler == "slurm":
-        return slurm_job_state(job_id) in SLURM_ALIVE
-    return pbs_job_state(job_id) in PBS_ALIVE
+def job_state(scheduler: str, job_id: str) -> str | None:
+    """The job's state as its scheduler names it (squeue's RUNNING, COMPLETED, ...; qstat's R, F, ...); None when
+    the scheduler no longer knows the job. RuntimeError when it cannot tell."""
+    return slurm_job_state(job_id) if scheduler == "slurm" else pbs_job_state(job_id)
+
+
+def state_runs(scheduler: str, state: str | None) -> bool:
+    """Whether a job in this state (job_state) may still run processes."""
+    return state in (SLURM_ALIVE if scheduler == "slurm" else PBS_ALIVE)
 
 
 def show_job_command(scheduler: str, job_id: str) -> str:

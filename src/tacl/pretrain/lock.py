@@ -3,21 +3,24 @@
 A lock whose holder is gone is taken over: a SLURM or PBS job that its scheduler no longer runs (finished,
 failed, requeued, or forgotten), a process on this host that no longer exists, or a lock left by an
 earlier run of this very job (a requeued job keeps its id). A lock held by a live job stops the second
-trainer with one message naming the job and the command that shows it.
+trainer with one message naming the job and the command that shows it. A lock taken over is logged (a
+warning): the lock file, its holder as recorded and why it counts as gone.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import time
 from pathlib import Path
 
 from tacl.io import InputError
-from tacl.scheduler import job_alive, show_job_command
+from tacl.scheduler import job_state, show_job_command, state_runs
 
 LOCK = "LOCK"
+log = logging.getLogger("tacl.pretrain")
 SCHEDULERS = (("slurm", "SLURM_JOB_ID", "slurm_job"), ("pbs", "PBS_JOBID", "pbs_job"))
 
 
@@ -39,25 +42,31 @@ def _pid_alive(pid: int) -> bool:
 
 
 def holder(owner: dict) -> tuple[bool, str]:
-    """Is the lock's holder alive, and who is it (in words, with the command that shows it)?"""
+    """Is the lock's holder alive, and who is it: in words, with the command that shows a live one, or why a
+    gone one counts as gone?"""
     host, pid = owner.get("host"), owner.get("pid")
     for scheduler, variable, key in SCHEDULERS:
         job = owner.get(key)
         if not job:
             continue
         who = f"{scheduler.upper()} job {job} (host {host}, pid {pid}, since {owner.get('since')})"
-        if os.environ.get(variable) == job:
-            return False, who  # this job's own earlier run (requeued): only one trainer runs per job
+        if os.environ.get(variable) == job:  # only one trainer runs per job
+            return False, f"{who}: this job's own earlier run (the job was requeued)"
         if host == socket.gethostname() and pid and not _pid_alive(int(pid)):
-            return False, who
+            return False, f"{who}: its process no longer runs on this host"
         try:
-            alive = job_alive(scheduler, job)
+            state = job_state(scheduler, job)
         except RuntimeError as e:
             return True, f"{who}; {scheduler} could not say whether it still runs ({e})"
-        return alive, f"{who}, still running: `{show_job_command(scheduler, job)}` shows it"
+        if not state_runs(scheduler, state):
+            tool = "squeue" if scheduler == "slurm" else "qstat"
+            return False, f"{who}: {tool} shows it in state {state}" if state else f"{who}: {tool} no longer lists it"
+        return True, f"{who}, still running: `{show_job_command(scheduler, job)}` shows it"
     who = f"process {pid} on host {host} (since {owner.get('since')})"
     if host == socket.gethostname() and pid:
-        return _pid_alive(int(pid)), f"{who}, still running: `ps -p {pid}` shows it"
+        if not _pid_alive(int(pid)):
+            return False, f"{who}: it no longer runs"
+        return True, f"{who}, still running: `ps -p {pid}` shows it"
     return True, f"{who}, which no scheduler job names and this host ({socket.gethostname()}) cannot see"
 
 
@@ -98,6 +107,7 @@ class RunLock:
                 alive, who = holder(owner) if owner else (True, "an unreadable lock")
                 if owner and not alive:
                     self.path.unlink(missing_ok=True)  # stale: its trainer is gone
+                    log.warning("%s: took over the stale lock of %s", self.path, who)
                     continue
                 raise InputError(
                     f"{self.path}: run directory is locked by another trainer, {who}; if that trainer is "
