@@ -174,6 +174,88 @@ def test_sigkill_leaves_the_previous_checkpoint_loadable(demo_data, tmp_path):
     assert_same_weights(final_weights(run), final_weights(uninterrupted))
 
 
+def test_damaged_checkpoints_are_set_aside_and_the_run_resumes_exactly(demo_data, reference, tmp_path):
+    """Saving after every step, keeping 3: the latest checkpoint's model file and the one before's RNG file
+    truncated, the resume sets both aside (one warning naming them) and goes on from the newest intact one,
+    reaching the uninterrupted run's losses and weights bit for bit. With no intact checkpoint left: one error
+    naming the files, and nothing moved."""
+    from tacl.pretrain.trainer import manifests_after
+
+    s = settings("tacl", objective_params={}, checkpoint_minutes=0, keep_checkpoints=3)  # (the reference's result)
+    run = tmp_path / "run"
+    root = run / "checkpoints"
+
+    def truncate(tag: str, name: str) -> str:
+        path = root / tag / name
+        size = path.stat().st_size
+        with open(path, "r+b") as f:
+            f.truncate(size // 2)
+        return f"{root / tag}: {name}: {size // 2} bytes, {size} when saved"
+
+    train(demo_data, run, s, "--max-steps", "9")
+    model = truncate("step00000009", "mp_rank_00_model_states.pt")
+    rng = truncate("step00000008", "rng_rank00000.pt")
+    proc = train(demo_data, run, s)
+    (line,) = [x for x in proc.stderr.splitlines() if "damaged checkpoint(s) set aside" in x]
+    assert "WARNING" in line and f"({model}; {rng})" in line and f"resuming from {root / 'step00000007'}," in line
+    assert "resumed from step00000007 at step 7" in proc.stderr
+    assert sorted(p.name[:12] for p in root.glob("step*.damaged-*")) == ["step00000008", "step00000009"]
+    assert (next(root.glob("step00000009.damaged-*")) / "mp_rank_00_model_states.pt").is_file()  # kept as it was
+    assert checkpoint.latest_tag(run) == "step00000012"
+    assert losses(run) == losses(reference["tacl"]), "every logged loss equals the uninterrupted run's, bit for bit"
+    assert_same_weights(final_weights(run), final_weights(reference["tacl"]))
+
+    damaged = [truncate("step00000012", "mp_rank_00_model_states.pt"), truncate("step00000011", "rng_rank00000.pt"),
+               f"{root / 'step00000010'}: manifest.json: missing"]
+    (root / "step00000010" / checkpoint.MANIFEST).unlink()  # (this version wrote it: it must have one)
+    with pytest.raises(InputError) as e:
+        checkpoint.resume_tag(run, manifests_after(run))
+    assert str(e.value).startswith(f"{run}: no intact checkpoint to resume from ({'; '.join(damaged)}). ")
+    assert "\n" not in str(e.value) and f"move {root} away" in str(e.value)
+    assert checkpoint.latest_tag(run) == "step00000012" and (root / "step00000010").is_dir()  # nothing moved
+
+
+def test_checkpoints_without_a_manifest(tmp_path, caplog):
+    """A checkpoint from before manifests (at or before run.json's `checkpoint_manifests_after`, or the latest
+    where run.json does not say) resumes unverified, saying so; a later one without its manifest, or with an
+    unreadable one, is damaged."""
+    from tacl.pretrain.distributed import DistEnv
+    from tacl.pretrain.trainer import manifests_after
+
+    class Engine:
+        def save_checkpoint(self, root, tag, client_state, save_latest):
+            (Path(root) / tag).mkdir(parents=True)
+            (Path(root) / tag / "mp_rank_00_model_states.pt").write_bytes(tag.encode())
+
+    env = DistEnv(0, 1, 0, torch.device("cpu"))
+    root = checkpoint.checkpoint_dir(tmp_path)
+    for step in (4, 8):
+        checkpoint.save(Engine(), tmp_path, step, {}, env, keep=2)
+    assert json.loads((root / "step00000008" / checkpoint.MANIFEST).read_text())["files"].keys() == {
+        "mp_rank_00_model_states.pt", "rng_rank00000.pt"}
+    assert manifests_after(tmp_path) == 8  # no run.json: a run of an earlier version, up to its latest checkpoint
+    (tmp_path / "run.json").write_text(json.dumps({"checkpoint_manifests_after": 4}))
+    assert manifests_after(tmp_path) == 4
+    for step in (4, 8):
+        (root / checkpoint.tag_for(step) / checkpoint.MANIFEST).unlink()
+    with caplog.at_level("INFO", logger="tacl.pretrain"):
+        assert checkpoint.resume_tag(tmp_path, manifests_after=8) == "step00000008"
+    assert "step00000008 was written before checkpoints had a manifest: it cannot be verified" in caplog.text
+    caplog.clear()
+    (root / "step00000004" / checkpoint.MANIFEST).write_text("{not json")
+    with caplog.at_level("INFO", logger="tacl.pretrain"):
+        with pytest.raises(InputError, match=r"step00000008: manifest.json: missing; .*step00000004: manifest.json: "
+                                             r"unreadable \(Expecting"):
+            checkpoint.resume_tag(tmp_path, manifests_after=4)
+    assert checkpoint.latest_tag(tmp_path) == "step00000008"  # nothing moved
+    checkpoint.write_manifest(root / "step00000004")
+    with caplog.at_level("INFO", logger="tacl.pretrain"):
+        assert checkpoint.resume_tag(tmp_path, manifests_after=4) == "step00000004"
+    (warning,) = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert "step00000008: manifest.json: missing" in warning.getMessage()
+    assert checkpoint.latest_tag(tmp_path) == "step00000004" and len(list(root.glob("step00000008.damaged-*"))) == 1
+
+
 def test_failed_save_keeps_latest(tmp_path):
     class Engine:
         def save_checkpoint(self, root, tag, client_state, save_latest):

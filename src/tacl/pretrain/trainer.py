@@ -319,6 +319,20 @@ def check_zero_stage(run_dir: Path, stage: int) -> None:
                          "result, so finished runs are not trained again)")
 
 
+def manifests_after(run_dir: Path) -> int:
+    """The step after which every checkpoint of the run has a manifest (tacl.pretrain.checkpoint.resume_tag), as
+    run.json keeps it. A run.json without it was written by a version without manifests (or none is there): its
+    checkpoints, up to the latest, are trusted unverified, as they were then, and every later one is verified.
+    (So a manifest lost from a checkpoint this version wrote counts as damage, while an older checkpoint, which
+    never had one, resumes.)"""
+    path = run_dir / "run.json"
+    recorded = read_json(path).get("checkpoint_manifests_after") if path.is_file() else None
+    if isinstance(recorded, int):
+        return recorded
+    tag = checkpoint.latest_tag(run_dir)
+    return checkpoint.step_of(tag) if tag is not None else 0
+
+
 def train_chunk(args: ChunkArgs) -> dict[str, Any]:
     started = time.time()
     signals = StopSignals().install()
@@ -397,7 +411,7 @@ def _setup(args: ChunkArgs, env: DistEnv, lock: RunLock) -> Chunk:
     tokenizer = load_tokenizer(args.start_model)
     cpu = env.device.type == "cpu"
     bf16 = computes_bf16(s.precision, env.device.type)
-    error = None
+    error = tag = None
     if env.is_main:
         try:
             shards = ShardSet(args.manifest, tokenizer_hash=tokenizer_hash(tokenizer), verify=True)
@@ -406,16 +420,18 @@ def _setup(args: ChunkArgs, env: DistEnv, lock: RunLock) -> Chunk:
             adopt_run_dir(args, identity, lock)
             check_zero_stage(run_dir, s.zero_stage)
             check_not_removed(run_dir)
+            after = manifests_after(run_dir)
+            tag = checkpoint.resume_tag(run_dir, after)  # verified (or set aside) before DeepSpeed reads it
             write_json_atomic(run_dir / "run.json", {"identity": identity, "result": s.result(),
-                                                     "settings": s.to_dict(), "world_size": env.world_size})
+                                                     "settings": s.to_dict(), "world_size": env.world_size,
+                                                     "checkpoint_manifests_after": after})
         except InputError as e:
             error = str(e)
-    error = broadcast_object(error)
+    error, tag = broadcast_object((error, tag))  # every rank loads the checkpoint rank 0 verified
     if error:
         raise InputError(error)
     if not env.is_main:
         shards = ShardSet(args.manifest, tokenizer_hash=tokenizer_hash(tokenizer), verify=False)
-    tag = checkpoint.latest_tag(run_dir)
     saved_world = checkpoint.saved_world_size(run_dir, tag) if tag is not None else env.world_size
     if saved_world != env.world_size and s.zero_stage == 3:
         raise InputError(f"{run_dir}: checkpoint {tag} was written by {saved_world} rank(s) with ZeRO stage 3, which "
