@@ -142,3 +142,49 @@ def test_missing_glue_file_fails_before_the_model_is_built(tmp_path):
 
     with pytest.raises(InputError, match=r"RTE/train\.tsv: GLUE file not found"):
         finetune_glue("no-such-model-dir/", "rte", {"kind": "tsv", "data_dir": str(tmp_path)}, {}, 0, str(tmp_path))
+
+
+def test_a_seed_is_kept_only_if_its_files_read_back(tmp_path, caplog):
+    """run_seeds with a stand-in trainer: a finished seed is kept; one whose metrics.json is damaged, or whose
+    recorded submission file changed, is trained again with one log line saying why; the marker never
+    records a file that does not parse."""
+    from tacl.finetune.seeds import RESULT_FILES, run_seeds
+
+    trained = []
+
+    def train_one(seed, out):
+        trained.append(seed)
+        (out / "submission").mkdir(parents=True, exist_ok=True)
+        (out / "submission" / "RTE.tsv").write_text("index\tprediction\n0\tentailment\n")
+        (out / "metrics.json").write_text(json.dumps({"seed": seed, "dev": {"dev": {"accuracy": 0.5}}}))
+        return {}
+
+    given = {"hparams": {"lr": 1e-4}, "model_sha256": "x"}
+    marker = tmp_path / "seeds.json"
+    run = lambda: run_seeds([0, 1], lambda s: tmp_path / f"seed{s}", given, train_one, str(marker))
+    run()
+    recorded = json.loads((tmp_path / "seed0" / RESULT_FILES).read_text())["files"]
+    assert trained == [0, 1] and recorded.keys() == {"metrics.json", "submission/RTE.tsv"}
+    run()
+    assert trained == [0, 1], "both kept"
+    (tmp_path / "seed0" / "metrics.json").write_text('{"seed": 0, "dev": {"dev": {"accu')  # cut short
+    (tmp_path / "seed1" / "submission" / "RTE.tsv").write_text("index\tprediction\n")
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="tacl.finetune"):
+        record = run()
+    assert trained == [0, 1, 0, 1]
+    lines = [r.getMessage() for r in caplog.records]
+    damaged = "metrics.json is damaged (not valid JSON: Unterminated string"
+    assert any(line.startswith("seed 0 (") and damaged in line and line.endswith("; trained again")
+               for line in lines), lines
+    assert any("submission/RTE.tsv differs from what results.json recorded (sha256); trained again" in line
+               for line in lines), lines
+    for path in record["runs"]:
+        assert json.loads(open(path).read())["dev"]["dev"]["accuracy"] == 0.5
+    # a trainer that leaves a metrics.json that does not parse fails the seed, and no marker names it
+    marker.unlink()
+    (tmp_path / "seed1" / "metrics.json").write_text("{")
+    with pytest.raises(RuntimeError, match=r"fine-tuning seed\(s\) \[1\] failed"):
+        run_seeds([0, 1], lambda s: tmp_path / f"seed{s}", given,
+                  lambda seed, out: (out / "metrics.json").write_text("{"), str(marker))
+    assert not marker.exists() and not (tmp_path / "seed1" / RESULT_FILES).exists()

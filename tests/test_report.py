@@ -199,3 +199,26 @@ def test_gpu_hours_are_each_jobs_seconds_times_its_gpus(tmp_path):
     assert h["benchmark_files"] == 4
     assert h["job_hours"] == pytest.approx((3600 + 360 + 1800 + 720) / 3600)
     assert h["gpu_hours"] == pytest.approx(4 + 0.5 + 0.2)
+
+
+def test_a_damaged_result_file_is_named_and_the_tables_come_from_the_rest(tree, caplog):
+    """A metrics.json cut short and a similarity file that is not JSON: one log line names each, the tables
+    are built from the other runs, and report.md lists the damaged files beside the missing runs."""
+    bad = tree / "finetune" / "tacl" / "rte" / S / "seed2" / "metrics.json"
+    bad.write_text(bad.read_text()[:20])
+    sim = tree / "tacl.json"
+    sim.write_text("not json")
+    expected = [{"model": "tacl", "task": "rte", "setting": S, "seed": k} for k in range(3)]
+    out = tree / "report"
+    with caplog.at_level("WARNING", logger="tacl.report"):
+        result = build_report(str(tree), ["tacl"], ["rte", "mrpc"], expected, [str(sim)], str(out))
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(line.startswith(f"{bad}: damaged, not valid JSON (Unterminated string starting at: line 1")
+               and line.endswith("); left out of the report") for line in lines), lines
+    assert any(line.startswith(f"{sim}: damaged, not valid JSON") for line in lines), lines
+    assert result["damaged"] == [str(bad), str(sim)] and result["missing"] == [f"tacl/rte/{S}/seed2"]
+    glue = pd.read_csv(out / "glue_dev.csv").set_index("model")
+    assert glue.loc["tacl", "RTE (acc, dev)"] == "82.0 ± 2.8"  # (seeds 0 and 1)
+    assert glue.loc["tacl", "MRPC (F1/acc, dev)"] != "- / -"
+    md = (out / "report.md").read_text()
+    assert "Missing or failed (1)" in md and f"Damaged, left out of the tables (2; " in md and str(bad) in md

@@ -9,8 +9,9 @@ no scheduler and no Snakemake for it).
   another host, which only its scheduler can tell about), waiting (not done, no LOCK: the next chunk is
   queued, or no Snakemake runs).
 - Fine-tunes, per model and task, against the runs (seeds) the config asks for (RESULTS_DIR/expected.json):
-  done (the seed's metrics.json), failed (its job's log, one per setting, holds an error), started (begun,
-  no result and no error: running, or killed), missing (not begun); the failed jobs' logs.
+  done (the seed's metrics.json, read back), failed (its job's log, one per setting, holds an error), started
+  (begun, no result and no error: running, or killed), missing (not begun); the failed jobs' logs, and the
+  metrics.json files that do not parse (damaged: not done; the next run of the job trains that seed again).
 - Hours of the finished jobs, from the Snakemake benchmark files (wall seconds `s`): all jobs, and GPU-hours,
   each job's seconds times the GPUs it had (a chunk: its ranks when it ran on GPUs, as its marker says; a
   fine-tuning job: one when its seeds' metrics.json say they ran on a GPU; a similarity job: one when the
@@ -19,6 +20,7 @@ no scheduler and no Snakemake for it).
 
 from __future__ import annotations
 
+import json
 import socket
 from pathlib import Path
 from typing import Any
@@ -110,9 +112,20 @@ def _failed(log: Path) -> bool:
     return any(mark in tail for mark in ERROR_MARKS)
 
 
-def finetune_status(results_dir: Path, expected: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+def _metrics(path: Path) -> dict[str, Any] | None:
+    """A seed's metrics.json, or None when it is not there or does not parse (a damaged one)."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def finetune_status(results_dir: Path, expected: list[dict[str, Any]],
+                    damaged: list[str] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
     """Per (model, task): done, failed, started, missing of the expected runs (seeds); and the logs of the jobs
-    (one per setting, its seeds one after the other) that failed."""
+    (one per setting, its seeds one after the other) that failed. A metrics.json that does not parse counts
+    as not done and goes into `damaged`."""
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     failed_logs: list[str] = []
     for e in expected:
@@ -122,9 +135,12 @@ def finetune_status(results_dir: Path, expected: list[dict[str, Any]]) -> tuple[
         setting = f"{e['model']}/{e['task']}/{e['setting']}"
         run = results_dir / "finetune" / setting / f"seed{e['seed']}"
         log = results_dir / "logs" / "finetune" / f"{setting}.log"
-        if (run / "metrics.json").is_file():
+        if (run / "metrics.json").is_file() and _metrics(run / "metrics.json") is not None:
             row["done"] += 1
-        elif log.is_file() and _failed(log):
+            continue
+        if (run / "metrics.json").is_file() and damaged is not None:
+            damaged.append(str(run / "metrics.json"))
+        if log.is_file() and _failed(log):
             row["failed"] += 1
             if str(log) not in failed_logs:
                 failed_logs.append(str(log))
@@ -135,10 +151,15 @@ def finetune_status(results_dir: Path, expected: list[dict[str, Any]]) -> tuple[
     return list(rows.values()), failed_logs
 
 
-def finished_runs(results_dir: Path) -> list[dict[str, Any]]:
-    """Without expected.json: the finished fine-tunes found, per (model, task)."""
+def finished_runs(results_dir: Path, damaged: list[str] | None = None) -> list[dict[str, Any]]:
+    """Without expected.json: the finished fine-tunes found, per (model, task) (a metrics.json that does not
+    parse goes into `damaged`)."""
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     for path in sorted((results_dir / "finetune").glob("*/*/*/seed*/metrics.json")):
+        if _metrics(path) is None:
+            if damaged is not None:
+                damaged.append(str(path))
+            continue
         model, task = path.parents[3].name, path.parents[2].name
         rows.setdefault((model, task), {"model": model, "task": task, "done": 0})["done"] += 1
     return list(rows.values())
@@ -169,7 +190,7 @@ def hours(results_dir: Path) -> dict[str, Any]:
             gpu_jobs.append((seconds, m.get("world_size", 1) if _ran_on_gpu(m.get("device")) else 0))
         elif part.parts[0] == "finetune":  # (finetune/M/T/SETTING.tsv: the job of every seed of a setting)
             seeds = (results_dir / part.parent / part.stem).glob("seed*/metrics.json")
-            on_gpu = any(_ran_on_gpu(read_json(m).get("device")) for m in seeds)
+            on_gpu = any(_ran_on_gpu((_metrics(m) or {}).get("device")) for m in seeds)
             gpu_jobs.append((seconds, 1 if on_gpu else 0))
         elif part.parts[0] == "analysis" and part.name.startswith("similarity-"):
             pending.append(seconds)
@@ -189,10 +210,12 @@ def status(results_dir: str | Path) -> dict[str, Any]:
         objectives = sorted(p.name for p in (root / "pretrain").glob("*") if p.is_dir())
     out: dict[str, Any] = {"results_dir": str(root), "host": socket.gethostname(), "expected_known": wanted is not None,
                            "pretrain": [pretrain_status(root, o) for o in objectives]}
+    damaged: list[str] = []
     if wanted is not None:
-        out["finetune"], out["failed_logs"] = finetune_status(root, wanted["expected"])
+        out["finetune"], out["failed_logs"] = finetune_status(root, wanted["expected"], damaged)
     else:
-        out["finetune"], out["failed_logs"] = finished_runs(root), []
+        out["finetune"], out["failed_logs"] = finished_runs(root, damaged), []
+    out["damaged"] = damaged
     out["hours"] = hours(root)
     return out
 
@@ -225,6 +248,9 @@ def format_status(s: dict[str, Any]) -> str:
         rows = [[f["model"], f["task"], f["done"]] for f in s["finetune"]]
         out += [tabulate(rows, ["fine-tuning", "task", "done"], tablefmt="simple", disable_numparse=True),
                 "(no expected.json: the runs still missing are unknown until snakemake has run here)", ""]
+    damaged = s.get("damaged", [])
+    out += [f"damaged (does not parse; not done, trained again by its job's next run): {path}"
+            for path in damaged] + ([""] if damaged else [])
     h = s["hours"]
     out.append(f"finished jobs ({h['benchmark_files']} benchmark files): {h['gpu_hours']:.2f} GPU-hours, "
                f"{h['job_hours']:.2f} job-hours")
