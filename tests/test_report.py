@@ -1,6 +1,7 @@
 """The report on a fixture results tree: means, sample stds, GLUE average, missing runs, references."""
 
 import json
+import re
 
 import pandas as pd
 import pytest
@@ -222,3 +223,23 @@ def test_a_damaged_result_file_is_named_and_the_tables_come_from_the_rest(tree, 
     assert glue.loc["tacl", "MRPC (F1/acc, dev)"] != "- / -"
     md = (out / "report.md").read_text()
     assert "Missing or failed (1)" in md and f"Damaged, left out of the tables (2; " in md and str(bad) in md
+
+
+def test_status_refuses_a_folder_that_is_not_a_results_directory(tmp_path, tree, capsys):
+    """`tacl status FOLDER` of a folder without expected.json, pretrain/, finetune/ or logs/: one line naming
+    the folder and what it expected, exit status 2, no empty table. A results directory with a damaged
+    metrics.json: the others counted, the damaged one listed."""
+    from tacl.cli import main
+
+    other = tmp_path / "elsewhere"
+    (other / "data").mkdir(parents=True)
+    assert main(["status", str(other)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == (f"tacl: error: {other}: not a results directory (it holds none of expected.json, "
+                                 "pretrain, finetune, logs); give the config's results_dir\n")
+    bad = tree / "finetune" / "tacl" / "rte" / S / "seed2" / "metrics.json"
+    bad.write_text("{")
+    assert main(["status", str(tree)]) in (0, None)
+    out = capsys.readouterr().out
+    assert f"damaged (does not parse; not done, trained again by its job's next run): {bad}" in out
+    assert re.search(r"^tacl +rte +2 *$", out, re.M), out

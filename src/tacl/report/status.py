@@ -33,6 +33,9 @@ from tacl.pretrain.metrics import read_lines
 from tacl.report.expected import read_expected
 
 ERROR_MARKS = ("Traceback (most recent call last)", "tacl: error:")
+# What makes a folder a results directory: the workflow's expected.json (written whenever Snakemake starts
+# jobs there), or a stage's folder (a results directory of a version before expected.json)
+RESULTS_MARKS = ("expected.json", "pretrain", "finetune", "logs")
 
 
 def default_results_dir(config: str | Path = "config.yaml") -> str:
@@ -203,6 +206,9 @@ def status(results_dir: str | Path) -> dict[str, Any]:
     root = Path(results_dir)
     if not root.is_dir():
         raise InputError(f"{root}: no such results directory")
+    if not any((root / mark).exists() for mark in RESULTS_MARKS):
+        raise InputError(f"{root}: not a results directory (it holds none of {', '.join(RESULTS_MARKS)}); give "
+                         "the config's results_dir")
     wanted = read_expected(root)
     if wanted is not None:
         objectives = [o for o in wanted["objectives"] if o != "none"]
