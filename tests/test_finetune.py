@@ -188,3 +188,60 @@ def test_a_seed_is_kept_only_if_its_files_read_back(tmp_path, caplog):
         run_seeds([0, 1], lambda s: tmp_path / f"seed{s}", given,
                   lambda seed, out: (out / "metrics.json").write_text("{"), str(marker))
     assert not marker.exists() and not (tmp_path / "seed1" / RESULT_FILES).exists()
+
+
+def test_a_seed_stopped_midway_resumes_to_the_uninterrupted_seeds_metrics(tmp_path, demo_data, monkeypatch):
+    """A GLUE seed (tiny model, 24 rows, batch 8, 2 epochs: 6 steps, grouped batches) stopped by the step cap
+    at step 2 (mid epoch 1, a save every step before it), then by SIGUSR1 at step 5 (mid epoch 2), then run
+    to the end, through run_seeds as a job runs it: the same dev metrics, final loss, padding and
+    fine-tuned weights as the seed trained in one go, bit for bit; the checkpoint is gone once the metrics
+    are written."""
+    import os
+    import signal
+
+    from tacl.finetune import CHECKPOINT, Stopped, common
+    from tacl.finetune.resume import Checkpointing
+    from tacl.finetune.seeds import run_seeds
+    from tacl.finetune.sequence import finetune_glue
+
+    glue = tmp_path / "glue" / "QNLI"  # (train and dev only: no test predictions to make)
+    glue.mkdir(parents=True)
+    for split in ("train", "dev"):
+        (glue / f"{split}.tsv").symlink_to(REPO / "examples/demo/glue/QNLI" / f"{split}.tsv")
+    source = {"kind": "tsv", "data_dir": str(glue.parent)}
+    hparams = {"max_len": 32, "batch": 8, "epochs": 2, "max_train_examples": 24, "max_eval_examples": 16,
+               "group_by_length": True}
+
+    def job(out, checkpointing):
+        train_one = lambda seed, folder: finetune_glue(str(demo_data["start"]), "qnli", source, hparams, seed,
+                                                       str(folder), save_model=True, checkpointing=checkpointing)
+        return run_seeds([0], lambda seed: out / f"seed{seed}", {"hparams": hparams}, train_one)
+
+    job(tmp_path / "once", None)
+    stopped = tmp_path / "stopped"
+    with pytest.raises(Stopped, match=r"stopped by step cap at step 2/6, saved in .*seed0/checkpoint\.pt"):
+        job(stopped, Checkpointing(minutes=1e-9, stop_after=2))
+    assert (stopped / "seed0" / CHECKPOINT).is_file() and not (stopped / "seed0" / "metrics.json").exists()
+    steps = []
+    step = common.train_step
+
+    def signalled_step(*args, **kwargs):  # SIGUSR1 during the resumed job's 3rd step
+        steps.append(1)
+        if len(steps) == 3:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(common, "train_step", signalled_step)
+    with pytest.raises(Stopped, match=r"stopped by SIGUSR1 at step 5/6"):
+        job(stopped, Checkpointing(minutes=None))
+    assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL, "the handler is put back after training"
+    monkeypatch.setattr(common, "train_step", step)
+    job(stopped, Checkpointing(minutes=None))
+    once, resumed = (json.loads((d / "seed0" / "metrics.json").read_text()) for d in (tmp_path / "once", stopped))
+    assert resumed["train"]["resumed_at"] == [2, 5] and once["train"]["resumed_at"] == []
+    assert resumed["dev"] == once["dev"]
+    for key in ("final_loss", "padding", "steps"):
+        assert resumed["train"][key] == once["train"][key], key
+    weights = [(d / "seed0" / "model" / "model.safetensors").read_bytes() for d in (tmp_path / "once", stopped)]
+    assert weights[0] == weights[1]
+    assert not (stopped / "seed0" / CHECKPOINT).exists()

@@ -5,8 +5,9 @@ runtime request that is the sum of the seeds' work. Each seed still has its own 
 (`SETTING/seedN/`, as with one job per seed) and its own record of what it was given (given.json, written
 first; metrics.json, written last). A seed whose metrics.json exists and whose given.json equals what it
 would be given now (the same settings and the same start model's weights) is kept, not trained again: a job
-killed after its first seeds and run again trains only the missing ones. At the end the job writes its
-marker, the rule's output, listing every seed's metrics.json and its hash.
+killed after its first seeds and run again trains only the missing ones, and the seed it was killed in goes
+on from its checkpoint (tacl.finetune.resume). At the end the job writes its marker, the rule's output,
+listing every seed's metrics.json and its hash.
 
 A seed is kept only if its files read back: after a seed has trained, its result files (metrics.json, the
 submission files, SQuAD's predictions, a kept model) are checked to parse where they are JSON and recorded
@@ -25,7 +26,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from tacl.finetune import GIVEN
+from tacl.finetune import CHECKPOINT, GIVEN, JOB, Stopped
 from tacl.io import InputError, read_json, sha256_file, write_json_atomic
 
 log = logging.getLogger("tacl.finetune")
@@ -53,13 +54,13 @@ def weights_fingerprint(model_dir: str | Path) -> str:
 
 
 def result_files(out: Path) -> list[Path]:
-    """A seed's result files: everything in its folder but its records (given.json, RESULT_FILES) and what
-    is hidden (a file being written, tacl.io.atomic_path; the in-seed checkpoint)."""
+    """A seed's result files: everything in its folder but its records (given.json, RESULT_FILES, the job's
+    JOB with --seed), its checkpoint and what is hidden (a file being written, tacl.io.atomic_path)."""
     keep = []
     for path in sorted(out.rglob("*")):
         parts = path.relative_to(out).parts
         hidden = any(p.startswith(".") for p in parts)
-        if path.is_file() and not hidden and parts not in ((GIVEN,), (RESULT_FILES,)):
+        if path.is_file() and not hidden and parts not in ((GIVEN,), (RESULT_FILES,), (JOB,), (CHECKPOINT,)):
             keep.append(path)
     return keep
 
@@ -85,16 +86,20 @@ def record_results(out: Path) -> None:
                                                      for p in result_files(out)}})
 
 
+def given_before(out: Path) -> Any:
+    """What the seed in `out` was given (its given.json), or None (not there, or it does not parse)."""
+    try:
+        return json.loads((out / GIVEN).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+
+
 def why_not_done(out: Path, given: dict[str, Any]) -> str | None:
     """None when the seed in `out` is done with `given` (settings and start model) and its files read back as
     recorded; otherwise why it is trained (again), for one log line."""
     if not (out / GIVEN).is_file():
         return "not begun"
-    try:
-        before = json.loads((out / GIVEN).read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        before = None
-    if before != given:
+    if given_before(out) != given:
         return f"{GIVEN} differs from what it is given now (other settings or another start model)"
     problem = unreadable(out)
     if problem is not None:
@@ -119,9 +124,10 @@ def seed_done(out: Path, given: dict[str, Any]) -> bool:
 
 def run_seeds(seeds: list[int], run_dir: Callable[[int], Path], given: dict[str, Any],
               train_one: Callable[[int, Path], dict[str, Any]], marker: str | None = None) -> dict[str, Any]:
-    """Train every seed not done before (`why_not_done`; one after the other), then write the marker. A seed
-    that fails does not stop the others; the job then fails naming them (their finished siblings stay done).
-    Bad input (InputError) stops at once: it would fail every seed."""
+    """Train every seed not done before (`why_not_done`; one after the other; a seed stopped halfway resumes
+    from its checkpoint, tacl.finetune.resume), then write the marker. A seed that fails does not stop the
+    others; the job then fails naming them (their finished siblings stay done). Bad input (InputError) stops
+    at once: it would fail every seed; so does a stop (`Stopped`: the job's time is up)."""
     runs, failed = [], []
     for seed in seeds:
         out = run_dir(seed)
@@ -129,11 +135,14 @@ def run_seeds(seeds: list[int], run_dir: Callable[[int], Path], given: dict[str,
         if why is None:
             log.info("seed %d: done before with these settings and this start model (%s), kept", seed, out)
         else:
-            if why != "not begun":
+            if why == f"no {METRICS}" and (out / CHECKPOINT).is_file():
+                log.info("seed %d (%s): not finished; goes on from its checkpoint", seed, out)
+            elif why != "not begun":
                 log.warning("seed %d (%s): %s; trained again", seed, out, why)
             # (the old result and its record go first: a seed is never done by a metrics.json of other
-            # settings, or by one that does not parse, should this training fail)
-            for name in (RESULT_FILES, METRICS):
+            # settings, or by one that does not parse, should this training fail; a checkpoint only
+            # serves the settings and start model it was saved with)
+            for name in (RESULT_FILES, METRICS) + ((CHECKPOINT,) if given_before(out) != given else ()):
                 (out / name).unlink(missing_ok=True)
             write_json_atomic(out / GIVEN, given)
             try:
@@ -141,7 +150,7 @@ def run_seeds(seeds: list[int], run_dir: Callable[[int], Path], given: dict[str,
                 problem = unreadable(out)
                 if problem is not None:
                     raise RuntimeError(f"{out}: {problem}, just after training")
-            except InputError:
+            except (InputError, Stopped):
                 raise
             except Exception:  # noqa: BLE001 (reported, and the job fails at the end)
                 log.error("seed %d failed:\n%s", seed, traceback.format_exc())
@@ -149,6 +158,7 @@ def run_seeds(seeds: list[int], run_dir: Callable[[int], Path], given: dict[str,
                 continue
         if not (out / RESULT_FILES).is_file():
             record_results(out)
+        (out / CHECKPOINT).unlink(missing_ok=True)  # (the seed is done: its checkpoint serves nothing more)
         runs.append(str(out / METRICS))
     if failed:
         raise RuntimeError(f"fine-tuning seed(s) {failed} failed (see above); the {len(runs)} other seed(s) are "
