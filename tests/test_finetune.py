@@ -213,8 +213,10 @@ def test_a_seed_stopped_midway_resumes_to_the_uninterrupted_seeds_metrics(tmp_pa
                "group_by_length": True}
 
     def job(out, checkpointing):
-        train_one = lambda seed, folder: finetune_glue(str(demo_data["start"]), "qnli", source, hparams, seed,
-                                                       str(folder), save_model=True, checkpointing=checkpointing)
+        def train_one(seed, folder):
+            return finetune_glue(str(demo_data["start"]), "qnli", source, hparams, seed, str(folder),
+                                 save_model=True, checkpointing=checkpointing)
+
         return run_seeds([0], lambda seed: out / f"seed{seed}", {"hparams": hparams}, train_one)
 
     job(tmp_path / "once", None)
@@ -237,11 +239,12 @@ def test_a_seed_stopped_midway_resumes_to_the_uninterrupted_seeds_metrics(tmp_pa
     assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL, "the handler is put back after training"
     monkeypatch.setattr(common, "train_step", step)
     job(stopped, Checkpointing(minutes=None))
-    once, resumed = (json.loads((d / "seed0" / "metrics.json").read_text()) for d in (tmp_path / "once", stopped))
+    folders = (tmp_path / "once" / "seed0", stopped / "seed0")
+    once, resumed = (json.loads((d / "metrics.json").read_text()) for d in folders)
     assert resumed["train"]["resumed_at"] == [2, 5] and once["train"]["resumed_at"] == []
     assert resumed["dev"] == once["dev"]
     for key in ("final_loss", "padding", "steps"):
         assert resumed["train"][key] == once["train"][key], key
-    weights = [(d / "seed0" / "model" / "model.safetensors").read_bytes() for d in (tmp_path / "once", stopped)]
+    weights = [(d / "model" / "model.safetensors").read_bytes() for d in folders]
     assert weights[0] == weights[1]
     assert not (stopped / "seed0" / CHECKPOINT).exists()

@@ -39,9 +39,9 @@ FAMILY_HPARAMS = {
 # Beside a run's metrics.json: the settings the run was given, as the workflow passes them (tacl.reruns
 # compares them with what the config gives now).
 GIVEN = "given.json"
-# In a seed's folder while it trains: its checkpoint (tacl.finetune.resume), removed once its metrics are written
+# In a seed's folder while it trains: its checkpoint (tacl.finetune.resume), gone once its metrics are written
 CHECKPOINT = "checkpoint.pt"
-# In a fine-tuning job's folder (the setting's, or the seed's with --seed): which job runs it, for `tacl status`
+# In a fine-tuning job's folder (the setting's; the seed's with --seed): which job runs it, for `tacl status`
 JOB = "job.json"
 EXIT_STOPPED = 3  # the exit status of a fine-tuning job stopped after saving its checkpoint (run it again)
 

@@ -211,7 +211,7 @@ def train(model: torch.nn.Module, rows: list[dict[str, Any]], hp: dict[str, Any]
     # (what the checkpoint belongs to: a checkpoint of other settings, data or seed is not resumed)
     identity = stable_hash({"seed": seed, "steps": total, "rows": len(rows), "tokens": int(lengths.sum()),
                             "hparams": hp})
-    state = resume.load(checkpoint.path, identity, run.device) if checkpoint else None
+    state = resume.load(checkpoint.path, identity) if checkpoint else None
     if state is not None:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
@@ -250,19 +250,20 @@ def train(model: torch.nn.Module, rows: list[dict[str, Any]], hp: dict[str, Any]
                 due = checkpoint.minutes is not None and time.time() - last_save >= 60 * checkpoint.minutes
                 if stop or (due and step < total):
                     seconds = resume.save(checkpoint.path, {
-                        "identity": identity, "step": step, "epoch": epoch, "batch": b + 1, "order_rng": epoch_rng,
-                        "model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                        "rng": resume.rng_states(), "positions": positions, "interval": interval,
+                        "identity": identity, "step": step, "epoch": epoch, "batch": b + 1,
+                        "order_rng": epoch_rng, "model": model.state_dict(), "optimizer": opt.state_dict(),
+                        "scheduler": sched.state_dict(), "rng": resume.rng_states(), "positions": positions,
+                        "interval": interval,
                         "recent": torch.stack(list(recent)) if recent else torch.zeros(0),
                         "train_s": before_s + time.time() - started, "resumed_at": resumed_at})
-                    log.info("fine-tune step %d/%d: checkpoint saved (%s, %.1f s)", step, total, checkpoint.path,
-                             seconds)
+                    log.info("fine-tune step %d/%d: checkpoint saved (%s, %.1f s)", step, total,
+                             checkpoint.path, seconds)
                     last_save = time.time()
                 if stop:
                     bar.close()
                     why = stop[0] if isinstance(stop[0], str) else signal.Signals(stop[0]).name
-                    raise resume.Stopped(f"stopped by {why} at step {step}/{total}, saved in {checkpoint.path}: "
-                                         "running the job again resumes this seed there")
+                    raise resume.Stopped(f"stopped by {why} at step {step}/{total}, saved in "
+                                         f"{checkpoint.path}: running the job again resumes this seed there")
     bar.close()
     return {"steps": total, "epochs": hp["epochs"], "train_examples": len(rows), "group_by_length": grouped,
             "padding": round(1 - int(lengths.sum()) * hp["epochs"] / positions, 4) if positions else None,

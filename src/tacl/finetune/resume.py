@@ -1,17 +1,17 @@
-"""A checkpoint inside one fine-tuning seed, so that a long fine-tune killed at its time limit goes on where it
-stopped instead of starting the seed again.
+"""A checkpoint inside one fine-tuning seed, so that a long fine-tune killed at its time limit goes on where
+it stopped instead of starting the seed again.
 
 `train` (tacl.finetune.common) saves the seed's whole state into its folder (CHECKPOINT, one file, written
 atomically, one kept) every `finetune.checkpoint_minutes`, and at once when SIGUSR1, SIGUSR2 or SIGTERM
-arrives (SLURM's and PBS's warning before the time limit; saved at the next step boundary, then the job
-stops with `Stopped`, exit status EXIT_STOPPED, 3). The state is everything the rest of the seed depends on: model,
+arrives (SLURM's and PBS's warning before the time limit; saved at the next step boundary, then the job stops
+with `Stopped`, exit status EXIT_STOPPED, 3). The state is everything the rest of the seed depends on: model,
 optimizer and LR schedule, the step, the epoch and the position in its batch order (the order generator's
 state at the epoch's start: the resumed job draws the same order and skips the batches done), every RNG
-(Python, NumPy, torch, CUDA: dropout goes on as it would have), and what the training record sums (the
-recent losses, the padding counted). A seed resumed from it ends with the uninterrupted seed's weights and
-metrics, bit for bit on the CPU. The checkpoint names the fine-tune it belongs to (seed, steps, rows,
-hyperparameters): one of another fine-tune is not resumed. The seed's folder loses it once its metrics are
-written (tacl.finetune.seeds).
+(Python, NumPy, torch, CUDA: dropout goes on as it would have), and what the training record sums (the recent
+losses, the padding counted). A seed resumed from it ends with the uninterrupted seed's weights and metrics,
+bit for bit on the CPU. The checkpoint names the fine-tune it belongs to (seed, steps, rows, hyperparameters):
+one of another fine-tune is not resumed. The seed's folder loses it once its metrics are written
+(tacl.finetune.seeds).
 """
 
 from __future__ import annotations
@@ -73,14 +73,15 @@ def save(path: Path, state: dict[str, Any]) -> float:
     return time.time() - started
 
 
-def load(path: Path | None, identity: str, device: torch.device) -> dict[str, Any] | None:
+def load(path: Path | None, identity: str) -> dict[str, Any] | None:
     """The seed's checkpoint, if there is one of this fine-tune (`identity`); None otherwise, saying why when
-    there is a file that is not resumed."""
+    there is a file that is not resumed. Read onto the CPU (the RNG states must be there; model and
+    optimizer state go to the device as they load)."""
     if path is None or not path.is_file():
         return None
     try:
-        state = torch.load(path, map_location=device, weights_only=True)
-    except Exception as e:  # noqa: BLE001 (a checkpoint that does not load is not resumed, whatever the error)
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 (one that does not load is not resumed, whatever the cause)
         log.warning("%s: does not load (%s); this seed trains from the start", path, e)
         return None
     if not isinstance(state, dict) or state.get("identity") != identity:
