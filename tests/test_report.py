@@ -241,7 +241,7 @@ def test_status_refuses_a_folder_that_is_not_a_results_directory(tmp_path, tree,
     bad.write_text("{")
     assert main(["status", str(tree)]) in (0, None)
     out = capsys.readouterr().out
-    assert f"damaged (does not parse; not done, trained again by its job's next run): {bad}" in out
+    assert f"damaged (does not parse; not done, trained again when its job runs again): {bad}" in out
     assert re.search(r"^tacl +rte +2 *$", out, re.M), out
 
 

@@ -226,7 +226,7 @@ def train(model: torch.nn.Module, rows: list[dict[str, Any]], hp: dict[str, Any]
                  total, first_epoch + 1, done_in_epoch, steps_per_epoch)
     last_save, steps_here = time.time(), 0
     bar = tqdm(total=total, initial=step, desc="fine-tune", unit=" steps", disable=not sys.stderr.isatty())
-    with resume.stop_signals() as signals:
+    with resume.stop_signals(enabled=checkpoint is not None) as signals:
         for epoch in range(first_epoch, hp["epochs"]):
             epoch_rng = order_rng.bit_generator.state  # (a checkpoint draws the epoch's order again from it)
             batches = epoch_batches(lengths, batch_size, order_rng, grouped)

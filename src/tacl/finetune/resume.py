@@ -92,12 +92,15 @@ def load(path: Path | None, identity: str) -> dict[str, Any] | None:
 
 
 @contextlib.contextmanager
-def stop_signals() -> Iterator[StopSignals]:
+def stop_signals(enabled: bool = True) -> Iterator[StopSignals]:
     """SIGUSR1, SIGUSR2 and SIGTERM set a flag (tacl.pretrain.deadline.StopSignals) while the block runs, and
-    are handled as before afterwards; outside the main thread (where no handler can be set) nothing
-    changes."""
+    are handled as before afterwards; not `enabled` (nothing to save: a fine-tune without checkpoints), or
+    outside the main thread (where no handler can be set), nothing changes."""
     signals = StopSignals()
     wanted = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
+    if not enabled:
+        yield signals
+        return
     try:
         before = {sig: signal.getsignal(sig) for sig in wanted}
         signals.install()

@@ -360,7 +360,7 @@ def format_status(s: dict[str, Any]) -> str:
         out += [tabulate(rows, ["fine-tuning", "task", "done"], tablefmt="simple", disable_numparse=True),
                 "(no expected.json: the runs still missing are unknown until snakemake has run here)", ""]
     damaged = s.get("damaged", [])
-    out += [f"damaged (does not parse; not done, trained again by its job's next run): {path}"
+    out += [f"damaged (does not parse; not done, trained again when its job runs again): {path}"
             for path in damaged] + ([""] if damaged else [])
     h = s["hours"]
     out.append(f"finished jobs ({h['benchmark_files']} benchmark files): {h['gpu_hours']:.2f} GPU-hours, "

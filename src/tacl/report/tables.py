@@ -576,8 +576,9 @@ def build_report(results_dir: str, models: list[str], tasks: list[str], expected
     if missing:
         doc.paragraph(f"Missing or failed ({len(missing)}): " + ", ".join(missing))
     if damaged:
-        doc.paragraph(f"Damaged, left out of the tables ({len(damaged)}; the next run of the workflow trains "
-                      "or computes them again): " + ", ".join(damaged))
+        doc.paragraph(f"Damaged, left out of the tables ({len(damaged)}; the job that made one, run again, "
+                      "e.g. with `--forcerun finetune`, keeps its intact seeds and trains that one again): "
+                      + ", ".join(damaged))
     for stem, df in tables.items():
         write_table(df, out / stem)
     if not embeddings_enabled:
