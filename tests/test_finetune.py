@@ -142,3 +142,109 @@ def test_missing_glue_file_fails_before_the_model_is_built(tmp_path):
 
     with pytest.raises(InputError, match=r"RTE/train\.tsv: GLUE file not found"):
         finetune_glue("no-such-model-dir/", "rte", {"kind": "tsv", "data_dir": str(tmp_path)}, {}, 0, str(tmp_path))
+
+
+def test_a_seed_is_kept_only_if_its_files_read_back(tmp_path, caplog):
+    """run_seeds with a stand-in trainer: a finished seed is kept; one whose metrics.json is damaged, or whose
+    recorded submission file changed, is trained again with one log line saying why; the marker never
+    records a file that does not parse."""
+    from tacl.finetune.seeds import RESULT_FILES, run_seeds
+
+    trained = []
+
+    def train_one(seed, out):
+        trained.append(seed)
+        (out / "submission").mkdir(parents=True, exist_ok=True)
+        (out / "submission" / "RTE.tsv").write_text("index\tprediction\n0\tentailment\n")
+        (out / "metrics.json").write_text(json.dumps({"seed": seed, "dev": {"dev": {"accuracy": 0.5}}}))
+        return {}
+
+    given = {"hparams": {"lr": 1e-4}, "model_sha256": "x"}
+    marker = tmp_path / "seeds.json"
+    run = lambda: run_seeds([0, 1], lambda s: tmp_path / f"seed{s}", given, train_one, str(marker))
+    run()
+    recorded = json.loads((tmp_path / "seed0" / RESULT_FILES).read_text())["files"]
+    assert trained == [0, 1] and recorded.keys() == {"metrics.json", "submission/RTE.tsv"}
+    run()
+    assert trained == [0, 1], "both kept"
+    (tmp_path / "seed0" / "metrics.json").write_text('{"seed": 0, "dev": {"dev": {"accu')  # cut short
+    (tmp_path / "seed1" / "submission" / "RTE.tsv").write_text("index\tprediction\n")
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="tacl.finetune"):
+        record = run()
+    assert trained == [0, 1, 0, 1]
+    lines = [r.getMessage() for r in caplog.records]
+    damaged = "metrics.json is damaged (not valid JSON: Unterminated string"
+    assert any(line.startswith("seed 0 (") and damaged in line and line.endswith("; trained again")
+               for line in lines), lines
+    assert any("submission/RTE.tsv differs from what results.json recorded (sha256); trained again" in line
+               for line in lines), lines
+    for path in record["runs"]:
+        assert json.loads(open(path).read())["dev"]["dev"]["accuracy"] == 0.5
+    # a trainer that leaves a metrics.json that does not parse fails the seed, and no marker names it
+    marker.unlink()
+    (tmp_path / "seed1" / "metrics.json").write_text("{")
+    with pytest.raises(RuntimeError, match=r"fine-tuning seed\(s\) \[1\] failed"):
+        run_seeds([0, 1], lambda s: tmp_path / f"seed{s}", given,
+                  lambda seed, out: (out / "metrics.json").write_text("{"), str(marker))
+    assert not marker.exists() and not (tmp_path / "seed1" / RESULT_FILES).exists()
+
+
+def test_a_seed_stopped_midway_resumes_to_the_uninterrupted_seeds_metrics(tmp_path, demo_data, monkeypatch):
+    """A GLUE seed (tiny model, 24 rows, batch 8, 2 epochs: 6 steps, grouped batches) stopped by the step cap
+    at step 2 (mid epoch 1, a save every step before it), then by SIGUSR1 at step 5 (mid epoch 2), then run
+    to the end, through run_seeds as a job runs it: the same dev metrics, final loss, padding and
+    fine-tuned weights as the seed trained in one go, bit for bit; the checkpoint is gone once the metrics
+    are written."""
+    import os
+    import signal
+
+    from tacl.finetune import CHECKPOINT, Stopped, common
+    from tacl.finetune.resume import Checkpointing
+    from tacl.finetune.seeds import run_seeds
+    from tacl.finetune.sequence import finetune_glue
+
+    glue = tmp_path / "glue" / "QNLI"  # (train and dev only: no test predictions to make)
+    glue.mkdir(parents=True)
+    for split in ("train", "dev"):
+        (glue / f"{split}.tsv").symlink_to(REPO / "examples/demo/glue/QNLI" / f"{split}.tsv")
+    source = {"kind": "tsv", "data_dir": str(glue.parent)}
+    hparams = {"max_len": 32, "batch": 8, "epochs": 2, "max_train_examples": 24, "max_eval_examples": 16,
+               "group_by_length": True}
+
+    def job(out, checkpointing):
+        def train_one(seed, folder):
+            return finetune_glue(str(demo_data["start"]), "qnli", source, hparams, seed, str(folder),
+                                 save_model=True, checkpointing=checkpointing)
+
+        return run_seeds([0], lambda seed: out / f"seed{seed}", {"hparams": hparams}, train_one)
+
+    job(tmp_path / "once", None)
+    stopped = tmp_path / "stopped"
+    with pytest.raises(Stopped, match=r"stopped by step cap at step 2/6, saved in .*seed0/checkpoint\.pt"):
+        job(stopped, Checkpointing(minutes=1e-9, stop_after=2))
+    assert (stopped / "seed0" / CHECKPOINT).is_file() and not (stopped / "seed0" / "metrics.json").exists()
+    steps = []
+    step = common.train_step
+
+    def signalled_step(*args, **kwargs):  # SIGUSR1 during the resumed job's 3rd step
+        steps.append(1)
+        if len(steps) == 3:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(common, "train_step", signalled_step)
+    with pytest.raises(Stopped, match=r"stopped by SIGUSR1 at step 5/6"):
+        job(stopped, Checkpointing(minutes=None))
+    assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL, "the handler is put back after training"
+    monkeypatch.setattr(common, "train_step", step)
+    job(stopped, Checkpointing(minutes=None))
+    folders = (tmp_path / "once" / "seed0", stopped / "seed0")
+    once, resumed = (json.loads((d / "metrics.json").read_text()) for d in folders)
+    assert resumed["train"]["resumed_at"] == [2, 5] and once["train"]["resumed_at"] == []
+    assert resumed["dev"] == once["dev"]
+    for key in ("final_loss", "padding", "steps"):
+        assert resumed["train"][key] == once["train"][key], key
+    weights = [(d / "model" / "model.safetensors").read_bytes() for d in folders]
+    assert weights[0] == weights[1]
+    assert not (stopped / "seed0" / CHECKPOINT).exists()

@@ -1,6 +1,7 @@
 """The report on a fixture results tree: means, sample stds, GLUE average, missing runs, references."""
 
 import json
+import re
 
 import pandas as pd
 import pytest
@@ -199,3 +200,102 @@ def test_gpu_hours_are_each_jobs_seconds_times_its_gpus(tmp_path):
     assert h["benchmark_files"] == 4
     assert h["job_hours"] == pytest.approx((3600 + 360 + 1800 + 720) / 3600)
     assert h["gpu_hours"] == pytest.approx(4 + 0.5 + 0.2)
+
+
+def test_a_damaged_result_file_is_named_and_the_tables_come_from_the_rest(tree, caplog):
+    """A metrics.json cut short and a similarity file that is not JSON: one log line names each, the tables
+    are built from the other runs, and report.md lists the damaged files beside the missing runs."""
+    bad = tree / "finetune" / "tacl" / "rte" / S / "seed2" / "metrics.json"
+    bad.write_text(bad.read_text()[:20])
+    sim = tree / "tacl.json"
+    sim.write_text("not json")
+    expected = [{"model": "tacl", "task": "rte", "setting": S, "seed": k} for k in range(3)]
+    out = tree / "report"
+    with caplog.at_level("WARNING", logger="tacl.report"):
+        result = build_report(str(tree), ["tacl"], ["rte", "mrpc"], expected, [str(sim)], str(out))
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(line.startswith(f"{bad}: damaged, not valid JSON (Unterminated string starting at: line 1")
+               and line.endswith("); left out of the report") for line in lines), lines
+    assert any(line.startswith(f"{sim}: damaged, not valid JSON") for line in lines), lines
+    assert result["damaged"] == [str(bad), str(sim)] and result["missing"] == [f"tacl/rte/{S}/seed2"]
+    glue = pd.read_csv(out / "glue_dev.csv").set_index("model")
+    assert glue.loc["tacl", "RTE (acc, dev)"] == "82.0 ± 2.8"  # (seeds 0 and 1)
+    assert glue.loc["tacl", "MRPC (F1/acc, dev)"] != "- / -"
+    md = (out / "report.md").read_text()
+    assert "Missing or failed (1)" in md and f"Damaged, left out of the tables (2; " in md and str(bad) in md
+
+
+def test_status_refuses_a_folder_that_is_not_a_results_directory(tmp_path, tree, capsys):
+    """`tacl status FOLDER` of a folder without expected.json, pretrain/, finetune/ or logs/: one line naming
+    the folder and what it expected, exit status 2, no empty table. A results directory with a damaged
+    metrics.json: the others counted, the damaged one listed."""
+    from tacl.cli import main
+
+    other = tmp_path / "elsewhere"
+    (other / "data").mkdir(parents=True)
+    assert main(["status", str(other)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == (f"tacl: error: {other}: not a results directory (it holds none of "
+                                 "expected.json, pretrain, finetune, logs); give the config's results_dir\n")
+    bad = tree / "finetune" / "tacl" / "rte" / S / "seed2" / "metrics.json"
+    bad.write_text("{")
+    assert main(["status", str(tree)]) in (0, None)
+    out = capsys.readouterr().out
+    assert f"damaged (does not parse; not done, trained again when its job runs again): {bad}" in out
+    assert re.search(r"^tacl +rte +2 *$", out, re.M), out
+
+
+def test_status_tells_a_stopped_fine_tune_job_from_a_running_one(tmp_path, monkeypatch, capsys):
+    """A fine-tuning job with seed 0 done and seed 1 begun: running or stopped, naming how it was told, from
+    the scheduler (SLURM's squeue, then sacct: TIMEOUT is the time limit; no answer: the log), from the
+    process on this host, or from the log (its stop line; older than STALE_LOG_MINUTES: stopped)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from tacl.cli import main
+    from tacl.report import status as st
+
+    setting = tmp_path / "finetune" / "tacl" / "rte" / S
+    write_run(tmp_path, "tacl", "rte", 0, "glue", {"dev": {"accuracy": 0.7}})
+    (setting / "seed1").mkdir()
+    log = tmp_path / "logs" / "finetune" / "tacl" / "rte" / f"{S}.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("INFO tacl.finetune: fine-tune step 200/900: mean loss 0.6\n")
+    (tmp_path / "expected.json").write_text(json.dumps({"version": 1, "objectives": [], "expected": [
+        {"model": "tacl", "task": "rte", "setting": S, "seed": k} for k in (0, 1)]}))
+
+    def job():
+        return st.finetune_job(setting, log)
+
+    assert job() == {"state": "running", "how": "its log was last written 0 min ago (less than 45 min: taken as "
+                                                "running)"}
+    os.utime(log, (log.stat().st_atime, log.stat().st_mtime - 3 * 3600))
+    assert job() == {"state": "stopped", "how": "its log was last written 3.0 h ago (more than 45 min: taken as "
+                                                "stopped)"}
+    with open(log, "a") as f:
+        f.write("tacl: stopped: stopped by SIGTERM at step 300/900, saved in X: running the job again resumes\n")
+    assert job()["how"] == "its log: stopped by SIGTERM at step 300/900, saved in X: running the job again resumes"
+    gone = subprocess.Popen([sys.executable, "-c", ""])
+    gone.wait()
+    for pid, state in ((os.getpid(), "running"), (gone.pid, "stopped")):
+        (setting / "job.json").write_text(json.dumps({"host": socket.gethostname(), "pid": pid}))
+        assert job()["state"] == state
+    (setting / "job.json").write_text(json.dumps({"host": "node7", "pid": 12, "slurm_job": "77"}))
+    monkeypatch.setattr(st, "slurm_job_state", lambda job_id: None)
+    monkeypatch.setattr(st, "slurm_accounting_state", lambda job_id: "TIMEOUT")
+    assert job() == {"state": "stopped", "how": "SLURM job 77, sacct: TIMEOUT, its time limit"}
+    monkeypatch.setattr(st, "slurm_job_state", lambda job_id: "RUNNING")
+    assert job() == {"state": "running", "how": "SLURM job 77, squeue: RUNNING"}
+
+    def no_squeue(job_id):
+        raise RuntimeError("squeue: [Errno 2] No such file or directory: 'squeue'")
+
+    monkeypatch.setattr(st, "slurm_job_state", no_squeue)
+    assert job()["how"].startswith("SLURM job 77: no answer (squeue: [Errno 2] No such file or directory: 'squeue'"
+                                   "); its log: stopped by SIGTERM")
+    assert main(["status", str(tmp_path)]) in (0, None)
+    text = capsys.readouterr().out
+    assert re.search(r"^tacl +rte +1/2 +0 +1 +0 *$", text, re.M), text
+    assert f"stopped: tacl/rte/{S} (SLURM job 77: no answer" in text

@@ -217,6 +217,20 @@ def slurm_job_state(job_id: str) -> str | None:
     return out.stdout.strip().splitlines()[0].strip() if out.stdout.strip() else None
 
 
+def slurm_accounting_state(job_id: str) -> str | None:
+    """sacct's state of a SLURM job, its first word (TIMEOUT, CANCELLED, FAILED, OUT_OF_MEMORY, NODE_FAIL,
+    PREEMPTED, COMPLETED, RUNNING, ...; "CANCELLED by 1000" -> CANCELLED); None when accounting knows no
+    such job. RuntimeError when sacct does not answer (no accounting on this cluster)."""
+    try:
+        out = ask(["sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", "State"], tries=1, timeout_s=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise RuntimeError(f"sacct: {e}") from e
+    if out.returncode != 0:
+        raise RuntimeError(f"sacct -j {job_id} failed ({out.returncode}): {out.stderr.strip()}")
+    lines = [line for line in out.stdout.splitlines() if line.strip()]
+    return lines[-1].split()[0] if lines else None
+
+
 def pbs_job_state(job_id: str) -> str | None:
     """PBS's job_state letter of a job (R, Q, F, ...); None when qstat no longer knows it. RuntimeError when
     qstat does not answer."""

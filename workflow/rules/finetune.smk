@@ -25,7 +25,8 @@ rule prepare_task:
 
 rule finetune:
     # every seed of one (model, task, setting), one after the other in one job (tacl.finetune.seeds: a seed
-    # done before with the same settings and start model is kept); the setting's name carries its values
+    # done before with the same settings and start model is kept, one stopped halfway goes on from its
+    # checkpoint); the setting's name carries its values
     input:
         unpack(finetune_start),
         data=f"{R}/finetune_data/{{task}}.json",
@@ -48,6 +49,7 @@ rule finetune:
         cache=operational(DATASETS_CACHE),
         device=operational(config["device"]),
         compile=operational(str(config["finetune"]["compile"]).lower()),
+        checkpoint=operational(config["finetune"]["checkpoint_minutes"]),
         family=lambda w: task_family(w.task),
         seeds=lambda w: " ".join(str(s) for s in task_seeds(w.task)),
         source=lambda w: stamp(task_source(w.task)),
@@ -63,7 +65,7 @@ rule finetune:
         "python -m tacl finetune {params.family} {params.start} --task {wildcards.task}"
         " --seeds {params.seeds} --source {params.source:q} --cache-dir {params.cache}"
         " --hparams {params.hparams:q} --precision {params.precision} --device {params.device}"
-        " --compile {params.compile}"
+        " --compile {params.compile} --checkpoint-minutes {params.checkpoint}"
         " --preset {params.preset} {params.contrastive}"
         " {params.keep} --out {params.out} --marker {output} > {log} 2>&1"
 

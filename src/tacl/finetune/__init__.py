@@ -39,6 +39,16 @@ FAMILY_HPARAMS = {
 # Beside a run's metrics.json: the settings the run was given, as the workflow passes them (tacl.reruns
 # compares them with what the config gives now).
 GIVEN = "given.json"
+# In a seed's folder while it trains: its checkpoint (tacl.finetune.resume), gone once its metrics are written
+CHECKPOINT = "checkpoint.pt"
+# In a fine-tuning job's folder (the setting's; the seed's with --seed): which job runs it, for `tacl status`
+JOB = "job.json"
+EXIT_STOPPED = 3  # the exit status of a fine-tuning job stopped after saving its checkpoint (run it again)
+
+
+class Stopped(RuntimeError):
+    """A seed's training stopped after saving its checkpoint (a signal, or the step cap of a test): the job
+    ends there, not done, and its next run resumes the seed (tacl.finetune.resume)."""
 
 
 def finetune_given(source: dict[str, Any], hparams: dict[str, Any], precision: str, preset: str) -> dict[str, Any]:

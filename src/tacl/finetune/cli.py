@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from tacl.device import DEVICES
 from tacl.finetune import PRESETS, TASKS
@@ -59,6 +60,10 @@ def register(stages: argparse._SubParsersAction) -> None:
                        help="cuda: stop at once unless a GPU is usable (the config's `device`)")
         c.add_argument("--compile", default="auto", choices=["auto", "true", "false"],
                        help="torch.compile the model (finetune.compile; auto: on a GPU)")
+        c.add_argument("--checkpoint-minutes", type=float, default=30.0,
+                       help="save the seed's state in its folder this often, and on SIGUSR1/SIGUSR2/SIGTERM "
+                            "(then stop, exit status 3); a seed with a checkpoint goes on from it "
+                            "(finetune.checkpoint_minutes)")
         if name == "glue":
             c.add_argument("--contrastive", choices=["kl", "scl"],
                            help="add a contrastive term on [CLS] (classification tasks; weight and tau in hparams)")
@@ -80,8 +85,10 @@ def _finetune(a: argparse.Namespace) -> None:
     from pathlib import Path
 
     from tacl.device import resolve_device
-    from tacl.finetune import finetune_given
+    from tacl.finetune import EXIT_STOPPED, JOB, Stopped, finetune_given
     from tacl.finetune.seeds import run_seeds, weights_fingerprint
+    from tacl.io import write_json_atomic
+    from tacl.pretrain.lock import owner_record
 
     resolve_device(a.device)  # a GPU asked for and none usable: stop before anything is written
     model, start_from = a.model, None
@@ -99,10 +106,17 @@ def _finetune(a: argparse.Namespace) -> None:
         print(json.dumps({k: result[k] for k in ("task", "seed", "dev", "wall_s")}))
         return result
 
-    if a.seeds is None:
-        run_seeds([a.seed], lambda seed: Path(a.out), given, train_one)
-    else:
-        run_seeds(a.seeds, lambda seed: Path(a.out) / f"seed{seed}", given, train_one, a.marker)
+    # (which job runs this setting's seeds, for `tacl status`: running, or stopped at its time limit)
+    write_json_atomic(Path(a.out) / JOB, owner_record())
+    try:
+        if a.seeds is None:
+            run_seeds([a.seed], lambda seed: Path(a.out), given, train_one)
+        else:
+            run_seeds(a.seeds, lambda seed: Path(a.out) / f"seed{seed}", given, train_one, a.marker)
+    except Stopped as e:
+        print(f"tacl: stopped: {e}", file=sys.stderr)
+        return EXIT_STOPPED
+    return 0
 
 
 def resolve_model(model: str) -> str:
@@ -113,21 +127,25 @@ def resolve_model(model: str) -> str:
 
 def _train(a: argparse.Namespace, model: str, start_from, source: dict, hp: dict, seed: int, out: str) -> dict:
     """One seed of the task family's fine-tune."""
+    from tacl.finetune.resume import Checkpointing
+
+    checkpointing = Checkpointing(a.checkpoint_minutes)
     if a.command == "glue":
         from tacl.finetune.sequence import finetune_glue
 
         return finetune_glue(model, a.task, source, hp, seed, out, a.precision, a.device, a.preset,
-                             a.contrastive, start_from, a.save_model, compile=_compile(a))
+                             a.contrastive, start_from, a.save_model, compile=_compile(a),
+                             checkpointing=checkpointing)
     if a.command == "squad":
         from tacl.finetune.data import SQUAD_TASKS
         from tacl.finetune.qa import finetune_squad
 
         return finetune_squad(model, SQUAD_TASKS[a.task], source, hp, seed, out, a.precision, a.device, a.preset,
-                              compile=_compile(a))
+                              compile=_compile(a), checkpointing=checkpointing)
     from tacl.finetune.ner import finetune_ner
 
     return finetune_ner(model, source["data_dir"], hp, seed, out, a.precision, a.device, a.preset,
-                        compile=_compile(a))
+                        compile=_compile(a), checkpointing=checkpointing)
 
 
 def _compile(a: argparse.Namespace) -> bool | str:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import collections
 import logging
 import random
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -43,8 +44,9 @@ import torch
 
 from tacl.device import (ThreadState, compile_failure, compiles, computes_bf16, device_info, fast_fp32_matmul,
                          resolve_device)
-from tacl.finetune import FAMILY_HPARAMS, PRESETS
-from tacl.io import InputError
+from tacl.finetune import FAMILY_HPARAMS, PRESETS, resume
+from tacl.finetune.resume import Checkpointing
+from tacl.io import InputError, stable_hash
 from tacl.objectives import in_fp32, sdpa_mask
 
 log = logging.getLogger("tacl.finetune")
@@ -181,11 +183,14 @@ def optimizer_and_schedule(model: torch.nn.Module, hp: dict[str, Any], total_ste
 
 def train(model: torch.nn.Module, rows: list[dict[str, Any]], hp: dict[str, Any], seed: int, run: Run,
           pad_id: int, extra_loss: Callable[[torch.nn.Module, dict, Any], torch.Tensor] | None = None,
-          task_weight: float = 1.0) -> dict:
+          task_weight: float = 1.0, checkpoint: Checkpointing | None = None) -> dict:
     """Train for hp["epochs"] epochs over `rows` (tokenized, unpadded); returns a short training record.
 
     The loss is task_weight * the model's own loss + `extra_loss(model, batch, outputs)` (e.g. supervised
-    TaCL for NER, a contrastive term on [CLS] for classification)."""
+    TaCL for NER, a contrastive term on [CLS] for classification). With `checkpoint` (its path in the seed's
+    folder), the seed resumes from the checkpoint there, saves every `checkpoint.minutes`, and on SIGUSR1,
+    SIGUSR2 or SIGTERM (or after `checkpoint.stop_after` steps) saves and raises `Stopped`
+    (tacl.finetune.resume)."""
     from tqdm import tqdm
 
     seed_everything(seed)
@@ -200,27 +205,70 @@ def train(model: torch.nn.Module, rows: list[dict[str, Any]], hp: dict[str, Any]
     lengths = np.array([len(r["input_ids"]) for r in rows])
     grouped = hp.get("group_by_length", False)
     positions = 0  # padded positions of the batches, for the record
-    started, step = time.time(), 0
+    started, step, first_epoch, done_in_epoch, before_s, resumed_at = time.time(), 0, 0, 0, 0.0, []
     recent: collections.deque[torch.Tensor] = collections.deque(maxlen=max(1, steps_per_epoch // 10))
     interval = torch.zeros((), device=run.device)  # the loss summed since the last log line, on the device
-    bar = tqdm(total=total, desc="fine-tune", unit=" steps", disable=not sys.stderr.isatty())
-    for epoch in range(hp["epochs"]):
-        for indices in epoch_batches(lengths, batch_size, order_rng, grouped):
-            positions += len(indices) * int(lengths[indices].max())
-            batch = to_device(pad_batch([rows[j] for j in indices], pad_id), run.device)
-            loss = train_step(model, batch, opt, sched, hp, run, extra_loss, task_weight)
-            recent.append(loss)
-            interval += loss
-            step += 1
-            if step % LOG_EVERY == 0:
-                log.info("fine-tune step %d/%d: mean loss %.4f", step, total, float(interval) / LOG_EVERY)
-                interval.zero_()
-            bar.update(1)
+    # (what the checkpoint belongs to: a checkpoint of other settings, data or seed is not resumed)
+    identity = stable_hash({"seed": seed, "steps": total, "rows": len(rows), "tokens": int(lengths.sum()),
+                            "hparams": hp})
+    state = resume.load(checkpoint.path, identity) if checkpoint else None
+    if state is not None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        step, first_epoch, done_in_epoch = state["step"], state["epoch"], state["batch"]
+        order_rng.bit_generator.state = state["order_rng"]  # (as at the start of its epoch)
+        positions, before_s, resumed_at = state["positions"], state["train_s"], state["resumed_at"] + [step]
+        recent.extend(state["recent"].to(run.device).unbind(0) if len(state["recent"]) else [])
+        interval = state["interval"].to(run.device)
+        resume.restore_rng_states(state["rng"])
+        log.info("fine-tune: resumed from %s at step %d/%d (epoch %d, batch %d of %d)", checkpoint.path, step,
+                 total, first_epoch + 1, done_in_epoch, steps_per_epoch)
+    last_save, steps_here = time.time(), 0
+    bar = tqdm(total=total, initial=step, desc="fine-tune", unit=" steps", disable=not sys.stderr.isatty())
+    with resume.stop_signals(enabled=checkpoint is not None) as signals:
+        for epoch in range(first_epoch, hp["epochs"]):
+            epoch_rng = order_rng.bit_generator.state  # (a checkpoint draws the epoch's order again from it)
+            batches = epoch_batches(lengths, batch_size, order_rng, grouped)
+            for b, indices in enumerate(batches):
+                if epoch == first_epoch and b < done_in_epoch:
+                    continue  # (done before the checkpoint)
+                positions += len(indices) * int(lengths[indices].max())
+                batch = to_device(pad_batch([rows[j] for j in indices], pad_id), run.device)
+                loss = train_step(model, batch, opt, sched, hp, run, extra_loss, task_weight)
+                recent.append(loss)
+                interval += loss
+                step += 1
+                steps_here += 1
+                if step % LOG_EVERY == 0:
+                    log.info("fine-tune step %d/%d: mean loss %.4f", step, total, float(interval) / LOG_EVERY)
+                    interval.zero_()
+                bar.update(1)
+                if checkpoint is None:
+                    continue
+                stop = signals.received[:1] or (["step cap"] if steps_here == checkpoint.stop_after else [])
+                due = checkpoint.minutes is not None and time.time() - last_save >= 60 * checkpoint.minutes
+                if stop or (due and step < total):
+                    seconds = resume.save(checkpoint.path, {
+                        "identity": identity, "step": step, "epoch": epoch, "batch": b + 1,
+                        "order_rng": epoch_rng, "model": model.state_dict(), "optimizer": opt.state_dict(),
+                        "scheduler": sched.state_dict(), "rng": resume.rng_states(), "positions": positions,
+                        "interval": interval,
+                        "recent": torch.stack(list(recent)) if recent else torch.zeros(0),
+                        "train_s": before_s + time.time() - started, "resumed_at": resumed_at})
+                    log.info("fine-tune step %d/%d: checkpoint saved (%s, %.1f s)", step, total,
+                             checkpoint.path, seconds)
+                    last_save = time.time()
+                if stop:
+                    bar.close()
+                    why = stop[0] if isinstance(stop[0], str) else signal.Signals(stop[0]).name
+                    raise resume.Stopped(f"stopped by {why} at step {step}/{total}, saved in "
+                                         f"{checkpoint.path}: running the job again resumes this seed there")
     bar.close()
     return {"steps": total, "epochs": hp["epochs"], "train_examples": len(rows), "group_by_length": grouped,
             "padding": round(1 - int(lengths.sum()) * hp["epochs"] / positions, 4) if positions else None,
             "final_loss": float(torch.stack(list(recent)).double().mean()) if recent else None,
-            "train_s": round(time.time() - started, 1)}
+            "train_s": round(before_s + time.time() - started, 1), "resumed_at": resumed_at}
 
 
 def _loss_and_backward(model: torch.nn.Module, batch: dict[str, torch.Tensor], run: Run,

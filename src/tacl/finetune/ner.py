@@ -12,6 +12,7 @@ import torch
 
 from tacl.finetune import FAMILY_HPARAMS
 from tacl.finetune.common import Run, hyperparameters, load_task_model, predict, train
+from tacl.finetune.resume import Checkpointing
 from tacl.finetune.sequence import subset
 from tacl.hub import resolve_pretrained
 from tacl.io import InputError, write_json_atomic
@@ -92,7 +93,9 @@ def entity_metrics(gold: list[list[str]], pred: list[list[str]]) -> dict[str, fl
 
 def finetune_ner(model_dir: str, data_dir: str, hparams: dict[str, Any], seed: int, out_dir: str,
                  precision: str = "auto", device: str = "auto",
-                 preset: str = "standard", compile: bool | str = "auto") -> dict[str, Any]:
+                 preset: str = "standard", compile: bool | str = "auto",
+                 checkpointing: Checkpointing | None = None) -> dict[str, Any]:
+    """One CoNLL-2003 fine-tune; `checkpointing`: checkpoints inside the seed (tacl.finetune.resume)."""
     from transformers import AutoModelForTokenClassification, AutoTokenizer, BertModel
 
     from tacl.objectives.tacl import supervised_tacl_loss
@@ -125,7 +128,8 @@ def finetune_ner(model_dir: str, data_dir: str, hparams: dict[str, Any], seed: i
             return hp["tacl_weight"] * loss
 
     record = train(model, encode(tokenizer, train_s, labels, hp["max_len"]), hp, seed, run,
-                   tokenizer.pad_token_id, extra_loss=extra)
+                   tokenizer.pad_token_id, extra_loss=extra,
+                   checkpoint=checkpointing.at(out_dir) if checkpointing else None)
     results = {}
     for split, sentences in eval_s.items():
         rows = encode(tokenizer, sentences, labels, hp["max_len"])

@@ -12,6 +12,7 @@ from typing import Any
 
 from tacl.finetune import FAMILY_HPARAMS, squad
 from tacl.finetune.common import Run, hyperparameters, load_task_model, predict, train
+from tacl.finetune.resume import Checkpointing
 from tacl.finetune.sequence import subset
 from tacl.hub import resolve_pretrained
 from tacl.io import InputError, write_json_atomic, write_text_atomic
@@ -42,7 +43,9 @@ def feature_rows(features: squad.Features, train: bool) -> list[dict[str, Any]]:
 
 def finetune_squad(model_dir: str, version: str, source: dict[str, Any], hparams: dict[str, Any], seed: int,
                    out_dir: str, precision: str = "auto", device: str = "auto",
-                   preset: str = "standard", compile: bool | str = "auto") -> dict[str, Any]:
+                   preset: str = "standard", compile: bool | str = "auto",
+                   checkpointing: Checkpointing | None = None) -> dict[str, Any]:
+    """One SQuAD fine-tune; `checkpointing`: checkpoints inside the seed (tacl.finetune.resume)."""
     from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 
     if version not in ("1.1", "2.0"):
@@ -58,7 +61,8 @@ def finetune_squad(model_dir: str, version: str, source: dict[str, Any], hparams
     model = load_task_model(AutoModelForQuestionAnswering, model_dir, seed)
     features = squad.prepare_features(train_ex, tokenizer, hp["max_len"], hp["doc_stride"], hp["max_query_len"],
                                       train=True)
-    record = train(model, feature_rows(features, True), hp, seed, run, tokenizer.pad_token_id)
+    record = train(model, feature_rows(features, True), hp, seed, run, tokenizer.pad_token_id,
+                   checkpoint=checkpointing.at(out_dir) if checkpointing else None)
 
     dev_features = squad.prepare_features(dev_ex, tokenizer, hp["max_len"], hp["doc_stride"], hp["max_query_len"],
                                           train=False)

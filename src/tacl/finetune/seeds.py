@@ -5,23 +5,35 @@ runtime request that is the sum of the seeds' work. Each seed still has its own 
 (`SETTING/seedN/`, as with one job per seed) and its own record of what it was given (given.json, written
 first; metrics.json, written last). A seed whose metrics.json exists and whose given.json equals what it
 would be given now (the same settings and the same start model's weights) is kept, not trained again: a job
-killed after its first seeds and run again trains only the missing ones. At the end the job writes its
-marker, the rule's output, listing every seed's metrics.json and its hash.
+killed after its first seeds and run again trains only the missing ones, and the seed it was killed in goes
+on from its checkpoint (tacl.finetune.resume). At the end the job writes its marker, the rule's output,
+listing every seed's metrics.json and its hash.
+
+A seed is kept only if its files read back: after a seed has trained, its result files (metrics.json, the
+submission files, SQuAD's predictions, a kept model) are checked to parse where they are JSON and recorded
+with their sha256 in RESULT_FILES; a later job keeps the seed only if every recorded file is there with
+that hash (a seed finished before the record existed: if its JSON files parse, and the record is written
+then). Anything else trains the seed again, after one log line saying why; the marker never names a file
+that does not parse.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from tacl.finetune import GIVEN
+from tacl.finetune import CHECKPOINT, GIVEN, JOB, Stopped
 from tacl.io import InputError, read_json, sha256_file, write_json_atomic
 
 log = logging.getLogger("tacl.finetune")
 WEIGHTS = ("*.safetensors", "*.bin")
+METRICS = "metrics.json"
+# Beside a finished seed's metrics.json: its result files and their sha256, written once they read back.
+RESULT_FILES = "results.json"
 
 
 def weights_fingerprint(model_dir: str | Path) -> str:
@@ -41,31 +53,113 @@ def weights_fingerprint(model_dir: str | Path) -> str:
     return h.hexdigest()[:32]
 
 
+def result_files(out: Path) -> list[Path]:
+    """A seed's result files: everything in its folder but its records (given.json, RESULT_FILES, the job's
+    JOB with --seed), its checkpoint and what is hidden (a file being written, tacl.io.atomic_path)."""
+    keep = []
+    for path in sorted(out.rglob("*")):
+        parts = path.relative_to(out).parts
+        hidden = any(p.startswith(".") for p in parts)
+        if path.is_file() and not hidden and parts not in ((GIVEN,), (RESULT_FILES,), (JOB,), (CHECKPOINT,)):
+            keep.append(path)
+    return keep
+
+
+def unreadable(out: Path) -> str | None:
+    """What is wrong with a seed's result files as they are (None: nothing): metrics.json missing or not a
+    JSON object, or another JSON file among them that does not parse."""
+    if not (out / METRICS).is_file():
+        return f"no {METRICS}"
+    for path in [out / METRICS] + [p for p in result_files(out) if p.suffix == ".json" and p.name != METRICS]:
+        try:
+            value = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            return f"{path.relative_to(out)} is damaged (not valid JSON: {e})"
+        if path.name == METRICS and not isinstance(value, dict):
+            return f"{METRICS} is damaged (not a JSON object)"
+    return None
+
+
+def record_results(out: Path) -> None:
+    """Write RESULT_FILES: each result file (relative to the seed's folder) with its sha256."""
+    write_json_atomic(out / RESULT_FILES, {"files": {str(p.relative_to(out)): sha256_file(p)
+                                                     for p in result_files(out)}})
+
+
+def given_before(out: Path) -> Any:
+    """What the seed in `out` was given (its given.json), or None (not there, or it does not parse)."""
+    try:
+        return json.loads((out / GIVEN).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+
+
+def why_not_done(out: Path, given: dict[str, Any]) -> str | None:
+    """None when the seed in `out` is done with `given` (settings and start model) and its files read back as
+    recorded; otherwise why it is trained (again), for one log line."""
+    if not (out / GIVEN).is_file():
+        return "not begun"
+    if given_before(out) != given:
+        return f"{GIVEN} differs from what it is given now (other settings or another start model)"
+    problem = unreadable(out)
+    if problem is not None:
+        return problem
+    if not (out / RESULT_FILES).is_file():
+        return None  # (finished before its files were recorded, or just before: they read back, recorded now)
+    try:
+        recorded = json.loads((out / RESULT_FILES).read_text(encoding="utf-8"))["files"]
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
+        return f"{RESULT_FILES} is damaged"
+    for name, digest in recorded.items():
+        if not (out / name).is_file():
+            return f"{name} is missing (recorded in {RESULT_FILES})"
+        if sha256_file(out / name) != digest:
+            return f"{name} differs from what {RESULT_FILES} recorded (sha256)"
+    return None
+
+
 def seed_done(out: Path, given: dict[str, Any]) -> bool:
-    return (out / "metrics.json").is_file() and (out / GIVEN).is_file() and read_json(out / GIVEN) == given
+    return why_not_done(out, given) is None
 
 
 def run_seeds(seeds: list[int], run_dir: Callable[[int], Path], given: dict[str, Any],
               train_one: Callable[[int, Path], dict[str, Any]], marker: str | None = None) -> dict[str, Any]:
-    """Train every seed not done before (one after the other), then write the marker. A seed that fails
-    does not stop the others; the job then fails naming them (their finished siblings stay done). Bad input
-    (InputError) stops at once: it would fail every seed."""
+    """Train every seed not done before (`why_not_done`; one after the other; a seed stopped halfway resumes
+    from its checkpoint, tacl.finetune.resume), then write the marker. A seed that fails does not stop the
+    others; the job then fails naming them (their finished siblings stay done). Bad input (InputError) stops
+    at once: it would fail every seed; so does a stop (`Stopped`: the job's time is up)."""
     runs, failed = [], []
     for seed in seeds:
         out = run_dir(seed)
-        if seed_done(out, given):
+        why = why_not_done(out, given)
+        if why is None:
             log.info("seed %d: done before with these settings and this start model (%s), kept", seed, out)
         else:
+            if why == f"no {METRICS}" and (out / CHECKPOINT).is_file():
+                log.info("seed %d (%s): not finished; goes on from its checkpoint", seed, out)
+            elif why != "not begun":
+                log.warning("seed %d (%s): %s; trained again", seed, out, why)
+            # (the old result and its record go first: a seed is never done by a metrics.json of other
+            # settings, or by one that does not parse, should this training fail; a checkpoint only
+            # serves the settings and start model it was saved with)
+            for name in (RESULT_FILES, METRICS) + ((CHECKPOINT,) if given_before(out) != given else ()):
+                (out / name).unlink(missing_ok=True)
             write_json_atomic(out / GIVEN, given)
             try:
                 train_one(seed, out)
-            except InputError:
+                problem = unreadable(out)
+                if problem is not None:
+                    raise RuntimeError(f"{out}: {problem}, just after training")
+            except (InputError, Stopped):
                 raise
             except Exception:  # noqa: BLE001 (reported, and the job fails at the end)
                 log.error("seed %d failed:\n%s", seed, traceback.format_exc())
                 failed.append(seed)
                 continue
-        runs.append(str(out / "metrics.json"))
+        if not (out / RESULT_FILES).is_file():
+            record_results(out)
+        (out / CHECKPOINT).unlink(missing_ok=True)  # (the seed is done: its checkpoint serves nothing more)
+        runs.append(str(out / METRICS))
     if failed:
         raise RuntimeError(f"fine-tuning seed(s) {failed} failed (see above); the {len(runs)} other seed(s) are "
                            "kept, and running the job again trains only the failed ones")

@@ -13,6 +13,7 @@ from tacl.finetune import glue
 from tacl.finetune.common import DEFAULT_HPARAMS, Run, hyperparameters, load_task_model, predict, train
 from tacl.finetune.contrastive import DEFAULTS as CONTRASTIVE_DEFAULTS
 from tacl.finetune.contrastive import FORMS, contrastive_loss
+from tacl.finetune.resume import Checkpointing
 from tacl.hub import resolve_pretrained
 from tacl.io import InputError, atomic_path, write_json_atomic
 
@@ -54,10 +55,12 @@ def encode(tokenizer: Any, task: str, examples: list[glue.Example], max_len: int
 def finetune_glue(model_dir: str, task: str, source: dict[str, Any], hparams: dict[str, Any], seed: int,
                   out_dir: str, precision: str = "auto", device: str = "auto",
                   preset: str = "standard", contrastive: str | None = None, start_from: str | None = None,
-                  save_model: bool = False, compile: bool | str = "auto") -> dict[str, Any]:
+                  save_model: bool = False, compile: bool | str = "auto",
+                  checkpointing: Checkpointing | None = None) -> dict[str, Any]:
     """One fine-tune. `start_from` names where `model_dir` came from (another task's fine-tune,
     TASK:SETTING/seedN; recorded); `save_model` keeps the fine-tuned encoder, without its task head, in
-    OUT/model, so that another task can start from it."""
+    OUT/model, so that another task can start from it; `checkpointing`: checkpoints inside the seed
+    (tacl.finetune.resume)."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     if task not in glue.TASKS:
@@ -93,7 +96,8 @@ def finetune_glue(model_dir: str, task: str, source: dict[str, Any], hparams: di
                                                                batch["labels"], hp["contrastive_tau"])
 
     record = train(model, encode(tokenizer, task, train_ex, hp["max_len"]), hp, seed, run, tokenizer.pad_token_id,
-                   extra_loss=extra, task_weight=weight)
+                   extra_loss=extra, task_weight=weight,
+                   checkpoint=checkpointing.at(out_dir) if checkpointing else None)
 
     def predictions(examples: list[glue.Example]) -> np.ndarray:
         (logits,) = predict(model, encode(tokenizer, task, examples, hp["max_len"]), run, tokenizer.pad_token_id,

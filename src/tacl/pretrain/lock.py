@@ -24,7 +24,8 @@ log = logging.getLogger("tacl.pretrain")
 SCHEDULERS = (("slurm", "SLURM_JOB_ID", "slurm_job"), ("pbs", "PBS_JOBID", "pbs_job"))
 
 
-def _owner() -> dict:
+def owner_record() -> dict:
+    """Who this process is: host, pid, since when, and its SLURM or PBS job (None outside one)."""
     owner = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.strftime("%Y-%m-%dT%H:%M:%S")}
     for _, variable, key in SCHEDULERS:
         owner[key] = os.environ.get(variable)
@@ -114,7 +115,7 @@ class RunLock:
                     "really gone, delete the file"
                 ) from None
             with os.fdopen(fd, "w") as f:
-                json.dump(_owner(), f)
+                json.dump(owner_record(), f)
             self.held = True
             return self
         raise InputError(f"{self.path}: could not take the lock")

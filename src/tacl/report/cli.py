@@ -42,8 +42,9 @@ def _report(a: argparse.Namespace) -> None:
         from tacl.report.expected import report_now
 
         result = report_now(a.results_dir)
-        print(f"tables from {result['runs']} finished fine-tunes ({len(result['missing'])} missing) in "
-              f"{a.results_dir}/report: report.md, report.html", file=sys.stderr)
+        damaged = f", {len(result['damaged'])} damaged files left out" if result["damaged"] else ""
+        print(f"tables from {result['runs']} finished fine-tunes ({len(result['missing'])} missing{damaged}) "
+              f"in {a.results_dir}/report: report.md, report.html", file=sys.stderr)
     else:
         if not (a.results and a.models and a.out):
             a.parser.error("give RESULTS_DIR, or --results, --models and --out")

@@ -9,8 +9,18 @@ no scheduler and no Snakemake for it).
   another host, which only its scheduler can tell about), waiting (not done, no LOCK: the next chunk is
   queued, or no Snakemake runs).
 - Fine-tunes, per model and task, against the runs (seeds) the config asks for (RESULTS_DIR/expected.json):
-  done (the seed's metrics.json), failed (its job's log, one per setting, holds an error), started (begun,
-  no result and no error: running, or killed), missing (not begun); the failed jobs' logs.
+  done (the seed's metrics.json, read back), failed (its job's log, one per setting, holds an error), started
+  (begun, no result and no error: running, or killed), missing (not begun); the failed jobs' logs, and the
+  metrics.json files that do not parse (damaged: not done; the next run of the job trains that seed again).
+- Fine-tuning jobs with a seed begun and not finished (its settings' job, one per setting): running,
+  waiting (queued again) or stopped (its time limit, killed, ended otherwise), each naming how it was
+  told (`finetune_job`): from the scheduler when the job's job.json names a SLURM or PBS job and the
+  scheduler answers (squeue, then sacct's state: TIMEOUT is the time limit; qstat -x: a finished job whose
+  walltime used reached its limit), from the process when it ran on this host without a scheduler,
+  otherwise from its log: its own line when it stopped at a signal, else, not written for
+  STALE_LOG_MINUTES, it is taken as stopped (a running fine-tune writes a line every 200 steps and at
+  every checkpoint, finetune.checkpoint_minutes, 30 by default). A stopped job's seed goes on from its
+  checkpoint when the job runs again.
 - Hours of the finished jobs, from the Snakemake benchmark files (wall seconds `s`): all jobs, and GPU-hours,
   each job's seconds times the GPUs it had (a chunk: its ranks when it ran on GPUs, as its marker says; a
   fine-tuning job: one when its seeds' metrics.json say they ran on a GPU; a similarity job: one when the
@@ -19,18 +29,29 @@ no scheduler and no Snakemake for it).
 
 from __future__ import annotations
 
+import json
 import socket
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from tacl.finetune import JOB
 from tacl.io import InputError, read_json
 from tacl.pretrain.lock import alive_here, lock_owner
 from tacl.pretrain.metrics import read_lines
 from tacl.report.expected import read_expected
+from tacl.scheduler import (PBS_ALIVE, SLURM_ALIVE, parse_walltime, qstat_job, slurm_accounting_state,
+                            slurm_job_state)
 
 ERROR_MARKS = ("Traceback (most recent call last)", "tacl: error:")
+STOPPED_MARK = "tacl: stopped:"  # a fine-tuning job's line: it saved its seed's checkpoint at a signal
+# What makes a folder a results directory: the workflow's expected.json (written whenever Snakemake starts
+# jobs there), or a stage's folder (a results directory of a version before expected.json)
+RESULTS_MARKS = ("expected.json", "pretrain", "finetune", "logs")
+STALE_LOG_MINUTES = 45  # a fine-tuning job whose log is older than this, with no other word on it, is stopped
 
 
 def default_results_dir(config: str | Path = "config.yaml") -> str:
@@ -103,18 +124,112 @@ def pretrain_status(results_dir: Path, objective: str) -> dict[str, Any]:
             "checkpoint": latest.read_text().strip() if latest.is_file() else None}
 
 
-def _failed(log: Path) -> bool:
+def _tail(log: Path) -> str:
     with open(log, "rb") as f:
         f.seek(max(0, log.stat().st_size - 200000))
-        tail = f.read().decode("utf-8", "replace")
+        return f.read().decode("utf-8", "replace")
+
+
+def _failed(log: Path) -> bool:
+    tail = _tail(log)
     return any(mark in tail for mark in ERROR_MARKS)
 
 
-def finetune_status(results_dir: Path, expected: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+def _metrics(path: Path) -> dict[str, Any] | None:
+    """A seed's metrics.json, or None when it is not there or does not parse (a damaged one)."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _ago(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min ago" if seconds < 5400 else f"{seconds / 3600:.1f} h ago"
+
+
+def _slurm_job(job: str) -> tuple[str, str]:
+    state = slurm_job_state(job)
+    if state in SLURM_ALIVE:
+        return "running", f"SLURM job {job}, squeue: {state}"
+    if state is not None:
+        return "waiting", f"SLURM job {job}, squeue: {state}"
+    ended = slurm_accounting_state(job)
+    if ended is None:
+        return "stopped", f"SLURM job {job}: neither squeue nor sacct knows it"
+    what = {"TIMEOUT": "its time limit", "CANCELLED": "killed (scancel)", "PREEMPTED": "preempted",
+            "NODE_FAIL": "its node failed", "OUT_OF_MEMORY": "out of memory"}.get(ended, "ended")
+    return ("running" if ended == "RUNNING" else "stopped"), f"SLURM job {job}, sacct: {ended}, {what}"
+
+
+def _pbs_job(job: str) -> tuple[str, str]:
+    try:
+        record = qstat_job(job, history=True)
+    except (OSError, ValueError, subprocess.TimeoutExpired) as e:
+        raise RuntimeError(f"qstat: {e}") from e
+    if record is None:
+        return "stopped", f"PBS job {job}: qstat no longer knows it"
+    state = str(record.get("job_state", "")).strip()
+    if state in PBS_ALIVE:
+        return "running", f"PBS job {job}, qstat: job_state {state}"
+    if state not in ("F", "X"):
+        return "waiting", f"PBS job {job}, qstat: job_state {state}"
+    used = record.get("resources_used", {}).get("walltime")
+    limit = record.get("Resource_List", {}).get("walltime")
+    try:
+        at_limit = used is not None and limit is not None and \
+            parse_walltime(used) >= parse_walltime(limit) - 60
+    except ValueError:
+        at_limit = False
+    what = f"walltime {used} of {limit}, its time limit" if at_limit else \
+        f"Exit_status {record.get('Exit_status')}"
+    return "stopped", f"PBS job {job}, qstat -x: finished, {what}"
+
+
+def finetune_job(setting_dir: Path, log: Path, now: float | None = None) -> dict[str, str]:
+    """Whether a fine-tuning job with a seed begun and not finished runs: {state: running | waiting | stopped,
+    how: the evidence, named}. From the scheduler when the job's JOB record names a SLURM or PBS job and the
+    scheduler answers; from the process when it ran on this host outside one; else from its log: the line of
+    a job that stopped at a signal (STOPPED_MARK), or its age (older than STALE_LOG_MINUTES: stopped)."""
+    try:
+        owner = json.loads((setting_dir / JOB).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        owner = {}
+    owner = owner if isinstance(owner, dict) else {}
+    unanswered = ""
+    for key, ask in (("slurm_job", _slurm_job), ("pbs_job", _pbs_job)):
+        if owner.get(key):
+            try:
+                state, how = ask(str(owner[key]))
+                return {"state": state, "how": how}
+            except RuntimeError as e:
+                unanswered = f"{key.split('_')[0].upper()} job {owner[key]}: no answer ({e}); "
+            break
+    if not unanswered and owner.get("pid"):
+        alive = alive_here(owner)
+        if alive is not None:
+            return {"state": "running" if alive else "stopped",
+                    "how": f"process {owner['pid']} on this host {'runs' if alive else 'is gone'}"}
+    if not log.is_file():
+        return {"state": "stopped", "how": unanswered + "no log"}
+    said = [line for line in _tail(log).splitlines() if line.startswith(STOPPED_MARK)]
+    if said:
+        return {"state": "stopped", "how": unanswered + f"its log: {said[-1][len(STOPPED_MARK):].strip()}"}
+    age = (time.time() if now is None else now) - log.stat().st_mtime
+    stale = age > 60 * STALE_LOG_MINUTES
+    return {"state": "stopped" if stale else "running",
+            "how": unanswered + f"its log was last written {_ago(age)} ({'more' if stale else 'less'} than "
+                                f"{STALE_LOG_MINUTES} min: taken as {'stopped' if stale else 'running'})"}
+
+
+def finetune_status(results_dir: Path, expected: list[dict[str, Any]], damaged: list[str] | None = None,
+                    jobs: list[dict[str, str]] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
     """Per (model, task): done, failed, started, missing of the expected runs (seeds); and the logs of the jobs
-    (one per setting, its seeds one after the other) that failed."""
+    (one per setting, its seeds one after the other) that failed. A metrics.json that does not parse counts
+    as not done and goes into `damaged`; each job with a seed started goes into `jobs` (`finetune_job`)."""
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     failed_logs: list[str] = []
+    started: dict[str, tuple[Path, Path]] = {}
     for e in expected:
         row = rows.setdefault((e["model"], e["task"]), {"model": e["model"], "task": e["task"], "expected": 0,
                                                          "done": 0, "failed": 0, "started": 0, "missing": 0})
@@ -122,23 +237,34 @@ def finetune_status(results_dir: Path, expected: list[dict[str, Any]]) -> tuple[
         setting = f"{e['model']}/{e['task']}/{e['setting']}"
         run = results_dir / "finetune" / setting / f"seed{e['seed']}"
         log = results_dir / "logs" / "finetune" / f"{setting}.log"
-        if (run / "metrics.json").is_file():
+        if (run / "metrics.json").is_file() and _metrics(run / "metrics.json") is not None:
             row["done"] += 1
-        elif log.is_file() and _failed(log):
+            continue
+        if (run / "metrics.json").is_file() and damaged is not None:
+            damaged.append(str(run / "metrics.json"))
+        if log.is_file() and _failed(log):
             row["failed"] += 1
             if str(log) not in failed_logs:
                 failed_logs.append(str(log))
         elif log.is_file() or run.is_dir():
             row["started"] += 1
+            started.setdefault(setting, (run.parent, log))
         else:
             row["missing"] += 1
+    if jobs is not None:
+        jobs.extend({"job": name, **finetune_job(folder, log)} for name, (folder, log) in started.items())
     return list(rows.values()), failed_logs
 
 
-def finished_runs(results_dir: Path) -> list[dict[str, Any]]:
-    """Without expected.json: the finished fine-tunes found, per (model, task)."""
+def finished_runs(results_dir: Path, damaged: list[str] | None = None) -> list[dict[str, Any]]:
+    """Without expected.json: the finished fine-tunes found, per (model, task) (a metrics.json that does not
+    parse goes into `damaged`)."""
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     for path in sorted((results_dir / "finetune").glob("*/*/*/seed*/metrics.json")):
+        if _metrics(path) is None:
+            if damaged is not None:
+                damaged.append(str(path))
+            continue
         model, task = path.parents[3].name, path.parents[2].name
         rows.setdefault((model, task), {"model": model, "task": task, "done": 0})["done"] += 1
     return list(rows.values())
@@ -169,7 +295,7 @@ def hours(results_dir: Path) -> dict[str, Any]:
             gpu_jobs.append((seconds, m.get("world_size", 1) if _ran_on_gpu(m.get("device")) else 0))
         elif part.parts[0] == "finetune":  # (finetune/M/T/SETTING.tsv: the job of every seed of a setting)
             seeds = (results_dir / part.parent / part.stem).glob("seed*/metrics.json")
-            on_gpu = any(_ran_on_gpu(read_json(m).get("device")) for m in seeds)
+            on_gpu = any(_ran_on_gpu((_metrics(m) or {}).get("device")) for m in seeds)
             gpu_jobs.append((seconds, 1 if on_gpu else 0))
         elif part.parts[0] == "analysis" and part.name.startswith("similarity-"):
             pending.append(seconds)
@@ -182,6 +308,9 @@ def status(results_dir: str | Path) -> dict[str, Any]:
     root = Path(results_dir)
     if not root.is_dir():
         raise InputError(f"{root}: no such results directory")
+    if not any((root / mark).exists() for mark in RESULTS_MARKS):
+        raise InputError(f"{root}: not a results directory (it holds none of {', '.join(RESULTS_MARKS)}); "
+                         "give the config's results_dir")
     wanted = read_expected(root)
     if wanted is not None:
         objectives = [o for o in wanted["objectives"] if o != "none"]
@@ -189,10 +318,13 @@ def status(results_dir: str | Path) -> dict[str, Any]:
         objectives = sorted(p.name for p in (root / "pretrain").glob("*") if p.is_dir())
     out: dict[str, Any] = {"results_dir": str(root), "host": socket.gethostname(), "expected_known": wanted is not None,
                            "pretrain": [pretrain_status(root, o) for o in objectives]}
+    damaged: list[str] = []
+    jobs: list[dict[str, str]] = []
     if wanted is not None:
-        out["finetune"], out["failed_logs"] = finetune_status(root, wanted["expected"])
+        out["finetune"], out["failed_logs"] = finetune_status(root, wanted["expected"], damaged, jobs)
     else:
-        out["finetune"], out["failed_logs"] = finished_runs(root), []
+        out["finetune"], out["failed_logs"] = finished_runs(root, damaged), []
+    out["damaged"], out["finetune_jobs"] = damaged, jobs
     out["hours"] = hours(root)
     return out
 
@@ -221,13 +353,19 @@ def format_status(s: dict[str, Any]) -> str:
         out += [tabulate(rows, ["fine-tuning", "task", "done", "failed", "started", "missing"], tablefmt="simple",
                          disable_numparse=True), ""]
         out += [f"failed: {log}" for log in s["failed_logs"]] + ([""] if s["failed_logs"] else [])
+        jobs = s.get("finetune_jobs", [])
+        out += [f"{j['state']}: {j['job']} ({j['how']})" for j in jobs] + ([""] if jobs else [])
     elif s["finetune"]:
         rows = [[f["model"], f["task"], f["done"]] for f in s["finetune"]]
         out += [tabulate(rows, ["fine-tuning", "task", "done"], tablefmt="simple", disable_numparse=True),
                 "(no expected.json: the runs still missing are unknown until snakemake has run here)", ""]
+    damaged = s.get("damaged", [])
+    out += [f"damaged (does not parse; not done, trained again when its job runs again): {path}"
+            for path in damaged] + ([""] if damaged else [])
     h = s["hours"]
     out.append(f"finished jobs ({h['benchmark_files']} benchmark files): {h['gpu_hours']:.2f} GPU-hours, "
                f"{h['job_hours']:.2f} job-hours")
     out.append("time left: at the latest chunk's speed, not counting queue waits and chunk start-ups; started: "
-               "begun, without a result or an error (running, or killed)")
+               "begun, without a result or an error (its job running, or stopped: listed above, each saying "
+               "how it was told; a stopped seed goes on from its checkpoint when its job runs again)")
     return "\n".join(out) + "\n"

@@ -9,11 +9,16 @@ numbers, and never derived for a row whose metrics are unknown; SQuAD 2.0's head
 threshold 0 (what the paper reports), the dev-tuned threshold's scores have their own columns. Every table
 says which fine-tuning preset the runs used, and `differences` says which objective beats which beyond
 seed noise. The CSV files hold no path or time, so the same runs give the same bytes.
+
+A result file that does not parse (a metrics.json cut short, an analysis JSON overwritten) is named in one
+log line and left out (`read_result`): the tables are built from the rest, and report.md lists it beside
+the missing runs.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 from importlib import resources
 from pathlib import Path
@@ -26,6 +31,8 @@ from tacl.io import write_text_atomic
 from tacl.objectives.registry import REGISTRY
 from tacl.report.curves import write_curves
 from tacl.report.document import Document, markdown, save_png, table_text
+
+log = logging.getLogger("tacl.report")
 
 # (column label, task, split, metrics shown) of the GLUE dev table; GLUE scores are fractions, shown x100
 GLUE_COLUMNS = [
@@ -79,12 +86,32 @@ def reference_numbers() -> pd.DataFrame:
 LONG_COLUMNS = ["model", "task", "setting", "family", "preset", "start", "seed", "split", "metric", "value"]
 
 
-def collect(results_dir: str | Path) -> pd.DataFrame:
+def read_result(path: str | Path, damaged: list[str] | None = None, keys: tuple[str, ...] = ()) -> Any | None:
+    """A result file's JSON; None when it does not parse or is not an object with `keys`: then one log line
+    names it, and it goes into `damaged` (the report is built from the rest)."""
+    try:
+        value = json.loads(Path(path).read_text(encoding="utf-8"))
+        problem = None if isinstance(value, dict) and all(k in value for k in keys) else \
+            f"not a JSON object with {', '.join(keys)}" if keys else "not a JSON object"
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        problem = f"not valid JSON ({e})"
+    if problem is None:
+        return value
+    log.warning("%s: damaged, %s; left out of the report", path, problem)
+    if damaged is not None:
+        damaged.append(str(path))
+    return None
+
+
+def collect(results_dir: str | Path, damaged: list[str] | None = None) -> pd.DataFrame:
     """Long table of every finished run (finetune/MODEL/TASK/SETTING/seedN/metrics.json): model, task,
-    setting, family, preset, start (the task it started from, or ""), seed, split, metric, value (percent)."""
+    setting, family, preset, start (the task it started from, or ""), seed, split, metric, value (percent).
+    A metrics.json that does not read back is left out and named in `damaged` (`read_result`)."""
     rows = []
     for path in sorted(Path(results_dir, "finetune").glob("*/*/*/seed*/metrics.json")):
-        m = json.loads(path.read_text())
+        m = read_result(path, damaged, ("task", "family", "seed"))
+        if m is None:
+            continue
         run = {"model": path.parents[3].name, "task": m["task"], "setting": path.parents[1].name,
                "family": m["family"], "preset": m.get("preset", "standard"),
                "start": (m.get("start_from") or "").split(":")[0], "seed": m["seed"]}
@@ -133,12 +160,13 @@ def sweep_table(long: pd.DataFrame, chosen: dict[tuple[str, str], dict[str, Any]
     return pd.DataFrame(rows, columns=["model", "task", "setting", "dev", "mean ± std", "seeds", "selected"])
 
 
-def baselines(results_dir: str | Path, tasks: list[str]) -> dict[str, dict[str, Any]]:
+def baselines(results_dir: str | Path, tasks: list[str],
+              damaged: list[str] | None = None) -> dict[str, dict[str, Any]]:
     """task -> chance as `tacl finetune prepare` scored it from the task's own files (finetune_data)."""
     out = {}
     for task in tasks:
         path = Path(results_dir, "finetune_data", f"{task}.json")
-        record = json.loads(path.read_text()) if path.is_file() else {}
+        record = (read_result(path, damaged) or {}) if path.is_file() else {}
         if record.get("baseline"):
             out[task] = record["baseline"]
     return out
@@ -448,12 +476,15 @@ def build_report(results_dir: str, models: list[str], tasks: list[str], expected
     """Every table and plot for the configured models and tasks, report.md and report.html; returns the runs
     found and missing. `name`: how the report's title names the results (default: results_dir)."""
     out = Path(out_dir)
-    every = collect(results_dir)
+    damaged: list[str] = []  # result files that do not read back: named, left out
+    every = collect(results_dir, damaged)
     chosen = selections(every)
     long = selected(every, chosen)  # the headline tables and the differences: the selected settings
     summary = summarise(long)
     refs = reference_numbers()
-    chance = baselines(results_dir, tasks)
+    chance = baselines(results_dir, tasks, damaged)
+    similarity = [p for p in similarity if read_result(p, damaged, ("model",)) is not None]
+    embeddings = [p for p in embeddings or [] if read_result(p, damaged, ("model",)) is not None]
     write_text_atomic(out / "runs.csv", every.to_csv(index=False))
     write_text_atomic(out / "summary.csv", summary.to_csv(index=False))
     glue_tasks = [t for t in tasks if t in {c[1] for c in GLUE_COLUMNS}]
@@ -544,6 +575,10 @@ def build_report(results_dir: str, models: list[str], tasks: list[str], expected
     doc.table(status)
     if missing:
         doc.paragraph(f"Missing or failed ({len(missing)}): " + ", ".join(missing))
+    if damaged:
+        doc.paragraph(f"Damaged, left out of the tables ({len(damaged)}; the job that made one, run again, "
+                      "e.g. with `--forcerun finetune`, keeps its intact seeds and trains that one again): "
+                      + ", ".join(damaged))
     for stem, df in tables.items():
         write_table(df, out / stem)
     if not embeddings_enabled:
@@ -553,7 +588,7 @@ def build_report(results_dir: str, models: list[str], tasks: list[str], expected
     write_text_atomic(out / "report.md", doc.markdown())
     write_text_atomic(out / "report.html", doc.html())
     return {"runs": int(long[["model", "task", "seed"]].drop_duplicates().shape[0]) if not long.empty else 0,
-            "missing": missing}
+            "missing": missing, "damaged": damaged}
 
 
 CURVES_CAPTION = ("Each pretraining run's loss terms (left axis; `loss` is the total it trained on) and learning "

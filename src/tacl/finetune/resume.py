@@ -1,0 +1,114 @@
+"""A checkpoint inside one fine-tuning seed, so that a long fine-tune killed at its time limit goes on where
+it stopped instead of starting the seed again.
+
+`train` (tacl.finetune.common) saves the seed's whole state into its folder (CHECKPOINT, one file, written
+atomically, one kept) every `finetune.checkpoint_minutes`, and at once when SIGUSR1, SIGUSR2 or SIGTERM
+arrives (SLURM's and PBS's warning before the time limit; saved at the next step boundary, then the job stops
+with `Stopped`, exit status EXIT_STOPPED, 3). The state is everything the rest of the seed depends on: model,
+optimizer and LR schedule, the step, the epoch and the position in its batch order (the order generator's
+state at the epoch's start: the resumed job draws the same order and skips the batches done), every RNG
+(Python, NumPy, torch, CUDA: dropout goes on as it would have), and what the training record sums (the recent
+losses, the padding counted). A seed resumed from it ends with the uninterrupted seed's weights and metrics,
+bit for bit on the CPU. The checkpoint names the fine-tune it belongs to (seed, steps, rows, hyperparameters):
+one of another fine-tune is not resumed. The seed's folder loses it once its metrics are written
+(tacl.finetune.seeds).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import signal
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from tacl.finetune import CHECKPOINT, Stopped  # noqa: F401 (Stopped: raised by train, named here)
+from tacl.io import atomic_path
+from tacl.pretrain.deadline import StopSignals
+
+log = logging.getLogger("tacl.finetune")
+
+@dataclass
+class Checkpointing:
+    """How `train` checkpoints inside a seed: every `minutes` (None: only when stopped), and, for tests, a
+    stop after `stop_after` steps of this process, as a signal would. `path` is the seed's checkpoint."""
+
+    minutes: float | None = 30.0
+    stop_after: int | None = None
+    path: Path | None = None
+
+    def at(self, seed_dir: str | Path) -> "Checkpointing":
+        return replace(self, path=Path(seed_dir) / CHECKPOINT)
+
+
+def rng_states() -> dict[str, Any]:
+    """Every RNG's state, in types torch.load(weights_only=True) reads back."""
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {"python": random.getstate(), "numpy": [name, keys.tolist(), pos, has_gauss, gauss],
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+
+def restore_rng_states(states: dict[str, Any]) -> None:
+    random.setstate(states["python"])
+    name, keys, *rest = states["numpy"]
+    np.random.set_state((name, np.array(keys, dtype=np.uint32), *rest))
+    torch.set_rng_state(states["torch"])
+    if states["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def save(path: Path, state: dict[str, Any]) -> float:
+    """Write the checkpoint atomically (the one before stays whole until the new one is complete); returns
+    the seconds it took."""
+    started = time.time()
+    with atomic_path(path) as tmp:
+        torch.save(state, tmp)
+    return time.time() - started
+
+
+def load(path: Path | None, identity: str) -> dict[str, Any] | None:
+    """The seed's checkpoint, if there is one of this fine-tune (`identity`); None otherwise, saying why when
+    there is a file that is not resumed. Read onto the CPU (the RNG states must be there; model and
+    optimizer state go to the device as they load)."""
+    if path is None or not path.is_file():
+        return None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 (one that does not load is not resumed, whatever the cause)
+        log.warning("%s: does not load (%s); this seed trains from the start", path, e)
+        return None
+    if not isinstance(state, dict) or state.get("identity") != identity:
+        log.warning("%s: a checkpoint of another fine-tune (other settings, data or seed); not resumed, this "
+                    "seed trains from the start", path)
+        return None
+    return state
+
+
+@contextlib.contextmanager
+def stop_signals(enabled: bool = True) -> Iterator[StopSignals]:
+    """SIGUSR1, SIGUSR2 and SIGTERM set a flag (tacl.pretrain.deadline.StopSignals) while the block runs, and
+    are handled as before afterwards; not `enabled` (nothing to save: a fine-tune without checkpoints), or
+    outside the main thread (where no handler can be set), nothing changes."""
+    signals = StopSignals()
+    wanted = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
+    if not enabled:
+        yield signals
+        return
+    try:
+        before = {sig: signal.getsignal(sig) for sig in wanted}
+        signals.install()
+    except ValueError:  # (not the main thread)
+        yield signals
+        return
+    try:
+        yield signals
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
