@@ -165,6 +165,9 @@ def test_plan_errors_name_each_key(tmp_path):
             {"pretrain.packing": True},
         "finetune.hparams.tasks.qnli.group_by_length: 'yes' is not true or false":
             {"finetune.hparams.tasks": {"qnli": {"group_by_length": "yes"}}},
+        # a user who lists only the GPU they have, leaving plan.gpu at its default
+        "plan.gpu: 'a100' is not in plan.gpus (h200); name one of them":
+            {"plan.gpus": {"h200": {"name": "H200", "peak_tflops": 989, "pretrain_mfu": 0.24, "finetune_mfu": 0.015}}},
     }
     for expected, overrides in cases.items():
         found = plan_errors_of(demo_config(tmp_path, **overrides))

@@ -143,6 +143,10 @@ def plan_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
     problem, naming the key. The Snakefile raises these before anything runs (dry runs included); the jobs
     keep their own checks as a second line."""
     problems = finetune_errors(config, schema)
+    gpus = config["plan"]["gpus"]
+    if config["plan"]["gpu"] not in gpus:  # (the runtimes are sized for it: common.smk looks its figures up)
+        problems.append(f"plan.gpu: {config['plan']['gpu']!r} is not in plan.gpus ({', '.join(gpus) or 'none'}); "
+                        "name one of them, or add its figures under plan.gpus")
     p = config["pretrain"]
     trained = [o for o in p["objectives"] if o != "none"]
     if trained:
