@@ -202,8 +202,10 @@ def run_tacl(*args: str, timeout: int = 600, check: bool = True, env: dict | Non
     return proc
 
 
-# The tests whose pretraining chunks end on the wall clock: run one after another on one pytest-xdist worker.
-# Side by side they slow each other down, every chunk then trains less and the chains need more chunks.
+# The tests whose pretraining chunks end on the wall clock (the SLURM ones set their own short deadlines): run
+# one after another on one pytest-xdist worker. Side by side they slow each other down, every chunk then
+# trains less and the chains need more chunks. (The demo's chunks end on their step count, whatever the
+# speed; its end-to-end test stays in the group, the longest of the suite, started first.)
 WALL_CLOCK_CHAINS = {"test_slurm.py::test_demo_through_sbatch_and_one_minute_chunks",
                      "test_slurm.py::test_scancel_then_rerun_resumes_two_srun_ranks",
                      "test_workflow.py::test_demo_end_to_end_survives_a_kill"}

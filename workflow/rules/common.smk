@@ -19,6 +19,7 @@ from tacl.finetune import GLUE_CLASSIFICATION, TASKS
 from tacl.finetune.sweep import parse_setting, task_settings
 from tacl.io import InputError
 from tacl.objectives.registry import OBJECTIVE_PATTERN
+from tacl.pretrain.chain import chunks_present, final_marker
 from tacl.pretrain.settings import TrainSettings
 from tacl.workstation import machine_gpus
 
@@ -307,7 +308,7 @@ def chunk_operational():
 
 def chunk_minutes(wildcards, resources):
     """The chunk's own time limit: what it asked the scheduler for, or less where the config's runtime is
-    not a whole number of minutes (the demo's 45-second chunks)."""
+    not a whole number of minutes (a test's 15-second chunks)."""
     return min(config["pretrain"]["chunk"]["runtime_minutes"], resources.runtime)
 
 
@@ -320,18 +321,21 @@ def previous_chunk(wildcards):
     return [] if k == 0 else [chunk_marker(wildcards.objective, k - 1)]
 
 
+# the chunks of each run there when this Snakemake started: followed whatever pretrain.chunk.max_chunks says
+CHUNKS_AT_START = {
+    o: chunks_present(lambda k, o=o: chunk_marker(o, k)) for o in config["pretrain"]["objectives"]
+}
+
+
 def final_chunk(wildcards):
-    """Follow the chain of chunks until one reports done: as many jobs as the work needs."""
-    cap = config["pretrain"]["chunk"]["max_chunks"]
-    for k in range(cap):
-        marker = checkpoints.pretrain_chunk.get(objective=wildcards.objective, chunk=k).output[0]
-        with open(marker) as f:
-            if json.load(f)["done"]:
-                return marker
-    raise WorkflowError(
-        f"pretraining {wildcards.objective}: not done after pretrain.chunk.max_chunks={cap} chunks "
-        f"(see {chunk_marker(wildcards.objective, cap - 1)}); raise the cap or the chunk runtime"
-    )
+    """Follow the chain of chunks until one reports done: as many jobs as the work needs, at most
+    pretrain.chunk.max_chunks of them started by this run of the workflow (tacl.pretrain.chain)."""
+    o = wildcards.objective
+    get = lambda k: checkpoints.pretrain_chunk.get(objective=o, chunk=k).output[0]
+    try:
+        return final_marker(o, get, CHUNKS_AT_START.get(o, 0), config["pretrain"]["chunk"]["max_chunks"])
+    except InputError as e:
+        raise WorkflowError(str(e))
 
 
 def pretrained_models():
