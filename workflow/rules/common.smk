@@ -21,6 +21,7 @@ from tacl.io import InputError
 from tacl.objectives.registry import OBJECTIVE_PATTERN
 from tacl.pretrain.chain import chunks_present, final_marker
 from tacl.pretrain.settings import TrainSettings
+from tacl.report.expected import RECORD as REPORT_RECORD
 from tacl.workstation import machine_gpus
 
 # Every job runs `python -m tacl` from this checkout's src/ (installed or not, venv or --sdm conda).
@@ -522,8 +523,27 @@ def keeps_weights(task):
 
 
 def report_outputs():
+    """The report rule's record (written by it alone), the plots and the submissions."""
     zips = [f"{REPORT}/submissions/{m}.zip" for m in finetune_models() + contrastive_models()]
-    return [f"{REPORT}/report.md", f"{REPORT}/self_similarity.png", f"{REPORT}/cls_cosine.png", *zips]
+    plots = [f"{REPORT}/self_similarity.png", f"{REPORT}/cls_cosine.png"]
+    return [f"{REPORT}/report.md", f"{REPORT}/{REPORT_RECORD}", *plots, *zips]
+
+
+def intermediate_outputs():
+    """What the jobs between the exported models and the report write (each setting's fine-tunes, each
+    selection, each model's analyses): asked for by `all` itself. Snakemake deletes a failed job's outputs
+    and does not make a missing output again while what was built from it is up to date; asked for here, the
+    same command runs a failed job again, and what depends on it after."""
+    selections = [selection_file(m, t) for m, t in model_tasks()]
+    similarity = [f"{R}/analysis/similarity/{m}.json" for m in finetune_models()]
+    return finetune_outputs() + selections + similarity + embeddings_outputs()
+
+
+def chain_ends(wildcards):
+    """The marker of each pretraining run's last chunk (final_chunk), asked for by `all` itself: a chunk that
+    failed runs again even where an export of an earlier run of the chain is still there."""
+    trained = [o for o in config["pretrain"]["objectives"] if o != "none"]
+    return [final_chunk(Namespace(objective=o)) for o in trained]
 
 
 def report_args(wildcards=None, input=None):
