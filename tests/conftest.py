@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,20 @@ def tokenizer_dir(tmp_path_factory, tokenizer) -> Path:
     out = tmp_path_factory.mktemp("tok") / "tokenizer"
     fetch_tokenizer(MINILM, str(out))
     return out
+
+
+class Clock:
+    """A module's `time` (monkeypatched in its place) whose time() is the `now` a test sets, every other
+    function the real one's: deadlines and time left come out exact, which a busy machine cannot shift."""
+
+    def __init__(self, now: float = 1_764_000_000.0):
+        self.now = now
+
+    def time(self) -> float:
+        return self.now
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
 
 
 def demo_config(tmp_path: Path, **overrides) -> dict:
