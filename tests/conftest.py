@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,20 @@ def tokenizer_dir(tmp_path_factory, tokenizer) -> Path:
     out = tmp_path_factory.mktemp("tok") / "tokenizer"
     fetch_tokenizer(MINILM, str(out))
     return out
+
+
+class Clock:
+    """A module's `time` (monkeypatched in its place) whose time() is the `now` a test sets, every other
+    function the real one's: deadlines and time left come out exact, which a busy machine cannot shift."""
+
+    def __init__(self, now: float = 1_764_000_000.0):
+        self.now = now
+
+    def time(self) -> float:
+        return self.now
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
 
 
 def demo_config(tmp_path: Path, **overrides) -> dict:
@@ -202,8 +217,10 @@ def run_tacl(*args: str, timeout: int = 600, check: bool = True, env: dict | Non
     return proc
 
 
-# The tests whose pretraining chunks end on the wall clock: run one after another on one pytest-xdist worker.
-# Side by side they slow each other down, every chunk then trains less and the chains need more chunks.
+# The tests whose pretraining chunks end on the wall clock (the SLURM ones set their own short deadlines): run
+# one after another on one pytest-xdist worker. Side by side they slow each other down, every chunk then
+# trains less and the chains need more chunks. (The demo's chunks end on their step count, whatever the
+# speed; its end-to-end test stays in the group, the longest of the suite, started first.)
 WALL_CLOCK_CHAINS = {"test_slurm.py::test_demo_through_sbatch_and_one_minute_chunks",
                      "test_slurm.py::test_scancel_then_rerun_resumes_two_srun_ranks",
                      "test_workflow.py::test_demo_end_to_end_survives_a_kill"}

@@ -78,19 +78,22 @@ def test_preflight_counts_the_nodes_that_take_jobs():
 
 def test_chunk_log_names_each_end_time_and_its_source(monkeypatch):
     """What each rank logs at a chunk's start: the earliest end first, then the other sources."""
+    from conftest import Clock
     from tacl.pretrain import deadline
 
+    clock = Clock()
+    monkeypatch.setattr(deadline, "time", clock)
     monkeypatch.setenv("SLURM_JOB_ID", "7")
     monkeypatch.setattr(deadline, "time_left", lambda: 100.0)
-    ends = deadline.end_times(time.time(), None, 5)
+    ends = deadline.end_times(clock.now, None, 5)
+    assert ends == {"runtime 5 min": clock.now + 300, "squeue, SLURM job 7": clock.now + 100}
     assert list(ends) == ["runtime 5 min", "squeue, SLURM job 7"]
-    assert ends["squeue, SLURM job 7"] == pytest.approx(time.time() + 100, abs=2)
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(ends["squeue, SLURM job 7"]))
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(clock.now + 100))
     assert deadline.describe(ends).startswith(f"ends {stamp} (squeue, SLURM job 7; runtime 5 min 20")
-    assert deadline.end_time(time.time(), None, 5) == pytest.approx(ends["squeue, SLURM job 7"], abs=2)
+    assert deadline.end_time(clock.now, None, 5) == clock.now + 100
     monkeypatch.setattr(deadline, "time_left", lambda: None)
     none = "no end time (no scheduler limit, no runtime, no deadline)"
-    assert deadline.describe(deadline.end_times(time.time())) == none
+    assert deadline.describe(deadline.end_times(clock.now)) == none
 
 
 def test_submitit_callable_pickles_and_resubmits_itself(tmp_path):

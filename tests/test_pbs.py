@@ -319,17 +319,21 @@ def test_submit_and_status_commands(tmp_path):
 
 def test_chunk_deadline_from_pbs(tmp_path, monkeypatch):
     """Inside a PBS job, the chunk's end time is the job's start time + walltime (qstat of $PBS_JOBID)."""
-    from tacl.pretrain.deadline import end_time
+    from conftest import Clock
+    from tacl.pretrain import deadline
 
-    started = time.time() - 600
+    clock = Clock()  # (the time the modules see: the figures below are exact however busy the machine is)
+    monkeypatch.setattr(query, "time", clock)
+    monkeypatch.setattr(deadline, "time", clock)
+    started = clock.now - 600
     (tmp_path / "qstat.json").write_text(qstat_json("77.pbs01", "R", stime=time.ctime(started), walltime="00:30:00"))
     env = fake_commands(tmp_path / "bin", {"qstat": f'cat "{tmp_path}/qstat.json"\n'})
     monkeypatch.setenv("PATH", env["PATH"])
     monkeypatch.setenv("PBS_JOBID", "77.pbs01")
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     left = pbs_time_left()
-    assert left == pytest.approx(1200, abs=5)
-    assert end_time(time.time(), None, 60) == pytest.approx(started + 1800, abs=5), "the earlier of PBS and runtime"
+    assert left == 1200
+    assert deadline.end_time(clock.now, None, 60) == started + 1800, "the earlier of PBS and runtime"
     assert end_of(json.loads(qstat_json("1", "R", stime=1764000000, walltime="01:00:00"))["Jobs"]["1"]) == 1764003600
     monkeypatch.delenv("PBS_JOBID")
     assert pbs_time_left() is None

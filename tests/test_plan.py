@@ -48,12 +48,38 @@ def test_requests_and_chunks():
     assert request(100.0, {**PLAN, "safety": 1.0}) == 130  # never within 20% of the expected time (x 1.25)
     chunk = {"runtime_minutes": 1410, "margin_minutes": 10, "max_chunks": 20, "max_steps": None}
     pretrain = {"steps": 1000, "chunk": chunk}
-    assert chunk_requests(219.0, pretrain, PLAN, cpu=False) == [(5 + 10 + 438, 219.0)]
+    assert chunk_requests(219.0, pretrain, PLAN, cpu=False) == [(5 + 10 + 438, 219.0, "target")]
     long = chunk_requests(1500.0, pretrain, PLAN, cpu=False)  # more than a chunk holds: the chain goes on
-    assert [asked for asked, _ in long] == [1410, 5 + 10 + 2 * 105] and sum(w for _, w in long) == pytest.approx(1500.0)
-    assert long[0][1] == pytest.approx(1410 - 5 - 10)
+    assert [asked for asked, _, _ in long] == [1410, 5 + 10 + 2 * 105]
+    assert sum(w for _, w, _ in long) == pytest.approx(1500.0) and long[0][1] == pytest.approx(1410 - 5 - 10)
+    assert [ends for _, _, ends in long] == ["deadline", "target"]
     capped = chunk_requests(100.0, {"steps": 1000, "chunk": {**chunk, "max_steps": 250}}, PLAN, cpu=False)
-    assert len(capped) == 4 and all(w == pytest.approx(25.0) for _, w in capped)
+    assert len(capped) == 4 and all(w == pytest.approx(25.0) for _, w, _ in capped)
+    assert [ends for _, _, ends in capped] == ["max_steps"] * 3 + ["target"]
+
+
+def test_the_plan_counts_chunks_that_end_on_their_deadline_as_at_least_and_changed_jobs_as_to_run():
+    """A rule with chunks estimated to end on their deadline, still to run, counts "at least" (>=), and so do
+    the jobs in all; chunks that end on their step count, or are done, count as they are. A job whose output
+    is there but made with settings that changed (done False, as the workflow marks it) is to run."""
+    from tacl.plan import Disk, Job, format_plan
+
+    def table(jobs):
+        text = format_plan(jobs, [], Disk({"x": 1e9}), [], {})
+        rows = {m.group(1): m.group(2, 3) for m in re.finditer(r"^  (\w+) +(\S+) +(\S+)", text, re.M)}
+        return rows, re.search(r"^  jobs: .*$", text, re.M).group(0), text
+
+    chunk = lambda done, ends: Job("pretrain_chunk", "gpu", 1, 60, 50.0, done, "tacl", 5.0,
+                                   open_ended=ends == "deadline" and not done)
+    rerun = Job("finetune", "gpu", 1, 20, 10.0, False, "tacl/rte", finetune=True)  # (its output there, lr changed)
+    jobs = [chunk(True, "deadline"), chunk(False, "deadline"), chunk(False, "target"), rerun,
+            Job("finetune", "gpu", 1, 20, 10.0, True, "none/rte", finetune=True), Job("all", "login")]
+    rows, total, text = table(jobs)
+    assert rows["pretrain_chunk"] == (">=3", ">=2") and rows["finetune"] == ("2", "1")
+    assert total == "  jobs: at least 6 (5 with GPUs, 0 without, 1 on this machine; 4 to run)"
+    assert ">=: pretraining chunks estimated to end on their deadline" in text
+    rows, total, text = table([chunk(True, "deadline"), chunk(False, "max_steps"), chunk(False, "target")])
+    assert rows["pretrain_chunk"] == ("3", "2") and total.startswith("  jobs: 3 (") and ">=" not in text
 
 
 def dry_run_jobs(text: str) -> list[tuple[str, dict[str, str]]]:

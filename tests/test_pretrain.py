@@ -107,21 +107,54 @@ def test_resume_is_bit_exact(demo_data, reference, tmp_path, objective):
         assert record["device"]["device"] == "cpu" and record["device"]["torch"] == torch.__version__
 
 
+# `tacl ARGS` with the trainer on a clock of its own: a second per optimizer step and none otherwise (start-up,
+# saves, a busy machine), for its deadline, its step times and its marker's wall time.
+STEP_CLOCK = """
+import sys, time
+from tacl.pretrain import deadline, trainer
+
+class Clock:
+    now = 1_764_000_000.0
+    def time(self):
+        return self.now
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+clock = Clock()
+trainer.time = deadline.time = clock
+real_step = trainer.optimizer_step
+
+def optimizer_step(*args, **kwargs):
+    clock.now += 1.0
+    return real_step(*args, **kwargs)
+
+trainer.optimizer_step = optimizer_step
+from tacl.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 def test_deadline_chunk_then_next_chunk_reaches_the_same_weights(demo_data, tmp_path):
-    s = settings("mlm_nsp", steps=400, log_every=50)
+    """A chunk with a deadline 30 s after it starts and a 3-second margin, on the step clock (a second per
+    step): step 26 is the last whose end plus 1.5 steps and a save still fit (26 + 1.5 > 30 - 3), so it
+    saves there and ends itself, 4 s before the deadline; the next chunk goes on to the uninterrupted
+    run's weights."""
+    s = settings("mlm_nsp", steps=40, log_every=10)
     uninterrupted = tmp_path / "uninterrupted"
     train(demo_data, uninterrupted, s)
     run = tmp_path / "run"
-    deadline = time.time() + 14
-    train(demo_data, run, s, "--deadline", str(deadline), "--margin-minutes", "0.05", "--marker",
-          str(tmp_path / "c0.json"))
-    finished = time.time()
+    args = ["pretrain", "train", "--run-dir", str(run), "--start-model", str(demo_data["start"]), "--manifest",
+            str(demo_data["manifest"]), "--settings", s, "--no-tensorboard", "--deadline", "1764000030",
+            "--margin-minutes", "0.05", "--marker", str(tmp_path / "c0.json")]
+    proc = subprocess.run([sys.executable, "-c", STEP_CLOCK, *args], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
     first = json.loads((tmp_path / "c0.json").read_text())
-    assert finished < deadline, "the chunk ended itself before its deadline"
-    assert not first["done"] and first["reason"] == "deadline" and 0 < first["step"] < 400
+    assert (first["done"], first["reason"], first["step"], first["wall_s"]) == (False, "deadline", 26, 26.0)
+    assert checkpoint.latest_tag(run) == checkpoint.tag_for(26)
     train(demo_data, run, s, "--marker", str(tmp_path / "c1.json"))
     second = json.loads((tmp_path / "c1.json").read_text())
-    assert second["done"] and second["step"] == 400 and second["steps_this_chunk"] == 400 - first["step"]
+    assert second["done"] and second["step"] == 40 and second["steps_this_chunk"] == 40 - 26
     assert_same_weights(final_weights(run), final_weights(uninterrupted))
 
 

@@ -91,6 +91,12 @@ def planned(root, cfg, *args, workflow=None) -> tuple[dict[str, int], str]:
     return counts, text
 
 
+def to_run(text: str) -> dict[str, str]:
+    """The plan's 'to run' column, per rule (the plan printed before the dry run's jobs)."""
+    table = text[text.index("Plan of this run"):text.index("  jobs:")]
+    return {m.group(1): m.group(2) for m in re.finditer(r"^  (\w+) +\S+ +(\S+)", table, re.M) if m.group(1) != "rule"}
+
+
 def reordered(d):
     """The same mapping with its keys in reverse order, all the way down."""
     return {k: reordered(d[k]) for k in reversed(list(d))} if isinstance(d, dict) else d
@@ -119,6 +125,7 @@ def test_operational_settings_and_key_order_rerun_nothing(finished):
     counts, text = planned(root, reordered(changed))
     assert counts == {}, text[-3000:]
     assert "Finished work that this run does again" not in text
+    assert {rule for rule, n in to_run(text).items() if n != "0"} == {"all"}, text[-3000:]
 
 
 @pytest.mark.slow
@@ -133,6 +140,10 @@ def test_result_settings_rerun_exactly_what_they_change(finished):
                       "similarity": 1, "similarity_plot": 1, "report": 1, "all": 1}, text[-3000:]
     assert f"pretrain_chunk (tacl): lr {cfg['pretrain']['lr']} -> {cfg['pretrain']['lr'] / 2}" in text
     assert "each starts again from the start model" in text
+    # the plan counts them to run too, with the whole chain (its two chunks of 4 steps)
+    assert {rule: n for rule, n in to_run(text).items() if n != "0"} == {
+        "pretrain_chunk": "2", "export_model": "1", "finetune": "1", "select_setting": "1", "submissions": "1",
+        "similarity": "1", "similarity_plot": "1", "report": "1", "all": "1"}, text[-3000:]
 
     changed = copy.deepcopy(cfg)
     changed["pretrain"]["tacl"] = {"tau": 0.05}

@@ -102,6 +102,32 @@ def test_config_errors_name_the_key():
     ]
 
 
+def test_config_overrides_keep_their_types(tmp_path):
+    """`--config` as Snakemake parses it: inside a nested value every number, boolean and null is text; typed
+    as a config file's where the schema takes that type (or leaves the type free), kept as text where the
+    schema wants text."""
+    from snakemake.cli import parse_config
+    from snakemake.utils import update_config
+
+    from tacl.config import typed_overrides
+
+    schema = load_schema(SCHEMA)
+    given = parse_config(["pretrain={chunk: {max_chunks: 60, max_steps: null}, lr: 1e-3, micro_batch: 2, "
+                          "packing: false, objectives: [none, tacl]}", "tokenizer=null",
+                          "finetune={extra_models: {mini: 123}, hparams: {tasks: {qnli: {lr: 2e-5, epochs: 2}}}}"])
+    cfg = demo_config(tmp_path)
+    update_config(cfg, given)
+    assert "pretrain.chunk.max_chunks: '60' is not of type 'integer'" in config_errors(cfg, schema)
+    typed_overrides(cfg, given, schema)
+    assert config_errors(cfg, schema) == []
+    p = cfg["pretrain"]
+    assert (p["chunk"]["max_chunks"], p["chunk"]["max_steps"], p["lr"], p["micro_batch"], p["packing"]) == (
+        60, None, 1e-3, 2, False)
+    assert p["objectives"] == ["none", "tacl"] and cfg["tokenizer"] is None
+    assert cfg["finetune"]["extra_models"] == {"mini": "123"}  # (a model's name: text)
+    assert cfg["finetune"]["hparams"]["tasks"] == {"qnli": {"lr": 2e-5, "epochs": 2}}
+
+
 def test_every_schema_key_has_a_description_and_default():
     def walk(node, path):
         for key, sub in node.get("properties", {}).items():
@@ -153,7 +179,7 @@ def test_plan_errors_name_each_key(tmp_path):
         "pretrain.tacl_attn.layer: -3, but the start model has 2 layers (model_init: 1..2, or -1 for the last)":
             {"pretrain.tacl_attn": {"layer": -3}},
         "pretrain.tacl_attn.layer: 0, but the start model has 2 layers": {"pretrain.tacl_attn": {"layer": 0}},
-        "pretrain.chunk.margin_minutes: 0.75 leaves no time to train": {"pretrain.chunk.margin_minutes": 0.75},
+        "pretrain.chunk.margin_minutes: 15 leaves no time to train": {"pretrain.chunk.margin_minutes": 15},
         "data.max_len: 256 tokens, but the start model has 128 positions (model_init)": {"data.max_len": 256},
         "finetune.hparams.tasks.qnli.max_len: 200 tokens, but the start model has 128 positions":
             {"finetune.hparams.tasks": {"qnli": {"max_len": 200}}},
@@ -165,6 +191,9 @@ def test_plan_errors_name_each_key(tmp_path):
             {"pretrain.packing": True},
         "finetune.hparams.tasks.qnli.group_by_length: 'yes' is not true or false":
             {"finetune.hparams.tasks": {"qnli": {"group_by_length": "yes"}}},
+        # a user who lists only the GPU they have, leaving plan.gpu at its default
+        "plan.gpu: 'a100' is not in plan.gpus (h200); name one of them":
+            {"plan.gpus": {"h200": {"name": "H200", "peak_tflops": 989, "pretrain_mfu": 0.24, "finetune_mfu": 0.015}}},
     }
     for expected, overrides in cases.items():
         found = plan_errors_of(demo_config(tmp_path, **overrides))
@@ -207,12 +236,14 @@ def test_bad_sweep_and_start_name_the_key(tmp_path):
 
 
 def test_plan_errors_stop_a_dry_run(tmp_path):
-    cfg = demo_config(tmp_path, **{"pretrain.global_batch": 7, "pretrain.coco_lm": {"aux_layers": 9},
-                                   "pretrain.chunk.margin_minutes": 1.0})
-    proc = run_snakemake(tmp_path, cfg, "-n", check=False)
+    """(With a nested --config value, whose numbers Snakemake leaves as text: typed as a config file's, the
+    schema takes it and the plan's checks run.)"""
+    cfg = demo_config(tmp_path, **{"pretrain.global_batch": 7, "pretrain.coco_lm": {"aux_layers": 9}})
+    proc = run_snakemake(tmp_path, cfg, "-n", "--config", "pretrain={chunk: {margin_minutes: 30, max_chunks: 60}}",
+                         check=False)
     log = proc.stdout + proc.stderr
-    assert proc.returncode != 0 and "invalid config:" in log
-    for key in ("pretrain.global_batch: 7", "pretrain.coco_lm.aux_layers: 9", "pretrain.chunk.margin_minutes: 1.0"):
+    assert proc.returncode != 0 and "invalid config:" in log and "is not of type" not in log
+    for key in ("pretrain.global_batch: 7", "pretrain.coco_lm.aux_layers: 9", "pretrain.chunk.margin_minutes: 30"):
         assert f"\n  {key}" in log, (key, log[-2000:])
     assert not (tmp_path / "results").exists()
 
@@ -268,7 +299,7 @@ def test_demo_end_to_end_survives_a_kill(tmp_path, monkeypatch):
                          key=lambda p: int(p.stem.split("-")[1]))
         chain = [json.loads(p.read_text()) for p in markers]
         if objective not in killed_runs:  # (a killed chunk 0 reruns from its checkpoint and may finish)
-            assert len(chain) >= 2, f"{objective}: chunk.max_steps and the deadline make two chunks or more"
+            assert len(chain) >= 2, f"{objective}: chunk.max_steps makes two chunks or more"
         assert [c["done"] for c in chain] == [False] * (len(chain) - 1) + [True]
         assert all(c["reason"] in ("deadline", "max_steps") for c in chain[:-1])
         assert all(c["steps_this_chunk"] <= cfg["pretrain"]["chunk"]["max_steps"] for c in chain)
@@ -294,14 +325,50 @@ def test_demo_end_to_end_survives_a_kill(tmp_path, monkeypatch):
     assert "glue_dev.png" in html and "self_similarity.png" in html and "cls_cosine.png" in html
 
 
+def test_the_chain_is_followed_past_the_cap_and_the_cap_counts_one_runs_chunks(tmp_path):
+    """pretrain.chunk.max_chunks bounds the chunks one run of the workflow starts: a run stopped by it goes on
+    when the same command runs again, and a finished chain is found whatever the cap says (tacl.pretrain.chain)."""
+    from tacl.io import InputError
+    from tacl.pretrain.chain import chunks_present, final_marker
+
+    class ToRun(Exception):
+        """What Snakemake's checkpoint raises for a chunk still to run."""
+
+    def marker_of(k):
+        return str(tmp_path / f"chunk-{k}.json")
+
+    def get(k):
+        if not os.path.exists(marker_of(k)):
+            raise ToRun(k)
+        return marker_of(k)
+
+    def trained(k, done=False):
+        (tmp_path / f"chunk-{k}.json").write_text(json.dumps({"done": done, "step": 2 * k + 2, "steps": 8}))
+
+    with pytest.raises(ToRun, match="0"):
+        final_marker("tacl", get, chunks_present(marker_of), 2)
+    trained(0), trained(1)
+    with pytest.raises(InputError, match=r"pretraining tacl: not done after pretrain.chunk.max_chunks=2 chunks in "
+                                         r"this run of the workflow \(step 4 of 8 after 2 chunks in all"):
+        final_marker("tacl", get, 0, 2)
+    assert chunks_present(marker_of) == 2
+    with pytest.raises(ToRun, match="2"):  # the same command again: chunk 2 runs
+        final_marker("tacl", get, chunks_present(marker_of), 2)
+    trained(2), trained(3, done=True)
+    assert final_marker("tacl", get, chunks_present(marker_of), 1) == marker_of(3)  # the cap lowered after the run
+
+
 @pytest.mark.slow
-def test_chunk_cap_fails_loudly(tmp_path):
+def test_chunk_cap_fails_loudly_and_the_same_command_goes_on(tmp_path):
     cfg = demo_config(tmp_path)
-    cfg["pretrain"].update(objectives=["mlm_nsp"], steps=100000)
-    cfg["pretrain"]["chunk"].update(runtime_minutes=0.25, max_chunks=1)
-    proc = run_snakemake(tmp_path, cfg, "--cores", "2", check=False)
+    cfg["pretrain"].update(objectives=["mlm_nsp"], steps=4)
+    cfg["pretrain"]["chunk"].update(max_steps=2, max_chunks=1)
+    target = str(tmp_path / "results/models/mlm_nsp.json")
+    proc = run_snakemake(tmp_path, cfg, "--cores", "2", target, check=False)
     assert proc.returncode != 0
     assert "pretraining mlm_nsp: not done after pretrain.chunk.max_chunks=1 chunks" in proc.stdout + proc.stderr
+    again = run_snakemake(tmp_path, cfg, "-n", target)  # (the config as it was)
+    assert re.findall(r"wildcards: objective=mlm_nsp, chunk=(\d+)$", again.stdout, re.M) == ["1"]
 
 
 @pytest.mark.slow
@@ -336,6 +403,7 @@ def test_failed_task_sweep_extension_and_intermediate_start(tmp_path):
     results = tmp_path / "results"
     report = results / "report" / "report.md"
     assert report.is_file(), log[-3000:]
+    assert not (results / "report" / "report.json").exists(), "the report rule's record: the rule's alone"
     text = report.read_text()
     squad = "lr{lr}_b8_e1".format(lr=number(cfg["finetune"]["hparams"]["squad"]["lr"]))
     glue = "lr{lr}_b16_e1".format(lr=number(cfg["finetune"]["hparams"]["glue"]["lr"]))  # (MNLI's and RTE's)
@@ -583,6 +651,32 @@ def test_report_has_training_curves_and_the_chance_line(finished_demo):
         assert not re.search(r"\bnan\b", table.read_text(), re.I), table
 
 
+@pytest.mark.slow
+def test_a_failed_analysis_runs_again_though_tables_were_written_after_it(finished_demo, tmp_path):
+    """A similarity job failed after the demo had finished once (Snakemake deleted its outputs) and tables were
+    written from what was left (the onerror handler's, or `tacl report RESULTS_DIR`): the same command runs
+    the analysis again, then the plot and the report. (The finished demo is put back as it was.)"""
+    import shutil
+
+    from conftest import run_tacl
+
+    results, report = finished_demo["results"], finished_demo["results"] / "report"
+    kept = {name: tmp_path / name for name in ("report", "analysis")}
+    for name, copy in kept.items():
+        shutil.copytree(results / name, copy)  # (with the files' times)
+    try:
+        for part in ("similarity", "embeddings"):
+            (results / "analysis" / part / "coco_lm.json").unlink()
+        run_tacl("report", str(results))
+        assert (report / "report.md").is_file() and not (report / "report.json").exists()
+        counts = job_counts(run_snakemake(finished_demo["dir"], finished_demo["cfg"], "-n").stdout)
+        assert counts == {"similarity": 1, "similarity_plot": 1, "report": 1, "all": 1, "total": 4}, counts
+    finally:
+        for name, copy in kept.items():
+            shutil.rmtree(results / name)
+            shutil.copytree(copy, results / name)
+
+
 def claims(log: str) -> list[tuple[float, str]]:
     """(time, GPUs) of each `tacl.workstation` claim line of a job's log."""
     from datetime import datetime
@@ -606,8 +700,9 @@ def test_tables_now_then_the_workstation_profile_fills_the_missing_runs(finished
     report = results / "report"
     final = {p.name: p.read_bytes() for p in report.iterdir() if p.is_file()}
     assert {"report.md", "report.html", "glue_dev.png", "training_curves.png", "glue_dev.csv"} <= set(final)
+    tables = {k: v for k, v in final.items() if k != "report.json"}  # (the rule's record: the rule's alone)
     run_tacl("report", str(results))
-    assert {p.name: p.read_bytes() for p in report.iterdir() if p.is_file()} == final
+    assert {p.name: p.read_bytes() for p in report.iterdir() if p.is_file()} == tables
 
     setting = f"lr{number(cfg['finetune']['hparams']['glue']['lr'])}_b16_e1"
     removed = [f"none/qnli/{setting}/seed1", f"coco_lm/qnli/{setting}/seed0", f"coco_lm+scl/qnli/{setting}/seed1"]
@@ -654,4 +749,4 @@ def test_tables_now_then_the_workstation_profile_fills_the_missing_runs(finished
     assert "rule report:" in again.stdout + again.stderr
     assert {p.name: p.read_bytes() for p in report.iterdir() if p.is_file()} == final
     run_tacl("report", str(results))  # every run there again: the tables of the first report, byte for byte
-    assert {p.name: p.read_bytes() for p in report.iterdir() if p.is_file()} == final
+    assert {p.name: p.read_bytes() for p in report.iterdir() if p.is_file()} == tables

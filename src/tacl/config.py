@@ -143,6 +143,10 @@ def plan_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
     problem, naming the key. The Snakefile raises these before anything runs (dry runs included); the jobs
     keep their own checks as a second line."""
     problems = finetune_errors(config, schema)
+    gpus = config["plan"]["gpus"]
+    if config["plan"]["gpu"] not in gpus:  # (the runtimes are sized for it: common.smk looks its figures up)
+        problems.append(f"plan.gpu: {config['plan']['gpu']!r} is not in plan.gpus ({', '.join(gpus) or 'none'}); "
+                        "name one of them, or add its figures under plan.gpus")
     p = config["pretrain"]
     trained = [o for o in p["objectives"] if o != "none"]
     if trained:
@@ -190,6 +194,90 @@ def plan_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
         problems += [f"{key}: {value} tokens, but the start model has {positions} positions ({shape['key']})"
                      for key, value in lengths if value > positions]
     return problems
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    return {int: "integer", float: "number", str: "string", list: "array", dict: "object"}.get(type(value), "")
+
+
+def _types(spec: dict[str, Any]) -> set[str]:
+    """The JSON types a schema node takes (its `type`, its alternatives', its constants'); "number" takes an
+    integer too."""
+    kinds = spec.get("type") or []
+    found = {kinds} if isinstance(kinds, str) else set(kinds)
+    for alternative in spec.get("oneOf", []) + spec.get("anyOf", []):
+        found |= _types(alternative)
+    found |= {_json_type(v) for v in spec.get("enum", []) + ([spec["const"]] if "const" in spec else [])}
+    return found | ({"integer"} if "number" in found else set())
+
+
+def _spec_at(schema: dict[str, Any], path: list[Any]) -> dict[str, Any] | None:
+    """The schema node of a key (dotted into `path`, list positions as ints): {} inside an object the schema
+    leaves free (finetune.hparams.tasks), None for a key the schema does not allow."""
+    spec = schema
+    for part in path:
+        nodes = [spec] + spec.get("oneOf", []) + spec.get("anyOf", [])
+        if isinstance(part, int):
+            found = [n["items"] for n in nodes if isinstance(n.get("items"), dict)]
+        else:
+            found = [n["properties"][part] for n in nodes if part in n.get("properties", {})]
+            found += [n["additionalProperties"] for n in nodes if isinstance(n.get("additionalProperties"), dict)]
+            if not found and any(n.get("additionalProperties") is False for n in nodes):
+                return None
+        spec = found[0] if found else {}
+    return spec
+
+
+def _reading(text: str) -> Any:
+    """Text as Snakemake reads a top-level `--config` value: an integer, a number, else YAML (true, null)."""
+    for number in (int, float):
+        try:
+            return number(text)
+        except ValueError:
+            pass
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def _typed(text: str, spec: dict[str, Any]) -> Any:
+    """A `--config` text value, read (`_reading`) where the schema takes the reading's type there or says
+    nothing of the type; else the text."""
+    value, types = _reading(text), _types(spec)
+    if not types:
+        return value
+    return value if _json_type(value) != "string" and _json_type(value) in types else text
+
+
+def typed_overrides(config: dict[str, Any], given: Any, schema: dict[str, Any]) -> None:
+    """`--config` values with their types. Snakemake reads `--config KEY=VALUE` as a number or a boolean where
+    it can, but every value inside a nested VALUE (`pretrain={chunk: {max_chunks: 60}}`) stays text, which the
+    schema then refuses ("'60' is not of type 'integer'"). The rule: each text value in `given` (the
+    `--config` entries) is read the way Snakemake reads a top-level one (an integer, a number such as 1e-3,
+    else YAML: true, false, null), and that reading replaces it in `config` where the schema takes the
+    reading's type at that key, or says nothing of the type (finetune.hparams.tasks); where the schema wants
+    text, text stays (a model named 123)."""
+    def walk(value: Any, path: list[Any]) -> None:
+        if isinstance(value, dict):
+            for key, sub in value.items():
+                walk(sub, path + [key])
+        elif isinstance(value, list):
+            for i, sub in enumerate(value):
+                walk(sub, path + [i])
+        elif isinstance(value, str) and (spec := _spec_at(schema, path)) is not None:
+            typed = _typed(value, spec)
+            if typed is not value:
+                target = config
+                for part in path[:-1]:
+                    target = target[part]
+                target[path[-1]] = typed
+
+    walk(dict(given), [])
 
 
 def checked_config(config: dict[str, Any], schema: dict[str, Any], fill_defaults: Callable[[dict], Any]

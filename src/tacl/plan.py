@@ -219,6 +219,7 @@ class Job:
     key: str = ""  # what the job works on: a pretraining run's objective, a fine-tune's MODEL/TASK
     overhead_min: float = 0.0  # start-up
     finetune: bool = False  # sized with the fine-tuning MFU (fine-tunes and analyses)
+    open_ended: bool = False  # a chunk estimated to end on its deadline: how many follow depends on the speed
 
     @property
     def expected_min(self) -> float:
@@ -226,20 +227,24 @@ class Job:
 
 
 def chunk_requests(minutes: float, pretrain: dict[str, Any], plan: dict[str, Any], cpu: bool
-                   ) -> list[tuple[int, float]]:
-    """(runtime asked for, expected GPU work) of each chunk of a run whose work is `minutes` on its GPUs,
-    as the chain would go if the estimate holds: each chunk asks for the rest of the work (with start-up,
-    margin and the safety factor), at most pretrain.chunk.runtime_minutes, and trains until that time is
-    spent or pretrain.chunk.max_steps steps are done."""
+                   ) -> list[tuple[int, float, str]]:
+    """(runtime asked for, expected GPU work, what ends it) of each chunk of a run whose work (of
+    pretrain.steps steps) is `minutes` on its GPUs, as the chain would go if the estimate holds: each chunk
+    asks for the rest of the work (with start-up, margin and the safety factor), at most
+    pretrain.chunk.runtime_minutes, and trains until the target ("target"), pretrain.chunk.max_steps steps
+    ("max_steps") or that time less start-up and margin ("deadline": then the number of chunks depends on the
+    speed the chain really reaches)."""
     chunk = pretrain["chunk"]
     cap, margin = chunk["runtime_minutes"], chunk["margin_minutes"]
     per_chunk = minutes * chunk["max_steps"] / pretrain["steps"] if chunk.get("max_steps") else minutes
-    out, rest = [], minutes
+    out: list[tuple[int, float, str]] = []
+    rest = minutes
     while rest > 1e-9 and len(out) < chunk["max_chunks"]:
         asked = math.ceil(cap) if cpu else request(rest, plan, cap=cap, extra=margin)
         usable = max(asked - plan["startup_minutes"] - margin, asked / 2)
         done = min(rest, usable, per_chunk)
-        out.append((asked, done))
+        ends = "target" if done >= rest else ("deadline" if usable < per_chunk else "max_steps")
+        out.append((asked, done, ends))
         rest -= done
     return out
 
@@ -343,24 +348,33 @@ def format_plan(jobs: list[Job], chain: list[tuple[str, float]], disk: Disk, ass
                 gpu_names: dict[str, tuple[float, str]]) -> str:
     """The plan as the start of a run prints it. `chain`: the longest chain of jobs, (rule, expected minutes);
     `gpu_names`: the expected GPU-hours on each GPU model, {key: (hours, name)} (none: a run on CPUs, whose
-    runtimes are the configured ones)."""
+    runtimes are the configured ones). A job not `done` is to run (its output is not there, or was made with
+    settings that changed); a rule with `open_ended` jobs to run counts "at least" (>=) that many."""
     rules: dict[str, list[Job]] = {}
     for job in jobs:
         rules.setdefault(job.rule, []).append(job)
-    lines = ["Plan of this run (the whole experiment; 'to run': outputs not there yet; GPU-hours asked for and "
-             "expected on the GPU the runtimes are sized for):",
+    lines = ["Plan of this run (the whole experiment; 'to run': outputs not there yet, or made with settings that "
+             "changed; GPU-hours asked for and expected on the GPU the runtimes are sized for):",
              f"  {'rule':<18} {'jobs':>6} {'to run':>7} {'GPU-h asked':>12} {'expected':>9}  where"]
     where_words = {"gpu": "GPU job", "cpu": "CPU job", "login": "this machine (localrules)"}
+
+    def count(n: int, group: list[Job]) -> str:
+        return f">={n}" if any(j.open_ended and not j.done for j in group) else str(n)
+
     for rule, group in rules.items():
         wheres = sorted({j.where for j in group})
         asked = sum(j.requested_min * j.gpus for j in group) / 60
         expected = sum(j.expected_min * j.gpus for j in group) / 60
         figures = f"{asked:>12.1f} {expected:>9.1f}" if "gpu" in wheres else f"{'':>12} {'':>9}"
-        lines.append(f"  {rule:<18} {len(group):>6} {sum(not j.done for j in group):>7} {figures}  "
-                     f"{', '.join(where_words[w] for w in wheres)}")
+        lines.append(f"  {rule:<18} {count(len(group), group):>6} {count(sum(not j.done for j in group), group):>7} "
+                     f"{figures}  {', '.join(where_words[w] for w in wheres)}")
     by_class = {w: sum(1 for j in jobs if j.where == w) for w in ("gpu", "cpu", "login")}
-    lines.append(f"  jobs: {len(jobs)} ({by_class['gpu']} with GPUs, {by_class['cpu']} without, {by_class['login']} "
-                 "on this machine)")
+    more = any(j.open_ended and not j.done for j in jobs)
+    lines.append(f"  jobs: {'at least ' if more else ''}{len(jobs)} ({by_class['gpu']} with GPUs, {by_class['cpu']} "
+                 f"without, {by_class['login']} on this machine; {sum(not j.done for j in jobs)} to run)")
+    if more:
+        lines.append("  >=: pretraining chunks estimated to end on their deadline (pretrain.chunk.runtime_minutes): "
+                     "the chain takes as many as the speed it reaches needs")
     requested = sum(j.requested_min * j.gpus for j in jobs) / 60
     expected = sum(j.expected_min * j.gpus for j in jobs) / 60
     todo_req = sum(j.requested_min * j.gpus for j in jobs if not j.done) / 60

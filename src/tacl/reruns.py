@@ -47,18 +47,30 @@ def recorded(path: str, key: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+def changes_of(job: Finished) -> list[str]:
+    """What changed in a finished job's settings ("lr 0.0001 -> 5e-05"); none for a job not finished or
+    without a record."""
+    if not Path(job.done).exists():
+        return []
+    before = recorded(job.record, job.key)
+    if before is None:
+        return []
+    # (a record may keep more than the config decides, e.g. a fine-tune's start model's weights, whose change
+    # reruns the job through its input's modification time)
+    return changed_keys({k: v for k, v in before.items() if k in job.current}, job.current)
+
+
+def rerun_tags(jobs: list[Finished]) -> set[str]:
+    """`RULE:LABEL` of each finished job whose settings changed: what the plan (tacl.plan) counts as to run,
+    with every job that depends on it."""
+    return {f"{job.rule}:{job.label}" for job in jobs if changes_of(job)}
+
+
 def rerun_lines(jobs: list[Finished]) -> list[str]:
     """One line per (rule, change): the finished jobs whose settings changed, counted."""
     groups: dict[tuple[str, tuple[str, ...], str], list[str]] = defaultdict(list)
     for job in jobs:
-        if not Path(job.done).exists():
-            continue
-        before = recorded(job.record, job.key)
-        if before is None:
-            continue
-        # (a record may keep more than the config decides, e.g. a fine-tune's start model's weights, whose
-        # change reruns the job through its input's modification time)
-        changes = changed_keys({k: v for k, v in before.items() if k in job.current}, job.current)
+        changes = changes_of(job)
         if changes:
             groups[(job.rule, tuple(changes), job.then)].append(job.label)
     lines = []

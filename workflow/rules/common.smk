@@ -19,7 +19,9 @@ from tacl.finetune import GLUE_CLASSIFICATION, TASKS
 from tacl.finetune.sweep import parse_setting, task_settings
 from tacl.io import InputError
 from tacl.objectives.registry import OBJECTIVE_PATTERN
+from tacl.pretrain.chain import chunks_present, final_marker
 from tacl.pretrain.settings import TrainSettings
+from tacl.report.expected import RECORD as REPORT_RECORD
 from tacl.workstation import machine_gpus
 
 # Every job runs `python -m tacl` from this checkout's src/ (installed or not, venv or --sdm conda).
@@ -307,7 +309,7 @@ def chunk_operational():
 
 def chunk_minutes(wildcards, resources):
     """The chunk's own time limit: what it asked the scheduler for, or less where the config's runtime is
-    not a whole number of minutes (the demo's 45-second chunks)."""
+    not a whole number of minutes (a test's 15-second chunks)."""
     return min(config["pretrain"]["chunk"]["runtime_minutes"], resources.runtime)
 
 
@@ -320,18 +322,21 @@ def previous_chunk(wildcards):
     return [] if k == 0 else [chunk_marker(wildcards.objective, k - 1)]
 
 
+# the chunks of each run there when this Snakemake started: followed whatever pretrain.chunk.max_chunks says
+CHUNKS_AT_START = {
+    o: chunks_present(lambda k, o=o: chunk_marker(o, k)) for o in config["pretrain"]["objectives"]
+}
+
+
 def final_chunk(wildcards):
-    """Follow the chain of chunks until one reports done: as many jobs as the work needs."""
-    cap = config["pretrain"]["chunk"]["max_chunks"]
-    for k in range(cap):
-        marker = checkpoints.pretrain_chunk.get(objective=wildcards.objective, chunk=k).output[0]
-        with open(marker) as f:
-            if json.load(f)["done"]:
-                return marker
-    raise WorkflowError(
-        f"pretraining {wildcards.objective}: not done after pretrain.chunk.max_chunks={cap} chunks "
-        f"(see {chunk_marker(wildcards.objective, cap - 1)}); raise the cap or the chunk runtime"
-    )
+    """Follow the chain of chunks until one reports done: as many jobs as the work needs, at most
+    pretrain.chunk.max_chunks of them started by this run of the workflow (tacl.pretrain.chain)."""
+    o = wildcards.objective
+    get = lambda k: checkpoints.pretrain_chunk.get(objective=o, chunk=k).output[0]
+    try:
+        return final_marker(o, get, CHUNKS_AT_START.get(o, 0), config["pretrain"]["chunk"]["max_chunks"])
+    except InputError as e:
+        raise WorkflowError(str(e))
 
 
 def pretrained_models():
@@ -518,8 +523,27 @@ def keeps_weights(task):
 
 
 def report_outputs():
+    """The report rule's record (written by it alone), the plots and the submissions."""
     zips = [f"{REPORT}/submissions/{m}.zip" for m in finetune_models() + contrastive_models()]
-    return [f"{REPORT}/report.md", f"{REPORT}/self_similarity.png", f"{REPORT}/cls_cosine.png", *zips]
+    plots = [f"{REPORT}/self_similarity.png", f"{REPORT}/cls_cosine.png"]
+    return [f"{REPORT}/report.md", f"{REPORT}/{REPORT_RECORD}", *plots, *zips]
+
+
+def intermediate_outputs():
+    """What the jobs between the exported models and the report write (each setting's fine-tunes, each
+    selection, each model's analyses): asked for by `all` itself. Snakemake deletes a failed job's outputs
+    and does not make a missing output again while what was built from it is up to date; asked for here, the
+    same command runs a failed job again, and what depends on it after."""
+    selections = [selection_file(m, t) for m, t in model_tasks()]
+    similarity = [f"{R}/analysis/similarity/{m}.json" for m in finetune_models()]
+    return finetune_outputs() + selections + similarity + embeddings_outputs()
+
+
+def chain_ends(wildcards):
+    """The marker of each pretraining run's last chunk (final_chunk), asked for by `all` itself: a chunk that
+    failed runs again even where an export of an earlier run of the chain is still there."""
+    trained = [o for o in config["pretrain"]["objectives"] if o != "none"]
+    return [final_chunk(Namespace(objective=o)) for o in trained]
 
 
 def report_args(wildcards=None, input=None):
@@ -627,53 +651,114 @@ def dry_run_checks(wildcards):
     return []
 
 
+def planned_chunks(objective, fresh):
+    """The chunks of one pretraining run as the plan counts them: (marker, minutes asked for, expected GPU
+    work, what ends it), first those there already (none when `fresh`: the run starts again), then the rest
+    of the work as estimated (tacl.plan.chunk_requests), from the speed the last of them measured."""
+    p, cpu = config["pretrain"], config["device"] == "cpu"
+    minutes = plan.pretrain_minutes(objective, p, START_SHAPE, pretrain_seq(), PLAN_GPU)
+    present = 0 if fresh else chunks_present(lambda k: chunk_marker(objective, k))
+    chunks, step = [], 0
+    for k in range(present):
+        with open(chunk_marker(objective, k)) as f:
+            marker = json.load(f)
+        asked = chunk_runtime(Namespace(objective=objective, chunk=k))
+        work = minutes * marker.get("steps_this_chunk", 0) / p["steps"]
+        chunks.append((chunk_marker(objective, k), asked, work, marker.get("reason")))
+        step = marker["step"]
+        if marker["done"]:
+            return chunks
+    rest = chunk_expected(objective, present) if present else minutes
+    left = {**p, "steps": max(1, p["steps"] - step)}
+    estimated = plan.chunk_requests(rest, left, PLAN, cpu)
+    return chunks + [(chunk_marker(objective, k), *c) for k, c in enumerate(estimated, start=present)]
+
+
 def plan_jobs():
     """Every job of the whole experiment (tacl.plan.Job), with what it asks for and is expected to take: the
-    same functions as the rules' resources. Pretraining chunks are estimated: the chain asks for as many as
-    the work needs."""
-    local, start = set(workflow._localrules), PLAN["startup_minutes"]
+    same functions as the rules' resources. Pretraining chunks: those there, then as many as the rest of the
+    work needs as estimated. A job is to run where its output is not there, or where it or a job it depends
+    on was made with settings that changed (tacl.reruns, as the rerun summary says)."""
+    from tacl.reruns import rerun_tags
 
-    def job(name, output, gpus=0, requested=0, compute=0.0, key="", finetune=False):
+    local, start = set(workflow._localrules), PLAN["startup_minutes"]
+    changed = rerun_tags(finished_jobs())
+
+    def job(
+        name, output, gpus=0, requested=0, compute=0.0, key="", finetune=False, needs=(), open_ended=False
+    ):
         where = "login" if name in local else ("gpu" if gpus else "cpu")
         overhead = start if gpus else 0.0
+        done = os.path.exists(output) and not changed & set(needs)
         return plan.Job(
-            name, where, gpus, requested, compute, os.path.exists(output), key, overhead, finetune
+            name, where, gpus, requested, compute, done, key, overhead, finetune, open_ended and not done
         )
 
+    # what each job's output is made from: the finished jobs (their rerun tags) it depends on
     p = config["pretrain"]
+    trained = [o for o in p["objectives"] if o != "none"]
+    data, init = {"clean:", "shard:"}, {"init_model:"}
+
+    def model_needs(model):
+        base = model.split("+")[0]
+        if base in trained:
+            return data | init | {f"pretrain_chunk:{base}"}
+        return init if base == "none" else set()
+
+    def setting_needs(m, t, setting):
+        source = start_source(t)
+        before = selection_needs(m.split("+")[0], source) if source else set()
+        seeds = {f"finetune:{m}/{t}/{setting}/seed{s}" for s in task_seeds(t)}
+        return model_needs(m) | before | seeds
+
+    def selection_needs(m, t):
+        return set().union(*(setting_needs(m, t, setting) for setting in settings_of(t)))
+
+    def similarity_needs(m):
+        return model_needs(m) | {"clean:", f"similarity:{m}"}
+
     jobs = [job("download_corpus", f"{DATA}/raw.json"), job("fetch_tokenizer", f"{DATA}/tokenizer")]
-    jobs += [job("clean", f"{DATA}/corpus.txt")]
-    jobs += [job("shard", f"{DATA}/shards/shard-{k}.bin") for k in SHARDS]
-    jobs += [job("gather_shards", f"{DATA}/shards/manifest.json"), job("init_model", START)]
+    jobs += [job("clean", f"{DATA}/corpus.txt", needs={"clean:"})]
+    jobs += [job("shard", f"{DATA}/shards/shard-{k}.bin", needs=data) for k in SHARDS]
+    jobs += [job("gather_shards", f"{DATA}/shards/manifest.json", needs=data)]
+    jobs += [job("init_model", START, needs=init)]
     if "none" in p["objectives"]:
-        jobs.append(job("export_start", f"{MODELS}/none.json"))
+        jobs.append(job("export_start", f"{MODELS}/none.json", needs=init))
     jobs += [job("extra_model", f"{MODELS}/{m}") for m in extra_models()]
     gpus = gpus_per_node("pretrain_chunk") * p["nodes"]
-    for o in [o for o in p["objectives"] if o != "none"]:
-        minutes = plan.pretrain_minutes(o, p, START_SHAPE, pretrain_seq(), PLAN_GPU)
-        for k, (asked, work) in enumerate(plan.chunk_requests(minutes, p, PLAN, config["device"] == "cpu")):
-            jobs.append(job("pretrain_chunk", chunk_marker(o, k), gpus, asked, work, o))
-        jobs.append(job("export_model", f"{MODELS}/{o}.json"))
+    for o in trained:
+        needs = model_needs(o)
+        for marker, asked, work, ends in planned_chunks(o, fresh=bool(changed & needs)):
+            open_ended = ends == "deadline"
+            jobs.append(
+                job("pretrain_chunk", marker, gpus, asked, work, o, needs=needs, open_ended=open_ended)
+            )
+        jobs.append(job("export_model", f"{MODELS}/{o}.json", needs=needs))
     jobs += [job("prepare_task", f"{R}/finetune_data/{t}.json") for t in config["finetune"]["tasks"]]
     gpu = gpus_per_node("finetune")
     for m, t in model_tasks():
         for setting in settings_of(t):
             asked = finetune_runtime(Namespace(model=m, task=t, setting=setting))
             work = finetune_expected(m, t, setting)
-            jobs.append(job("finetune", seeds_marker(m, t, setting), gpu, asked, work, f"{m}/{t}", True))
-        jobs.append(job("select_setting", selection_file(m, t)))
-    jobs += [
-        job("submissions", f"{REPORT}/submissions/{m}.zip") for m in finetune_models() + contrastive_models()
-    ]
+            needs = setting_needs(m, t, setting)
+            jobs.append(
+                job("finetune", seeds_marker(m, t, setting), gpu, asked, work, f"{m}/{t}", True, needs)
+            )
+        jobs.append(job("select_setting", selection_file(m, t), needs=selection_needs(m, t)))
+    for m in finetune_models() + contrastive_models():
+        needs = set().union(*(selection_needs(m, t) for t in tasks_of(m)))
+        jobs.append(job("submissions", f"{REPORT}/submissions/{m}.zip", needs=needs))
     if embeddings_enabled():
         jobs.append(job("embeddings_data", f"{R}/analysis/embeddings_data.json"))
     for m in finetune_models():
         path = f"{R}/analysis/similarity/{m}.json"
-        asked = similarity_runtime(None)
-        jobs.append(
-            job("similarity", path, gpus_per_node("similarity"), asked, similarity_expected(), m, True)
-        )
-    jobs += [job("similarity_plot", f"{REPORT}/self_similarity.png"), job("report", f"{REPORT}/report.md")]
+        asked, work = similarity_runtime(None), similarity_expected()
+        gpu = gpus_per_node("similarity")
+        jobs.append(job("similarity", path, gpu, asked, work, m, True, similarity_needs(m)))
+    analysed = set().union(*(similarity_needs(m) for m in finetune_models()))
+    tuned = set().union(*(selection_needs(m, t) for m, t in model_tasks()))
+    jobs.append(job("similarity_plot", f"{REPORT}/self_similarity.png", needs=analysed))
+    jobs.append(job("report", f"{REPORT}/{REPORT_RECORD}", needs=analysed | tuned))
     jobs.append(plan.Job("all", "login"))
     return jobs
 

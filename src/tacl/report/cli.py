@@ -25,6 +25,8 @@ def register(stages: argparse._SubParsersAction) -> None:
     p.add_argument("--similarity-png")
     p.add_argument("--cls-png", help="the [CLS] cosine figure")
     p.add_argument("--out")
+    p.add_argument("--record", help="write what the tables were built from here, last (the workflow's report rule "
+                   "only; any other report removes the record of its folder)")
     p.set_defaults(func=_report, parser=p)
 
     s = stages.add_parser("status", help="where a results directory stands: pretraining, fine-tunes, GPU-hours",
@@ -38,6 +40,15 @@ def register(stages: argparse._SubParsersAction) -> None:
 
 
 def _report(a: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from tacl.io import write_json_atomic
+    from tacl.report.expected import RECORD
+
+    if not (a.results_dir or (a.results and a.models and a.out)):
+        a.parser.error("give RESULTS_DIR, or --results, --models and --out")
+    # (removed first: tables written without it, or half written, are never the rule's up-to-date output)
+    Path(Path(a.results_dir, "report") if a.results_dir else a.out, RECORD).unlink(missing_ok=True)
     if a.results_dir:
         from tacl.report.expected import report_now
 
@@ -46,12 +57,12 @@ def _report(a: argparse.Namespace) -> None:
         print(f"tables from {result['runs']} finished fine-tunes ({len(result['missing'])} missing{damaged}) "
               f"in {a.results_dir}/report: report.md, report.html", file=sys.stderr)
     else:
-        if not (a.results and a.models and a.out):
-            a.parser.error("give RESULTS_DIR, or --results, --models and --out")
         from tacl.report.tables import build_report
 
         result = build_report(a.results, a.models, a.tasks, json.loads(a.expected), a.similarity, a.out,
                               a.similarity_png, a.embeddings, not a.embeddings_disabled, a.cls_png)
+    if a.record:
+        write_json_atomic(a.record, result)
     print(json.dumps(result))
 
 

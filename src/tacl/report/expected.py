@@ -15,6 +15,10 @@ from tacl.io import InputError, read_json, write_json_atomic
 
 EXPECTED = "expected.json"
 VERSION = 1
+# In the report folder: what the tables were built from (runs found, missing), written last by the workflow's
+# report rule, its output that the workflow asks for. Any other report (the one written after a failed job,
+# `tacl report RESULTS_DIR`) removes it, so that Snakemake never takes those tables for the rule's.
+RECORD = "report.json"
 
 
 def write_expected(results_dir: str | Path, expected: dict[str, Any]) -> Path:
