@@ -231,9 +231,12 @@ def test_two_nodes_cancel_resume_on_other_geometries_and_a_silent_node(tmp_path,
         assert abs(slurm_time(end) - slurm_time(job["EndTime"])) <= 2, (host, end, job["EndTime"])
     tag = checkpoint.latest_tag(run_dir)
     written = {p.name for p in (run_dir / "checkpoints" / tag).iterdir()}  # rank 0: the model, each its part
-    assert written == {"mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
-                       "zero_pp_rank_1_mp_rank_00_optim_states.pt", "rng_rank00000.pt",
-                       "rng_rank00001.pt"}, written
+    parts = {"mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+             "zero_pp_rank_1_mp_rank_00_optim_states.pt", "rng_rank00000.pt", "rng_rank00001.pt"}
+    assert written == parts | {"manifest.json"}, written
+    # (the manifest, written by rank 0 once every rank had saved, covers the other node's files too)
+    assert checkpoint.damage(run_dir / "checkpoints" / tag) == [] and set(
+        json.loads((run_dir / "checkpoints" / tag / "manifest.json").read_text())["files"]) == parts
     gradient_bytes = 4 * sum(t.numel() for t in weights(run_dir).values())
     assert link_bytes() - sent > saved * gradient_bytes / 2, "each step's gradients crossed the link"
 
