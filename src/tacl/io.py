@@ -8,7 +8,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 
 class InputError(RuntimeError):
@@ -75,6 +75,42 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+def write_file_record(path: str | os.PathLike, folder: str | os.PathLike, files: Iterable[Path]) -> None:
+    """Record `files` (under `folder`, by their relative paths) with their sizes and sha256 in the JSON file
+    `path`, atomically: what `changed_files` checks the folder against later (a checkpoint's manifest, a
+    fine-tuning seed's results)."""
+    folder = Path(folder)
+    write_json_atomic(path, {"files": {p.relative_to(folder).as_posix(): {"bytes": p.stat().st_size,
+                                                                          "sha256": sha256_file(p)}
+                                       for p in files}})
+
+
+def read_file_record(path: str | os.PathLike) -> dict[str, dict[str, Any]]:
+    """The files a `write_file_record` record lists; ValueError (or OSError) when it is not such a record."""
+    files = json.loads(Path(path).read_text(encoding="utf-8"))["files"] if Path(path).is_file() else None
+    if not isinstance(files, dict) or not all(
+            isinstance(e, dict) and isinstance(e.get("bytes"), int) and isinstance(e.get("sha256"), str)
+            for e in files.values()):
+        raise ValueError("not a record of files with their bytes and sha256")
+    return files
+
+
+def changed_files(folder: str | os.PathLike, files: dict[str, dict[str, Any]]) -> list[tuple[str, str, int]]:
+    """(name, what, bytes now) for each recorded file (`read_file_record`) that is not in `folder` as it was
+    recorded, in name order: what is "missing", "bytes" (another size; its sha256 is not read) or "sha256";
+    [] when every one is."""
+    changed = []
+    for name, entry in sorted(files.items()):
+        file = Path(folder) / name
+        if not file.is_file():
+            changed.append((name, "missing", 0))
+        elif (size := file.stat().st_size) != entry["bytes"]:
+            changed.append((name, "bytes", size))
+        elif sha256_file(file) != entry["sha256"]:
+            changed.append((name, "sha256", size))
+    return changed
 
 
 def stable_hash(obj: Any, length: int = 16) -> str:

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tacl.finetune import CHECKPOINT, GIVEN, JOB, Stopped
-from tacl.io import InputError, read_json, sha256_file, write_json_atomic
+from tacl.io import (InputError, changed_files, read_file_record, read_json, sha256_file, write_file_record,
+                     write_json_atomic)
 
 log = logging.getLogger("tacl.finetune")
 WEIGHTS = ("*.safetensors", "*.bin")
@@ -81,9 +82,8 @@ def unreadable(out: Path) -> str | None:
 
 
 def record_results(out: Path) -> None:
-    """Write RESULT_FILES: each result file (relative to the seed's folder) with its sha256."""
-    write_json_atomic(out / RESULT_FILES, {"files": {str(p.relative_to(out)): sha256_file(p)
-                                                     for p in result_files(out)}})
+    """Write RESULT_FILES: each result file (relative to the seed's folder) with its size and sha256."""
+    write_file_record(out / RESULT_FILES, out, result_files(out))
 
 
 def given_before(out: Path) -> Any:
@@ -107,14 +107,13 @@ def why_not_done(out: Path, given: dict[str, Any]) -> str | None:
     if not (out / RESULT_FILES).is_file():
         return None  # (finished before its files were recorded, or just before: they read back, recorded now)
     try:
-        recorded = json.loads((out / RESULT_FILES).read_text(encoding="utf-8"))["files"]
-    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
+        recorded = read_file_record(out / RESULT_FILES)
+    except (OSError, ValueError, KeyError, TypeError):
         return f"{RESULT_FILES} is damaged"
-    for name, digest in recorded.items():
-        if not (out / name).is_file():
+    for name, what, _ in changed_files(out, recorded)[:1]:
+        if what == "missing":
             return f"{name} is missing (recorded in {RESULT_FILES})"
-        if sha256_file(out / name) != digest:
-            return f"{name} differs from what {RESULT_FILES} recorded (sha256)"
+        return f"{name} differs from what {RESULT_FILES} recorded (sha256)"  # (another size: another sha256 too)
     return None
 
 

@@ -22,7 +22,6 @@ converted checkpoint resumed measurably off the trajectory).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import random
@@ -36,7 +35,7 @@ import numpy as np
 import torch
 
 from tacl.device import rank_gpu
-from tacl.io import InputError, sha256_file, write_json_atomic, write_text_atomic
+from tacl.io import InputError, changed_files, read_file_record, write_file_record, write_text_atomic
 from tacl.pretrain.distributed import DistEnv, barrier
 
 CHECKPOINTS = "checkpoints"
@@ -138,12 +137,8 @@ def write_manifest(folder: Path) -> None:
     page cache just after it was written: sha256 ran at ~630 MiB/s on one core of the test machine, ~2.5 s for
     a BERT-base checkpoint with its AdamW state (~1.5 GB), once per `checkpoint_minutes` (30); the other ranks
     wait for it at the barrier after the rename."""
-    files = {}
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        name = path.relative_to(folder).as_posix()
-        if name != MANIFEST:
-            files[name] = {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
-    write_json_atomic(folder / MANIFEST, {"files": files})
+    write_file_record(folder / MANIFEST, folder,
+                      sorted(p for p in folder.rglob("*") if p.is_file() and p != folder / MANIFEST))
 
 
 def damage(folder: Path) -> list[str] | None:
@@ -153,22 +148,13 @@ def damage(folder: Path) -> list[str] | None:
     if not path.exists():
         return None
     try:
-        files = json.loads(path.read_text())["files"]
-        if not all(isinstance(e, dict) and isinstance(e.get("bytes"), int) and isinstance(e.get("sha256"), str)
-                   for e in files.values()):
-            raise ValueError("an entry without bytes and sha256")
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        files = read_file_record(path)
+    except (OSError, ValueError, KeyError, TypeError) as e:
         return [f"{MANIFEST}: unreadable ({e})"]
-    problems = []
-    for name, entry in sorted(files.items()):
-        file = folder / name
-        if not file.is_file():
-            problems.append(f"{name}: missing")
-        elif (size := file.stat().st_size) != entry["bytes"]:
-            problems.append(f"{name}: {size} bytes, {entry['bytes']} when saved")
-        elif sha256_file(file) != entry["sha256"]:
-            problems.append(f"{name}: its sha256 differs from the manifest's")
-    return problems
+    what = {"missing": lambda name, size: "missing",
+            "bytes": lambda name, size: f"{size} bytes, {files[name]['bytes']} when saved",
+            "sha256": lambda name, size: "its sha256 differs from the manifest's"}
+    return [f"{name}: {what[kind](name, size)}" for name, kind, size in changed_files(folder, files)]
 
 
 def resume_tag(run_dir: str | os.PathLike, manifests_after: int) -> str | None:
