@@ -30,7 +30,10 @@ PYTEST_ARGS ?= -n 2 --dist loadgroup --no-loadscope-reorder
 test: venv
 	PATH=$(abspath $(BIN)):$$PATH python -m pytest -q $(PYTEST_ARGS)
 
+# no finding of ruff (pyproject: line length, pycodestyle, pyflakes), snakefmt --check or snakemake --lint
 lint: venv
+	$(BIN)/ruff check --no-cache src tests benchmarks
+	$(BIN)/python -m snakefmt --check workflow
 	PATH=$(abspath $(BIN)):$$PATH snakemake --lint $(DEMO)
 
 # `--profile slurm` / `--profile pbs` by bare name: links profiles/slurm and profiles/pbs into

