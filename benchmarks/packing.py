@@ -24,7 +24,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pretrain_step as ps  # noqa: E402  (its data stage, FLOPs and timing helpers)

@@ -383,7 +383,7 @@ def time_plain(manifest: str, tokenizer, start: str, device: torch.device, steps
         for j in range(accumulation):
             _, index = data.locate(data.micro_positions(s, j))
             flops += objective_flops("mlm_nsp", model.config, data.shards.lengths(index), 0, False)
-    del batches
+    batches = None  # (the loader's workers end here)
     return {"s_per_step": elapsed, "tokens_per_step": tokens / steps, "flops_per_step": flops / steps,
             "syncs": "-", "optimizer": "AdamW (fused, plain)", "peak_memory_gib": peak_memory_gib(),
             "micro_batch": micro, "compiled": False, "matmul_dtype": "torch.bfloat16" if bf16 else "torch.float32"}

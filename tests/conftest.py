@@ -133,7 +133,9 @@ def write_nli_fixture(root: Path, rows: int = 48) -> Path:
                                   + ([label] if dev else [label, label])))
         return out
 
-    rte = lambda part: ["index\tsentence1\tsentence2\tlabel"] + [f"{i}\t{s}\t{q}\t{y}" for i, (q, s, y) in enumerate(part)]
+    def rte(part):
+        return ["index\tsentence1\tsentence2\tlabel"] + [f"{i}\t{s}\t{q}\t{y}" for i, (q, s, y) in enumerate(part)]
+
     files = {"MNLI/train.tsv": mnli(qnli[:rows], False), "MNLI/dev_matched.tsv": mnli(qnli[rows:], True),
              "MNLI/dev_mismatched.tsv": mnli(qnli[rows:], True),
              "RTE/train.tsv": rte(qnli[rows:]), "RTE/dev.tsv": rte(qnli[:rows])}

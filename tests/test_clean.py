@@ -36,7 +36,8 @@ def test_short_documents_are_dropped():
 
 
 def test_sentences_under_three_characters_are_dropped():
-    assert clean_article("This is fine. A? It is fine too. Hi! Yes.") == ["This is fine.", "It is fine too.", "Hi!", "Yes."]
+    expected = ["This is fine.", "It is fine too.", "Hi!", "Yes."]
+    assert clean_article("This is fine. A? It is fine too. Hi! Yes.") == expected
 
 
 def test_heldout_is_stable_and_proportional():

@@ -75,8 +75,9 @@ def test_nothing_points_outside_the_repository_and_one_profile_spelling():
         if "DESIGN.md" in text or ("../shared" in text and name != "docs/development.md"):
             outside.append(name)
     assert outside == []
-    spelled = [f"{p.relative_to(REPO)}: {m.group(0)}" for p in [*DOCS, REPO / "config.yaml", REPO / "workflow/Snakefile",
-                                                                 *sorted((REPO / "profiles").glob("*/config.yaml"))]
+    profiles = sorted((REPO / "profiles").glob("*/config.yaml"))
+    files = [*DOCS, REPO / "config.yaml", REPO / "workflow/Snakefile", *profiles]
+    spelled = [f"{p.relative_to(REPO)}: {m.group(0)}" for p in files
                for m in re.finditer(r"--profile (?!profiles/)\w+", p.read_text())]
     assert spelled == []
 

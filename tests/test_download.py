@@ -34,7 +34,8 @@ def hf_fixture(tmp_path_factory) -> Path:
     per_file = -(-len(articles) // 4)
     for k in range(4):
         part = articles[k * per_file:(k + 1) * per_file]
-        table = pa.table({"id": [a.id for a in part], "url": [f"https://en.wikipedia.org/wiki?curid={a.id}" for a in part],
+        urls = [f"https://en.wikipedia.org/wiki?curid={a.id}" for a in part]
+        table = pa.table({"id": [a.id for a in part], "url": urls,
                           "title": [a.title for a in part], "text": [a.text for a in part]})
         pq.write_table(table, root / "data" / f"train-{k:05d}-of-00004.parquet", row_group_size=256)
     return root

@@ -161,7 +161,9 @@ def test_a_seed_is_kept_only_if_its_files_read_back(tmp_path, caplog):
 
     given = {"hparams": {"lr": 1e-4}, "model_sha256": "x"}
     marker = tmp_path / "seeds.json"
-    run = lambda: run_seeds([0, 1], lambda s: tmp_path / f"seed{s}", given, train_one, str(marker))
+    def run():
+        return run_seeds([0, 1], lambda s: tmp_path / f"seed{s}", given, train_one, str(marker))
+
     run()
     recorded = json.loads((tmp_path / "seed0" / RESULT_FILES).read_text())["files"]
     assert trained == [0, 1] and recorded.keys() == {"metrics.json", "submission/RTE.tsv"}

@@ -273,7 +273,10 @@ def test_coco_lm_losses_match_loops():
     valid = torch.ones(3, 6, dtype=torch.bool)
     valid[2, 4:] = False
     loss, _ = copy_loss(copy_logits, original, valid)
-    terms = [-math.log(1 / (1 + math.exp(-copy_logits[b, i])) if original[b, i] else 1 - 1 / (1 + math.exp(-copy_logits[b, i])))
+    def p_copy(b, i):
+        return 1 / (1 + math.exp(-copy_logits[b, i]))
+
+    terms = [-math.log(p_copy(b, i) if original[b, i] else 1 - p_copy(b, i))
              for b in range(3) for i in range(6) if valid[b, i]]
     assert loss.item() == pytest.approx(sum(terms) / len(terms), rel=1e-6)
 

@@ -174,7 +174,7 @@ def test_tacl_negatives_all_refuses_packing():
     assert all(packing_error(o, {}) is None for o in OBJECTIVES)
 
 
-def test_packed_resume_is_bit_exact(demo_data, tmp_path, env):
+def test_packed_resume_is_bit_exact(demo_data, tmp_path, env):  # noqa: F811 (the fixture imported above)
     """TACO, packed, in this process under the sync guard: 2 steps, a save, a fresh chunk resuming from it
     for 2 more steps: the losses and weights of the 4-step run without a break, bit for bit."""
     from test_step import step

@@ -211,7 +211,8 @@ if [ -f "$state/fail" ]; then echo "qstat: cannot connect to server pbs01 (errno
 case "$args" in
   *-Qf*-F\\ json*) cat "$state/queues.json" ;;
   *-Qf*) cat "$state/queues.txt" ;;
-  *-F\\ json*) [ -f "$state/$id.json" ] || {{ echo "qstat: Unknown Job Id $id" >&2; exit 153; }}; cat "$state/$id.json" ;;
+  *-F\\ json*) [ -f "$state/$id.json" ] || {{ echo "qstat: Unknown Job Id $id" >&2; exit 153; }}
+    cat "$state/$id.json" ;;
   *) [ -f "$state/$id.txt" ] || {{ echo "qstat: Unknown Job Id $id" >&2; exit 153; }}; cat "$state/$id.txt" ;;
 esac
 """
@@ -259,7 +260,8 @@ def test_status_through_broken_json_falls_back_to_text(pbs, tmp_path):
 def test_holds_and_comments(pbs, tmp_path):
     said = []
     jid = "3001.pbs01"
-    (pbs / f"{jid}.json").write_text(qstat_json(jid, "Q", comment="Not Running: Insufficient amount of resource: ngpus"))
+    insufficient = "Not Running: Insufficient amount of resource: ngpus"
+    (pbs / f"{jid}.json").write_text(qstat_json(jid, "Q", comment=insufficient))
     assert job_status(jid, str(tmp_path), said.append) == "running"
     assert job_status(jid, str(tmp_path), said.append) == "running"
     assert said == ["PBS job 3001.pbs01 (tacl.pretrain_chunk, state Q): Not Running: Insufficient amount of "
@@ -267,7 +269,8 @@ def test_holds_and_comments(pbs, tmp_path):
     (pbs / f"{jid}.json").write_text(qstat_json(jid, "H", hold="u", comment="Job held by user on Tue Nov 24"))
     assert job_status(jid, str(tmp_path), said.append) == "running" and len(said) == 2
     assert not (pbs / "qdel.calls").exists(), "a user hold stays the user's"
-    (pbs / f"{jid}.json").write_text(qstat_json(jid, "H", hold="s", comment="job held, too many failed attempts to run"))
+    held = "job held, too many failed attempts to run"
+    (pbs / f"{jid}.json").write_text(qstat_json(jid, "H", hold="s", comment=held))
     assert job_status(jid, str(tmp_path), said.append) == "failed"
     assert said[2] == "PBS job 3001.pbs01 (tacl.pretrain_chunk, state H): job held, too many failed attempts to run"
     assert said[3] == ("PBS job 3001.pbs01: held by the system (Hold_Types s), which never releases it by itself: "
@@ -391,7 +394,8 @@ def test_queue_limits_and_pbs_preflight_messages():
     assert missing == ("rule shard: queue 'short' does not exist on this PBS server (queues: cpu, gpu, gpu_test); "
                        "set pbs_queue in the profile")
     [cpu_in_gpu_queue] = pbs_problems([request("export_model", "gpu", 60, 0)], queues, 4)
-    assert "queue 'gpu' takes jobs with at least 1 GPU(s) (resources_min.ngpus), the rule asks for 0" in cpu_in_gpu_queue
+    assert ("queue 'gpu' takes jobs with at least 1 GPU(s) (resources_min.ngpus), the rule asks for 0"
+            in cpu_in_gpu_queue)
     [disabled] = pbs_problems([request("finetune", "gpu_test", 10, 1)], queues, 4)
     assert disabled.startswith("rule finetune: queue 'gpu_test' does not take jobs (enabled = False)")
     [unset] = pbs_problems([request("finetune", "${TACL_PBS_GPU_QUEUE}", 10, 1)], None, 4)
@@ -400,7 +404,8 @@ def test_queue_limits_and_pbs_preflight_messages():
         "rule pretrain_chunk: pretrain.launcher is auto (srun for pretrain.nodes > 1), which needs a SLURM job step; "
         "under PBS set pretrain.launcher to mpiexec (Cray PALS, as on Supek) or pbsdsh: one torchrun agent per node")
     assert launcher_problem("pbs", "mpiexec", "mpiexec") is None and launcher_problem("pbs", "torchrun", "auto") is None
-    assert launcher_problem("slurm", "srun", "auto") is None and launcher_problem("slurm", "torchrun", "torchrun") is None
+    assert launcher_problem("slurm", "srun", "auto") is None
+    assert launcher_problem("slurm", "torchrun", "torchrun") is None
     assert "under SLURM use srun" in launcher_problem("slurm", "pbsdsh", "pbsdsh")
 
 
@@ -434,7 +439,9 @@ case "$*" in *-Qf*) cat "$state/queues.json"; exit 0 ;; esac
 [ -f "$state/$id.state" ] || {{ echo "qstat: Unknown Job Id $id" >&2; exit 153; }}
 read s code < "$state/$id.state"
 if [ "$s" = F ] && [ -f "$state/history-off" ]; then echo "qstat: Unknown Job Id $id" >&2; exit 153; fi
-python3 -c "import json,sys; j={{'job_state': sys.argv[1]}}; sys.argv[2] and j.update(Exit_status=int(sys.argv[2])); print(json.dumps({{'Jobs': {{sys.argv[3]: j}}}}))" "$s" "$code" "$id"
+python3 -c "import json,sys; j={{'job_state': sys.argv[1]}}
+sys.argv[2] and j.update(Exit_status=int(sys.argv[2]))
+print(json.dumps({{'Jobs': {{sys.argv[3]: j}}}}))" "$s" "$code" "$id"
 """,
     "qdel": "exit 0\n",
 }
@@ -589,8 +596,8 @@ def test_data_stage_through_cluster_generic_and_a_stand_in_pbs(tmp_path):
     env["BASH_FUNC_module%%"] = BASH_FUNC
     cfg = demo_config(tmp_path, device="auto")  # (the GPU rules then ask the gpu queue for its least, 1 GPU)
     with with_env(env):
-        run_snakemake(tmp_path, cfg, "--profile", str(tmp_path / "profile"), str(tmp_path / "results/data/summary.json"),
-                      timeout=600)
+        summary = str(tmp_path / "results/data/summary.json")
+        run_snakemake(tmp_path, cfg, "--profile", str(tmp_path / "profile"), summary, timeout=600)
     submitted = {p.name[: -len(".args")]: p.read_text().split() for p in state.glob("*.args")}
     rules = sorted(args[args.index("-N") + 1] for args in submitted.values())
     assert rules == ["tacl.clean", "tacl.shard", "tacl.shard"], rules

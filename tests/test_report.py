@@ -222,7 +222,7 @@ def test_a_damaged_result_file_is_named_and_the_tables_come_from_the_rest(tree, 
     assert glue.loc["tacl", "RTE (acc, dev)"] == "82.0 ± 2.8"  # (seeds 0 and 1)
     assert glue.loc["tacl", "MRPC (F1/acc, dev)"] != "- / -"
     md = (out / "report.md").read_text()
-    assert "Missing or failed (1)" in md and f"Damaged, left out of the tables (2; " in md and str(bad) in md
+    assert "Missing or failed (1)" in md and "Damaged, left out of the tables (2; " in md and str(bad) in md
 
 
 def test_status_refuses_a_folder_that_is_not_a_results_directory(tmp_path, tree, capsys):

@@ -4,7 +4,6 @@ import shutil
 import numpy as np
 import pytest
 
-from tacl.data import build, shards
 from tacl.data.build import build_shard, gather_shards
 from tacl.data.clean import clean_corpus
 from tacl.data.download import download_corpus
@@ -19,9 +18,9 @@ def test_write_read_round_trip(tmp_path):
     flat = rng.integers(1000, 30000, 5000)
     spans, nsp = [], []
     for _ in range(200):
-        a0 = rng.integers(0, 4800); a1 = a0 + rng.integers(1, 60)
-        b0 = rng.integers(0, 4800); b1 = b0 + rng.integers(1, 60)
-        spans.append((a0, a1, b0, b1)); nsp.append(rng.integers(0, 2))
+        a0, b0 = rng.integers(0, 4800), rng.integers(0, 4800)
+        spans.append((a0, a0 + rng.integers(1, 60), b0, b0 + rng.integers(1, 60)))
+        nsp.append(rng.integers(0, 2))
     write_shard(tmp_path / "s.bin", flat, np.array(spans), np.array(nsp), 101, 102, np.dtype(np.uint16))
     shard = Shard(tmp_path / "s.bin")
     assert len(shard) == 200

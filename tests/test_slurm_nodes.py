@@ -153,7 +153,7 @@ def start_reference(run_dir: Path, out: Path) -> subprocess.Popen:
         return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def node02_silent_stops_the_run(workdir: Path, prepared: Path) -> None:
+def node02_silent_stops_the_run(workdir: Path, prepared: Path) -> None:  # noqa: F811 (a path, not the fixture)
     """node02's slurmd stopped: once SLURM knows that the node does not answer, a 2-node chunk would wait in
     the queue for ever; the run stops before submitting anything, with one message naming the node and the
     key. (node02 is started again afterwards, whatever happens.)"""

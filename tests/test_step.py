@@ -312,7 +312,8 @@ def compiled_with(monkeypatch):
 
     def use(backend):
         compile_losses = Pretrainer.compile_losses
-        monkeypatch.setattr(Pretrainer, "compile_losses", lambda self, teacher=None: compile_losses(self, teacher, backend))
+        monkeypatch.setattr(Pretrainer, "compile_losses",
+                            lambda self, teacher=None: compile_losses(self, teacher, backend))
         torch._dynamo.reset()
         counters.clear()
         return counters

@@ -18,8 +18,9 @@ def test_names_read_back_exactly(preset):
     rng = random.Random(0)
     values = [3e-5, 2e-5, 5e-5, 1e-3, 1e-4, 2.5e-5, 1 / 3 * 1e-4, 0.06, 0.1, 0.0, 0.01, 0.2]
     for _ in range(300):
-        v = {"lr": rng.choice(values[:7] + [0.5]), "batch": rng.choice([8, 16, 32]), "epochs": rng.choice([1, 2, 3, 2.5]),
-             "warmup_ratio": rng.choice([0.0, 0.06, 0.1]), "weight_decay": rng.choice([0.0, 0.01, 0.1])}
+        v = {"lr": rng.choice(values[:7] + [0.5]), "batch": rng.choice([8, 16, 32]),
+             "epochs": rng.choice([1, 2, 3, 2.5]), "warmup_ratio": rng.choice([0.0, 0.06, 0.1]),
+             "weight_decay": rng.choice([0.0, 0.01, 0.1])}
         name = setting_name(v, preset)
         assert "/" not in name and " " not in name
         assert parse_setting(name, preset) == v, name

@@ -70,7 +70,8 @@ def hub_failure(error: BaseException) -> tuple[str, str] | None:
     if names & UNREACHABLE:
         deepest = [e for e in chain if isinstance(e, ConnectionError) or type(e).__name__ in UNREACHABLE][-1]
         words = str(deepest).strip().splitlines()
-        return "offline", f"the Hugging Face Hub cannot be reached ({words[0][:100] if words else type(deepest).__name__})"
+        why = words[0][:100] if words else type(deepest).__name__
+        return "offline", f"the Hugging Face Hub cannot be reached ({why})"
     return None
 
 

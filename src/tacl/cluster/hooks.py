@@ -115,7 +115,8 @@ def rule_geometry_problem(workflow: Any, pretrain: dict[str, Any]) -> str | None
     if spec is None:
         return None
     given = {k: resource_text(spec.resources.get(k)) for k in ("gres", "gpu")}
-    job = SimpleNamespace(name=spec.name, resources={**{k: v for k, v in given.items() if v}, "nodes": pretrain["nodes"]})
+    resources = {**{k: v for k, v in given.items() if v}, "nodes": pretrain["nodes"]}
+    job = SimpleNamespace(name=spec.name, resources=resources)
     return geometry_problem(job, pretrain["nodes"], pretrain["ranks_per_node"])
 
 

@@ -79,7 +79,8 @@ def parse_setting(name: str, preset: str) -> dict[str, Any]:
 def base_hparams(family: str, hparams: dict[str, Any], task: str, preset: str) -> dict[str, Any]:
     """A task's single setting: the family's defaults, the preset, the config's `finetune.hparams` (the
     family's, then the task's)."""
-    return {**FAMILY_HPARAMS[family], **PRESETS[preset], **hparams.get(family, {}), **hparams.get("tasks", {}).get(task, {})}
+    own = hparams.get("tasks", {}).get(task, {})
+    return {**FAMILY_HPARAMS[family], **PRESETS[preset], **hparams.get(family, {}), **own}
 
 
 def task_grid(task: str, family: str, hparams: dict[str, Any], sweep: dict[str, Any], preset: str

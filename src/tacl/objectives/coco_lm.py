@@ -104,7 +104,8 @@ def crop_view(ids: torch.Tensor, token_type: torch.Tensor, attention: torch.Tens
     body = ids.gather(1, source)
     view = torch.where(j == 0, ids[:, :1], torch.where(j <= m[:, None], body,
                                                        torch.where(j == m[:, None] + 1, sep, pad_id)))
-    types = torch.where(j <= m[:, None], token_type.gather(1, source), token_type.gather(1, (n - 1).clamp(min=0)[:, None]))
+    last_type = token_type.gather(1, (n - 1).clamp(min=0)[:, None])
+    types = torch.where(j <= m[:, None], token_type.gather(1, source), last_type)
     keep = j <= m[:, None] + 1
     return view, torch.where(keep, types, 0), keep.long()
 

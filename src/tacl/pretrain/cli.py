@@ -71,7 +71,8 @@ def _train(a: argparse.Namespace) -> int:
     if a.operational is not None:
         settings = TrainSettings.from_parts(given, json.loads(a.operational))
     else:
-        settings = TrainSettings.from_dict({k: v for k, v in given.items() if k not in ("data_version", "bf16_version")})
+        markers = ("data_version", "bf16_version")
+        settings = TrainSettings.from_dict({k: v for k, v in given.items() if k not in markers})
     marker = train_chunk(ChunkArgs(a.run_dir, a.start_model, a.manifest, settings, a.marker, a.chunk, a.deadline,
                                    a.runtime_minutes, a.margin_minutes, a.max_steps,
                                    not a.no_tensorboard))
