@@ -24,8 +24,8 @@ from tacl.data.packing import pack_sequences
 from tacl.data.pretraining import Batching, PretrainingData
 from tacl.data.shards import ShardSet
 from tacl.objectives import build_objective, objective_draws
-from tacl.config import packing_error
 from tacl.objectives.packed import use_packed_attention
+from tacl.objectives.registry import packing_error
 
 OBJECTIVES = ("mlm_nsp", "tacl", "tacl_batch", "taco", "coco_lm")
 

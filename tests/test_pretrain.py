@@ -212,7 +212,7 @@ def test_damaged_checkpoints_are_set_aside_and_the_run_resumes_exactly(demo_data
     truncated, the resume sets both aside (one warning naming them) and goes on from the newest intact one,
     reaching the uninterrupted run's losses and weights bit for bit. With no intact checkpoint left: one error
     naming the files, and nothing moved."""
-    from tacl.pretrain.trainer import manifests_after
+    from tacl.pretrain.identity import manifests_after
 
     s = settings("tacl", objective_params={}, checkpoint_minutes=0, keep_checkpoints=3)  # (the reference's result)
     run = tmp_path / "run"
@@ -253,7 +253,7 @@ def test_checkpoints_without_a_manifest(tmp_path, caplog):
     where run.json does not say) resumes unverified, saying so; a later one without its manifest, or with an
     unreadable one, is damaged."""
     from tacl.pretrain.distributed import DistEnv
-    from tacl.pretrain.trainer import manifests_after
+    from tacl.pretrain.identity import manifests_after
 
     class Engine:
         def save_checkpoint(self, root, tag, client_state, save_latest):
@@ -266,7 +266,7 @@ def test_checkpoints_without_a_manifest(tmp_path, caplog):
         checkpoint.save(Engine(), tmp_path, step, {}, env, keep=2)
     assert json.loads((root / "step00000008" / checkpoint.MANIFEST).read_text())["files"].keys() == {
         "mp_rank_00_model_states.pt", "rng_rank00000.pt"}
-    assert manifests_after(tmp_path) == 8  # no run.json: a run of an earlier version, up to its latest checkpoint
+    assert manifests_after(tmp_path) == 8  # no run.json: a run from before f4f50ea, up to its latest checkpoint
     (tmp_path / "run.json").write_text(json.dumps({"checkpoint_manifests_after": 4}))
     assert manifests_after(tmp_path) == 4
     for step in (4, 8):
@@ -485,6 +485,7 @@ def test_changed_result_settings_start_again_and_a_change_undone_comes_back(demo
     assert_same_weights(final_weights(run), first)
     assert len(list((tmp_path / "superseded").iterdir())) == 1  # the lr 1e-3 run, set aside in its turn
 
+    # a run.json from before commit a513d30 (2026-11-25): a `trajectory` hash for its identity, no `result`
     legacy = read_json(run / "run.json")
     del legacy["identity"]["result"], legacy["result"]
     legacy["identity"]["trajectory"] = TrainSettings.from_dict(legacy["settings"]).legacy_trajectory_hash()

@@ -10,7 +10,7 @@ import pytest
 from conftest import REPO, demo_config, run_snakemake
 from tacl.cli import build_parser
 from tacl.config import load_schema
-from tacl.finetune import GLUE_CLASSIFICATION, GLUE_TASKS, TASKS
+from tacl.finetune import CONTRASTIVE_FORM_PATTERN, CONTRASTIVE_FORMS, GLUE_CLASSIFICATION, GLUE_TASKS, TASKS
 from tacl.objectives.registry import MODELS, OBJECTIVE_PATTERN, OBJECTIVES, REGISTRY, objective_params
 
 SCHEMA = load_schema(REPO / "workflow" / "schemas" / "config.schema.yaml")
@@ -87,6 +87,25 @@ def test_the_rules_constrain_objectives_to_the_registry():
     assert "from tacl.objectives.registry import OBJECTIVE_PATTERN" in (REPO / "workflow/rules/common.smk").read_text()
     assert [o for o in OBJECTIVES if re.fullmatch(OBJECTIVE_PATTERN, o)] == list(OBJECTIVES)
     assert not any(re.fullmatch(OBJECTIVE_PATTERN, o) for o in ("none", "minilm", "tacl_attn2", "coco"))
+
+
+def test_the_contrastive_forms_are_named_once():
+    """The schema's enum, the command line's choices and the rules' `model` constraints hold exactly
+    tacl.finetune.CONTRASTIVE_FORMS, the forms tacl.finetune.contrastive computes."""
+    from tacl.finetune import contrastive
+
+    forms = FINETUNE["contrastive"]["properties"]["forms"]["items"]["enum"]
+    assert forms == list(CONTRASTIVE_FORMS) == list(contrastive.CONTRASTIVE_FORMS)
+    assert choices("finetune", "glue", "--contrastive") == list(CONTRASTIVE_FORMS)
+    rules = (REPO / "workflow" / "rules" / "finetune.smk").read_text()
+    assert "from tacl.finetune import CONTRASTIVE_FORM_PATTERN" in rules
+    blocks = re.findall(r"^    wildcard_constraints:\n((?:        .*\n)+)", rules, re.M)
+    constraints = [c for block in blocks for c in re.findall(r"^\s+model=(.+),$", block, re.M)]
+    assert constraints == ["FINETUNED_MODEL_PATTERN"] * 2
+    pattern = rf"[a-z][a-z0-9_]*(\+({CONTRASTIVE_FORM_PATTERN}))?"
+    assert 'FINETUNED_MODEL_PATTERN = rf"[a-z][a-z0-9_]*(\\+({CONTRASTIVE_FORM_PATTERN}))?"' in rules
+    assert [f for f in CONTRASTIVE_FORMS if re.fullmatch(pattern, f"tacl+{f}")] == list(CONTRASTIVE_FORMS)
+    assert not any(re.fullmatch(pattern, m) for m in ("tacl+simclr", "tacl+kl+scl", "tacl+"))
 
 
 def test_a_dry_run_plans_every_registered_objective_with_its_settings(tmp_path):

@@ -8,8 +8,9 @@ import pytest
 
 from scipy import stats
 
-from tacl.report.tables import (HEADLINE, build_report, collect, differences_table, glue_average,
-                                glue_reference_table, interval, reference_numbers, summarise)
+from tacl.report.compose import build_report
+from tacl.report.tables import (HEADLINE, collect, differences_table, glue_average, glue_reference_table, interval,
+                                reference_numbers, summarise)
 
 
 S = "lr2e-5_b32_e3"  # the setting of the fixture's runs

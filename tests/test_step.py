@@ -22,7 +22,8 @@ import torch
 
 from sync_guard import HostSync, SyncGuard
 from tacl.data.packing import pack_sequences
-from tacl.data.pretraining import MicroBatches, as_tensors, micro_batch_loader, on_device, pack
+from tacl.data.pretraining import MicroBatches, micro_batch_loader, on_device, pack
+from tacl.data.tensors import as_tensors
 from tacl.objectives.registry import OBJECTIVES
 from tacl.pretrain import checkpoint
 from tacl.pretrain.lock import RunLock

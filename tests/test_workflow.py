@@ -616,7 +616,8 @@ def test_report_has_training_curves_and_the_chance_line(finished_demo):
     import pandas as pd
 
     from tacl.report.curves import curves_figure, pretraining_runs
-    from tacl.report.tables import baselines, glue_figure, summarise, collect
+    from tacl.report.compose import glue_figure
+    from tacl.report.tables import baselines, summarise, collect
 
     results = finished_demo["results"]
     report = results / "report"

@@ -13,7 +13,7 @@ from typing import Any, Callable
 import yaml
 
 from tacl.io import InputError
-from tacl.objectives.registry import MODELS, REGISTRY, objective_params
+from tacl.objectives.registry import MODELS, REGISTRY, objective_params, packing_error
 from tacl.pretrain.settings import CHUNK_OPERATIONAL_KEYS, OPERATIONAL_KEYS
 
 
@@ -95,17 +95,6 @@ def config_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
         else:
             problems.append(f"{where or '(top level)'}: {error.message}")
     return sorted(problems)
-
-
-def packing_error(objective: str, params: dict[str, Any]) -> str | None:
-    """Why this objective cannot train on packed batches (one line naming the keys), or None."""
-    if objective == "tacl_attn":
-        return ("pretrain.packing: tacl_attn computes its attention weights on the padded layout; use packing "
-                "false for it (its own config) or leave it out of pretrain.objectives")
-    if objective == "tacl" and params.get("negatives", "real") == "all":
-        return ("pretrain.packing: tacl with pretrain.tacl.negatives 'all' counts padding as negatives, and packed "
-                "batches have none; use negatives 'real' or packing false")
-    return None
 
 
 def start_model_shape(config: dict[str, Any]) -> dict[str, Any] | None:

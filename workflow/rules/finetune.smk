@@ -1,6 +1,11 @@
 # Fine-tunes: data fetched or checked once per task (login node), then one job per (model, task, setting)
 # that trains its seeds one after the other, then the setting selected on dev per (model, task).
 
+from tacl.finetune import CONTRASTIVE_FORM_PATTERN
+
+# a fine-tuned model's name: the start model, an objective, or MODEL+FORM (contrastive fine-tuning)
+FINETUNED_MODEL_PATTERN = rf"[a-z][a-z0-9_]*(\+({CONTRASTIVE_FORM_PATTERN}))?"
+
 
 localrules:
     prepare_task,
@@ -37,7 +42,7 @@ rule finetune:
     benchmark:
         f"{BENCH}/finetune/{{model}}/{{task}}/{{setting}}.tsv"
     wildcard_constraints:
-        model=r"[a-z][a-z0-9_]*(\+(kl|scl))?",
+        model=FINETUNED_MODEL_PATTERN,
         setting=r"lr[^/]+",
     conda:
         CONDA_ENV
@@ -80,7 +85,7 @@ rule select_setting:
     log:
         f"{LOGS}/finetune/{{model}}/{{task}}/select.log",
     wildcard_constraints:
-        model=r"[a-z][a-z0-9_]*(\+(kl|scl))?",
+        model=FINETUNED_MODEL_PATTERN,
     conda:
         CONDA_ENV
     shell:

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from tacl.analysis.encoder import load_encoder
 from tacl.io import InputError, read_json, write_json_atomic
 
 POOLINGS = ("cls", "mean")
@@ -81,10 +82,8 @@ def cluster_scores(embeddings: np.ndarray, labels: list[str], seed: int = 0) -> 
 
 def evaluate(model: Any, data: dict[str, Any], device: str = "auto", max_len: int = 128,
              seed: int = 0) -> tuple[dict[str, Any], np.ndarray]:
-    """The scores of one model (a directory, or a tacl.analysis.similarity.Encoder already loaded), and the
+    """The scores of one model (a directory, or a tacl.analysis.encoder.Encoder already loaded), and the
     cosines of the STS-B pairs' [CLS] vectors (in data["sts"]'s order, for the [CLS] figure)."""
-    from tacl.analysis.similarity import load_encoder
-
     encoder = load_encoder(model, device)
     first = embed(encoder.model, encoder.tokenizer, [p[0] for p in data["sts"]], encoder.device, max_len)
     second = embed(encoder.model, encoder.tokenizer, [p[1] for p in data["sts"]], encoder.device, max_len)

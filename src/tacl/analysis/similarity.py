@@ -16,7 +16,6 @@ equivalent" .. 5 = "completely equivalent"): their mean, std, quantiles and valu
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +23,8 @@ import numpy as np
 import torch
 
 from tacl import RESULT_VERSIONS
+from tacl.analysis.encoder import Encoder, load_encoder
 from tacl.device import resolve_device
-from tacl.hub import resolve_pretrained
 from tacl.io import InputError, read_json, write_json_atomic
 
 
@@ -63,26 +62,6 @@ def cross_sentence_sums(hidden: torch.Tensor, mask: torch.Tensor) -> tuple[torch
 STS_TOP = 4.0  # the STS-B dev pairs of the [CLS] figure: gold score at least this (of 0..5)
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 CLS_LABELS = {"random": "random held-out pairs", "sts_top": f"STS-B dev pairs scored >= {STS_TOP:g}"}
-
-
-@dataclass
-class Encoder:
-    """A model loaded once for every analysis of a job."""
-
-    tokenizer: Any
-    model: Any
-    device: torch.device
-
-
-def load_encoder(model_dir: "str | Encoder", device: str = "auto") -> Encoder:
-    """The encoder of a Hugging Face model directory (or package:NAME) on the device, in eval mode."""
-    if isinstance(model_dir, Encoder):
-        return model_dir
-    from transformers import AutoModel, AutoTokenizer
-
-    dev = resolve_device(device)
-    path = resolve_pretrained(model_dir)
-    return Encoder(AutoTokenizer.from_pretrained(path), AutoModel.from_pretrained(path).to(dev).eval(), dev)
 
 
 def layer_similarities(model: "str | Encoder", sentences: list[str], max_len: int = 128, batch: int = 64,

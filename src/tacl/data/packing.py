@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from tacl.data.pretraining import as_tensors
+from tacl.data.tensors import as_tensors
 
 # keys of the padded batch that the packed layout keeps as they are ([B, W] or [B], or host values)
 KEPT = ("attention_mask", "special_tokens_mask", "mlm_mask", "nsp_labels", "mlm_targets", "num_tokens")

@@ -18,7 +18,9 @@ import numpy as np
 import torch
 
 from tacl.data.masking import IGNORE_INDEX, MaskingSpec, example_keys, mask_batch
+from tacl.data.packing import pack_sequences
 from tacl.data.shards import ShardSet
+from tacl.data.tensors import as_tensors
 
 
 def epoch_permutation(n: int, seed: int, epoch: int) -> np.ndarray:
@@ -78,8 +80,6 @@ class PretrainingData:
     def micro_batch(self, step: int, j: int) -> dict[str, Any]:
         arrays = self.arrays(self.micro_positions(step, j))
         if self.batching.packing:  # the same sequences and masks, concatenated without padding
-            from tacl.data.packing import pack_sequences
-
             return pack_sequences(arrays)
         return as_tensors(arrays)
 
@@ -114,11 +114,6 @@ class PretrainingData:
             **masked_index(labels),
             "num_tokens": int(lengths.sum()),
         }
-
-
-def as_tensors(arrays: dict[str, Any]) -> dict[str, Any]:
-    """numpy arrays as tensors (sharing their memory); other values as they are."""
-    return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in arrays.items()}
 
 
 def masked_positions(labels: np.ndarray, multiple: int = 8) -> dict[str, torch.Tensor]:

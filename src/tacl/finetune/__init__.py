@@ -17,6 +17,12 @@ TASKS = {"cola": "glue", "sst2": "glue", "mrpc": "glue", "stsb": "glue", "qqp": 
 GLUE_TASKS = tuple(t for t, family in TASKS.items() if family == "glue")
 GLUE_REGRESSION = ("stsb",)  # the GLUE task with a score, not a class (no contrastive fine-tuning, no clustering)
 GLUE_CLASSIFICATION = tuple(t for t in GLUE_TASKS if t not in GLUE_REGRESSION)
+# The forms of contrastive fine-tuning (tacl.finetune.contrastive computes them), each a model's own rows,
+# MODEL+FORM: the command line's choices and the rules' wildcard constraint (finetune.smk) come from here; the
+# schema's enum is checked equal to it (tests/test_registry.py). Here, not in tacl.finetune.contrastive, which
+# imports torch: the rules read it while Snakemake parses.
+CONTRASTIVE_FORMS = ("kl", "scl")
+CONTRASTIVE_FORM_PATTERN = "|".join(CONTRASTIVE_FORMS)
 
 # What a fine-tuning preset fixes (`finetune.preset`); a task family's defaults and the config's hparams go
 # around it (tacl.finetune.common.hyperparameters). reference: what the TaCL reference passed, i.e. the Hugging

@@ -7,7 +7,7 @@ import json
 import sys
 
 from tacl.device import DEVICES
-from tacl.finetune import PRESETS, TASKS
+from tacl.finetune import CONTRASTIVE_FORMS, PRESETS, TASKS
 from tacl.io import with_cache
 
 
@@ -65,7 +65,7 @@ def register(stages: argparse._SubParsersAction) -> None:
                             "(then stop, exit status 3); a seed with a checkpoint goes on from it "
                             "(finetune.checkpoint_minutes)")
         if name == "glue":
-            c.add_argument("--contrastive", choices=["kl", "scl"],
+            c.add_argument("--contrastive", choices=CONTRASTIVE_FORMS,
                            help="add a contrastive term on [CLS] (classification tasks; weight and tau in hparams)")
             c.add_argument("--save-model", action="store_true",
                            help="keep the fine-tuned encoder (without its head) in OUT/model, to start other tasks")

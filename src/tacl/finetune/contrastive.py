@@ -15,9 +15,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from tacl.finetune import CONTRASTIVE_FORMS  # noqa: F401 (the forms computed here, `contrastive_loss`)
 from tacl.objectives import in_fp32
 
-FORMS = ("kl", "scl")
 # group_by_length off: the term's negatives are the other examples of the batch, which length grouping would
 # make all of about the anchor's length
 DEFAULTS = {"contrastive_weight": 0.9, "contrastive_tau": 0.3, "group_by_length": False}

@@ -12,9 +12,9 @@ listing every seed's metrics.json and its hash.
 A seed is kept only if its files read back: after a seed has trained, its result files (metrics.json, the
 submission files, SQuAD's predictions, a kept model) are checked to parse where they are JSON and recorded
 with their sha256 in RESULT_FILES; a later job keeps the seed only if every recorded file is there with
-that hash (a seed finished before the record existed: if its JSON files parse, and the record is written
-then). Anything else trains the seed again, after one log line saying why; the marker never names a file
-that does not parse.
+that hash (a seed finished before the record existed, commit f1ba1fb, 2026-11-26: if its JSON files
+parse, and the record is written then). Anything else trains the seed again, after one log line saying
+why; the marker never names a file that does not parse.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def why_not_done(out: Path, given: dict[str, Any]) -> str | None:
     if problem is not None:
         return problem
     if not (out / RESULT_FILES).is_file():
-        return None  # (finished before its files were recorded, or just before: they read back, recorded now)
+        return None  # (finished before f1ba1fb recorded files, or just before: they read back, recorded now)
     try:
         recorded = read_file_record(out / RESULT_FILES)
     except (OSError, ValueError, KeyError, TypeError):

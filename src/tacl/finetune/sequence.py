@@ -12,7 +12,7 @@ import numpy as np
 from tacl.finetune import glue
 from tacl.finetune.common import DEFAULT_HPARAMS, Run, hyperparameters, load_task_model, predict, train
 from tacl.finetune.contrastive import DEFAULTS as CONTRASTIVE_DEFAULTS
-from tacl.finetune.contrastive import FORMS, contrastive_loss
+from tacl.finetune.contrastive import CONTRASTIVE_FORMS, contrastive_loss
 from tacl.finetune.resume import Checkpointing
 from tacl.hub import resolve_pretrained
 from tacl.io import InputError, atomic_path, write_json_atomic
@@ -67,8 +67,9 @@ def finetune_glue(model_dir: str, task: str, source: dict[str, Any], hparams: di
         raise InputError(f"finetune task {task!r} is not a GLUE task ({', '.join(glue.TASKS)})")
     spec = glue.TASKS[task]
     if contrastive is not None:
-        if contrastive not in FORMS:
-            raise InputError(f"finetune.contrastive.forms: {contrastive!r} is not one of {', '.join(FORMS)}")
+        if contrastive not in CONTRASTIVE_FORMS:
+            raise InputError(f"finetune.contrastive.forms: {contrastive!r} is not one of "
+                             f"{', '.join(CONTRASTIVE_FORMS)}")
         if spec.is_regression:
             raise InputError(f"finetune.contrastive: {task} is a regression task; contrastive fine-tuning needs "
                              "classes (leave it out of finetune.contrastive.tasks)")

@@ -1,8 +1,9 @@
 """The one list of pretraining objectives: what a name builds, which `pretrain.<section>` keys it reads and
 what the workflow must know about it. Everything else that names objectives comes from here: the
-trainer (`build_objective`), the settings (`objective_params`), the config check (`two_sequences`), the
-rules' wildcard constraints (`OBJECTIVE_PATTERN` in workflow/rules/common.smk), the command line and the
-benchmark's choices; the schema's enums are checked equal to it (tests/test_registry.py).
+trainer (`build_objective`), the settings (`objective_params`), the config check and the trainer
+(`two_sequences`, `packing_error`), the rules' wildcard constraints (`OBJECTIVE_PATTERN` in
+workflow/rules/common.smk), the command line and the benchmark's choices; the schema's enums are checked
+equal to it (tests/test_registry.py).
 
 Imported by the Snakefile while it parses: nothing here imports torch.
 """
@@ -56,6 +57,17 @@ def objective_params(pretrain: dict[str, Any], name: str) -> dict[str, Any]:
     for section in REGISTRY[name].sections if name in REGISTRY else ():
         params.update(pretrain.get(section) or {})
     return params
+
+
+def packing_error(objective: str, params: dict[str, Any]) -> str | None:
+    """Why this objective cannot train on packed batches (one line naming the keys), or None."""
+    if objective == "tacl_attn":
+        return ("pretrain.packing: tacl_attn computes its attention weights on the padded layout; use packing "
+                "false for it (its own config) or leave it out of pretrain.objectives")
+    if objective == "tacl" and params.get("negatives", "real") == "all":
+        return ("pretrain.packing: tacl with pretrain.tacl.negatives 'all' counts padding as negatives, and packed "
+                "batches have none; use negatives 'real' or packing false")
+    return None
 
 
 def build_objective(name: str, params: dict[str, Any] | None = None) -> Any:

@@ -163,9 +163,9 @@ def resume_tag(run_dir: str | os.PathLike, manifests_after: int) -> str | None:
     `<tag>.damaged-<time>`, kept) with one warning naming each file and what is wrong, and `latest` is rewritten
     first to name the one used. With none intact, one error says so and nothing is moved.
 
-    Checkpoints at steps up to `manifests_after` were written before checkpoints had manifests: they are trusted
-    as they are (as every resume did then), saying once that they cannot be verified; a later checkpoint without
-    its manifest is damaged."""
+    Checkpoints at steps up to `manifests_after` were written before checkpoints had manifests (commit f4f50ea,
+    2026-11-26; tacl.pretrain.identity.manifests_after): they are trusted as they are (as every resume did
+    then), saying once that they cannot be verified; a later checkpoint without its manifest is damaged."""
     latest = latest_tag(run_dir)
     if latest is None:
         return None

@@ -55,7 +55,8 @@ def auto_micro_batch(global_batch: int, world_size: int, gpu_memory_gib: float |
 # ran in fp32 on CUDA (DeepSpeed switched the trainer's autocast off): those runs are not the same result, and
 # their identity differs by this key (they train again, their checkpoints set aside).
 BF16_VERSION = 2
-# Before the split above, a run's identity was a hash of these (precision left out); kept to read such runs.
+# Before the split above (commit a513d30, 2026-11-25), a run's identity was a hash of these (precision left
+# out); kept to read the run.json of such runs (tacl.pretrain.identity).
 LEGACY_TRAJECTORY_KEYS = tuple(k for k in RESULT_KEYS if k not in ("precision", "packing")) + ("data_version",)
 
 
@@ -131,7 +132,8 @@ class TrainSettings:
         in bf16 (`bf16`; None: as precision and device say, tacl.device.computes_bf16), BF16_VERSION: what a
         run's checkpoints belong to, and what Snakemake compares to decide a rerun."""
         d = self.to_dict()
-        # (packing only where it is on: the runs made before it existed keep their identity, and no rerun)
+        # (packing only where it is on: the runs made before it existed (commit 14a0e48, 2026-11-25) keep their
+        # identity, and no rerun)
         out = {**{k: d[k] for k in RESULT_KEYS if k != "packing" or self.packing}, "data_version": DATA_VERSION}
         if computes_bf16(self.precision, self.device) if bf16 is None else bf16:
             out["bf16_version"] = BF16_VERSION
@@ -151,6 +153,6 @@ class TrainSettings:
         return cls.from_dict({**result, **operational})
 
     def legacy_trajectory_hash(self) -> str:
-        """The run identity of earlier versions (to read their run.json)."""
+        """The run identity before commit a513d30 (2026-11-25; to read the run.json of those runs)."""
         d = {**self.to_dict(), "data_version": DATA_VERSION}
         return stable_hash({k: d[k] for k in LEGACY_TRAJECTORY_KEYS})

@@ -1,7 +1,8 @@
 """`tacl pretrain train`: one chunk of continual pretraining on a DeepSpeed engine.
 
 A chunk resumes from the run directory's latest checkpoint (if any), trains until the target step, the
-deadline (minus a margin) or a SIGUSR1/SIGUSR2/SIGTERM, saves, writes a JSON marker and exits 0.
+deadline (minus a margin) or a SIGUSR1/SIGUSR2/SIGTERM, saves, writes a JSON marker and exits 0. Which run
+the run directory's checkpoints belong to, and taking the directory over from another run: tacl.pretrain.identity.
 
 Determinism: the samples of step s are data positions [s*G, (s+1)*G); micro batch j of the step (rank r
 takes j = a*world + r at accumulation step a) is fixed by those positions (tacl.data.pretraining), and its
@@ -25,6 +26,7 @@ step, before anything is saved (DeepSpeed would skip the update silently and the
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import os
@@ -38,14 +40,22 @@ from typing import Any, Iterator
 
 import torch
 
-from tacl.data.pretraining import MicroBatches, micro_batch_loader, on_device
-from tacl.device import ThreadState, compile_failure, compiles, computes_bf16, fast_fp32_matmul, gpu_memory_gib
-from tacl.io import InputError, read_json, stable_hash, write_json_atomic
-from tacl.objectives import objective_draws
+from tacl.data.masking import MaskingSpec
+from tacl.data.pretraining import Batching, MicroBatches, PretrainingData, micro_batch_loader, on_device
+from tacl.data.shards import ShardSet
+from tacl.device import (ThreadState, compile_failure, compiles, computes_bf16, device_info, fast_fp32_matmul,
+                         gpu_memory_gib)
+from tacl.hub import load_tokenizer, tokenizer_hash
+from tacl.io import InputError, stable_hash, write_json_atomic
+from tacl.objectives import build_objective, objective_draws
+from tacl.objectives.registry import packing_error, spec
 from tacl.pretrain import checkpoint
 from tacl.pretrain.deadline import Deadline, StopSignals, describe, end_times
 from tacl.pretrain.distributed import DistEnv, all_max, all_sum, barrier, broadcast_object, init_distributed, shutdown
+from tacl.pretrain.identity import adopt_run_dir, check_not_removed, check_zero_stage, manifests_after, run_identity
 from tacl.pretrain.lock import RunLock
+from tacl.pretrain.metrics import MetricsLog
+from tacl.pretrain.model import load_student, load_teacher
 from tacl.pretrain.settings import TrainSettings
 
 log = logging.getLogger("tacl.pretrain")
@@ -209,128 +219,8 @@ def _avoid_cpu_shm_op() -> None:
     ranks); gloo does the same job, so skip it unless TACL_DS_SHM_OP=1."""
     if torch.cuda.is_available() or os.environ.get("TACL_DS_SHM_OP") == "1":
         return
-    import importlib
-
     # (`import deepspeed.comm.torch as m` would bind the torch package that deepspeed.comm re-exports)
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
-
-
-def run_identity(args: ChunkArgs, manifest: dict[str, Any], bf16: bool) -> dict[str, Any]:
-    """What a run's checkpoints belong to: the result settings (precision as it resolved on this device),
-    the data and the start model's weights. Operational settings (micro batch, ranks, logging, ...) are not
-    part of it: a run goes on whatever they are."""
-    from tacl.pretrain.model import start_identity
-
-    return {
-        "objective": args.settings.objective,
-        "result": {**args.settings.result(bf16), "precision": "bf16" if bf16 else "fp32"},
-        "data": {"config_hash": manifest["config_hash"], "tokenizer": manifest["tokenizer"]["hash"],
-                 "examples": manifest["totals"]["examples"]},
-        "start_model": start_identity(args.start_model)["weights_sha256"],
-    }
-
-
-def _recorded_identity(record: dict[str, Any], identity: dict[str, Any]) -> dict[str, Any]:
-    """run.json's identity in today's form. Earlier versions kept a hash of the result settings without the
-    precision (`trajectory`) beside the full settings: those compare on the settings, the precision left out,
-    and their batch version read off the hash."""
-    previous = dict(record["identity"])
-    if "result" not in previous and "trajectory" in previous:
-        settings = TrainSettings.from_dict(record["settings"])
-        result = settings.result(bf16=False)  # (made before BF16_VERSION)
-        result["precision"] = identity["result"]["precision"]
-        if settings.legacy_trajectory_hash() != previous.pop("trajectory"):
-            result["data_version"] = "older"
-        previous["result"] = result
-    return previous
-
-
-def identity_changes(record: dict[str, Any], identity: dict[str, Any]) -> list[str]:
-    """What differs between a run directory's run.json and the run about to train, in words."""
-    from tacl.changes import changed_keys
-
-    previous = _recorded_identity(record, identity)
-    rest = ({k: v for k, v in d.items() if k != "result"} for d in (previous, identity))
-    return changed_keys(previous["result"], identity["result"]) + changed_keys(*rest)
-
-
-def adopt_run_dir(args: ChunkArgs, identity: dict[str, Any], lock: RunLock) -> None:
-    """Make the run directory hold this run (the lock held). Checkpoints of other result settings (data,
-    start model) are moved aside whole, to `superseded/<identity hash>` beside the run directory, and this
-    run starts from the start model; if an earlier run of exactly these settings lies there, it comes back
-    and goes on (a setting changed and changed back costs nothing). Only the first chunk of a chain may do
-    this: a later chunk whose run directory holds another run means the earlier chunks of the chain trained
-    that run, and it stops."""
-    run_dir = Path(args.run_dir)
-    path = run_dir / "run.json"
-    if not path.is_file():
-        return
-    record = read_json(path)
-    changes = identity_changes(record, identity)
-    if not changes:
-        return
-    what = "; ".join(changes)
-    if args.chunk != 0:
-        raise InputError(f"{path}: the checkpoints here belong to another run ({what}), and this is chunk "
-                         f"{args.chunk} of the chain: the chain's earlier chunks trained that run. Rerun with "
-                         "the profile's rerun triggers (params among them) so that the chain starts again at "
-                         "chunk 0, or `--forcerun pretrain_chunk`")
-    superseded = run_dir.parent / "superseded"
-    aside = superseded / stable_hash(_recorded_identity(record, identity), 12)
-    back = superseded / stable_hash(identity, 12)
-    superseded.mkdir(parents=True, exist_ok=True)
-    if aside.exists():  # (a copy of the same run was set aside before: both are kept)
-        aside = aside.with_name(f"{aside.name}-{time.strftime('%Y%m%dT%H%M%S')}")
-    os.rename(run_dir, aside)  # (with the lock file in it, so that no other trainer starts in between)
-    (aside / lock.path.name).unlink(missing_ok=True)
-    lock.held = False
-    if back.is_dir():
-        os.rename(back, run_dir)
-        log.warning("pretraining %s: the result settings changed (%s); the checkpoints of the earlier run are "
-                    "now in %s, and the run of these settings that was set aside before is back in %s and goes "
-                    "on from its latest checkpoint", args.settings.objective, what, aside, run_dir)
-    else:
-        log.warning("pretraining %s: the result settings changed (%s); the checkpoints of the earlier run are "
-                    "now in %s, and this run starts from the start model", args.settings.objective, what, aside)
-    lock.acquire()
-
-
-def check_not_removed(run_dir: Path) -> None:
-    """A run whose checkpoints went after its export (pretrain.remove_checkpoints) cannot go on: say so now,
-    rather than train it again from step 0 unasked."""
-    from tacl.pretrain.export import removed_message, removed_note
-
-    note = removed_note(run_dir)
-    if note is not None and checkpoint.latest_tag(run_dir) is None:
-        raise InputError(removed_message(run_dir, note))
-
-
-def check_zero_stage(run_dir: Path, stage: int) -> None:
-    """The ZeRO stage is operational (it changes no result), but DeepSpeed's checkpoints of one stage do not
-    load into an engine of another: a run keeps the stage its checkpoints were written with."""
-    path = run_dir / "run.json"
-    if checkpoint.latest_tag(run_dir) is None or not path.is_file():
-        return
-    saved = read_json(path)["settings"].get("zero_stage", stage)
-    if saved != stage:
-        raise InputError(f"{run_dir}: its checkpoints were written at ZeRO stage {saved} and pretrain.zero_stage "
-                         f"is now {stage}; DeepSpeed cannot load one stage's checkpoint into another's engine. Set "
-                         f"pretrain.zero_stage back to {saved} until this run is done (the stage changes no "
-                         "result, so finished runs are not trained again)")
-
-
-def manifests_after(run_dir: Path) -> int:
-    """The step after which every checkpoint of the run has a manifest (tacl.pretrain.checkpoint.resume_tag), as
-    run.json keeps it. A run.json without it was written by a version without manifests (or none is there): its
-    checkpoints, up to the latest, are trusted unverified, as they were then, and every later one is verified.
-    (So a manifest lost from a checkpoint this version wrote counts as damage, while an older checkpoint, which
-    never had one, resumes.)"""
-    path = run_dir / "run.json"
-    recorded = read_json(path).get("checkpoint_manifests_after") if path.is_file() else None
-    if isinstance(recorded, int):
-        return recorded
-    tag = checkpoint.latest_tag(run_dir)
-    return checkpoint.step_of(tag) if tag is not None else 0
 
 
 def train_chunk(args: ChunkArgs) -> dict[str, Any]:
@@ -381,17 +271,11 @@ class Chunk:
 
 def _setup(args: ChunkArgs, env: DistEnv, lock: RunLock) -> Chunk:
     """Check the inputs (before the model is built), build data, model and engine, resume."""
+    # (here, not at the top: DeepSpeed's import, and tacl.objectives.packed's of torch's varlen attention, take
+    # seconds, and a job that asked for a GPU and has none stops in init_distributed, before this)
     import deepspeed
 
-    from tacl.data.masking import MaskingSpec
-    from tacl.data.pretraining import Batching, PretrainingData
-    from tacl.data.shards import ShardSet
-    from tacl.hub import load_tokenizer, tokenizer_hash
-    from tacl.objectives import build_objective
-    from tacl.objectives.registry import spec
-    from tacl.config import packing_error
     from tacl.objectives.packed import use_packed_attention
-    from tacl.pretrain.model import load_student, load_teacher
 
     s = args.settings
     run_dir = Path(args.run_dir)
@@ -415,9 +299,9 @@ def _setup(args: ChunkArgs, env: DistEnv, lock: RunLock) -> Chunk:
     if env.is_main:
         try:
             shards = ShardSet(args.manifest, tokenizer_hash=tokenizer_hash(tokenizer), verify=True)
-            identity = run_identity(args, shards.manifest, bf16)
+            identity = run_identity(s, args.start_model, shards.manifest, bf16)
             lock.acquire()
-            adopt_run_dir(args, identity, lock)
+            adopt_run_dir(run_dir, identity, lock, args.chunk, s.objective)
             check_zero_stage(run_dir, s.zero_stage)
             check_not_removed(run_dir)
             after = manifests_after(run_dir)
@@ -579,9 +463,6 @@ def _count_tokens(chunk: Chunk, pending: int) -> None:
 
 
 def _run_chunk(chunk: Chunk, signals: StopSignals, started: float) -> dict[str, Any]:
-    from tacl.device import device_info
-    from tacl.pretrain.metrics import MetricsLog
-
     args, s, env = chunk.args, chunk.settings, chunk.env
     run_dir = Path(args.run_dir)
     device = device_info(env.device)

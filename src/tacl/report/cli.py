@@ -57,7 +57,7 @@ def _report(a: argparse.Namespace) -> None:
         print(f"tables from {result['runs']} finished fine-tunes ({len(result['missing'])} missing{damaged}) "
               f"in {a.results_dir}/report: report.md, report.html", file=sys.stderr)
     else:
-        from tacl.report.tables import build_report
+        from tacl.report.compose import build_report
 
         result = build_report(a.results, a.models, a.tasks, json.loads(a.expected), a.similarity, a.out,
                               a.similarity_png, a.embeddings, not a.embeddings_disabled, a.cls_png)

@@ -57,7 +57,7 @@ def report_inputs(results_dir: str | Path, wanted: dict[str, Any]) -> dict[str, 
 def report_now(results_dir: str | Path) -> dict[str, Any]:
     """Every table, plot, report.md and report.html from what has finished so far (reads files, starts
     nothing); returns the runs found and the missing ones."""
-    from tacl.report.tables import build_report
+    from tacl.report.compose import build_report
 
     wanted = read_expected(results_dir)
     if wanted is None:

@@ -49,7 +49,7 @@ from tacl.scheduler import (PBS_ALIVE, SLURM_ALIVE, parse_walltime, qstat_job, s
 ERROR_MARKS = ("Traceback (most recent call last)", "tacl: error:")
 STOPPED_MARK = "tacl: stopped:"  # a fine-tuning job's line: it saved its seed's checkpoint at a signal
 # What makes a folder a results directory: the workflow's expected.json (written whenever Snakemake starts
-# jobs there), or a stage's folder (a results directory of a version before expected.json)
+# jobs there), or a stage's folder (a results directory made before expected.json, commit 8add9f4, 2026-11-25)
 RESULTS_MARKS = ("expected.json", "pretrain", "finetune", "logs")
 STALE_LOG_MINUTES = 45  # a fine-tuning job whose log is older than this, with no other word on it, is stopped
 

@@ -1,6 +1,7 @@
-"""`tacl report`: collect every finished fine-tune (results_dir/finetune/MODEL/TASK/seedN/metrics.json),
-summarise over seeds (mean, sample std, n) and write tables beside the published numbers
-(reference_numbers.csv, each row with its source and split). Missing or failed runs show as "-" and are
+"""`tacl report`'s tables: collect every finished fine-tune
+(results_dir/finetune/MODEL/TASK/seedN/metrics.json), summarise over seeds (mean, sample std, n) and compute
+tables beside the published numbers (reference_numbers.csv, each row with its source and split);
+tacl.report.compose writes them, and the report around them. Missing or failed runs show as "-" and are
 listed, so one failed task never keeps the others out of the tables.
 
 Like with like: our columns are dev scores and say so; published GLUE rows are GLUE test-server numbers and
@@ -27,10 +28,7 @@ from typing import Any
 import pandas as pd
 
 from tacl.finetune.sweep import HEADLINE_DEV, select
-from tacl.io import write_text_atomic
 from tacl.objectives.registry import REGISTRY
-from tacl.report.curves import write_curves
-from tacl.report.document import Document, markdown, save_png, table_text
 
 log = logging.getLogger("tacl.report")
 
@@ -179,7 +177,8 @@ def summarise(long: pd.DataFrame) -> pd.DataFrame:
     return g.agg(mean="mean", std="std", n="count").reset_index()
 
 
-def _hit(summary: pd.DataFrame, model: str, task: str, split: str, metric: str) -> pd.Series | None:
+def summary_row(summary: pd.DataFrame, model: str, task: str, split: str, metric: str) -> pd.Series | None:
+    """The summary's row (mean, std, n) of one model, task, split and metric, or None."""
     hit = summary[(summary.model == model) & (summary.task == task) & (summary.split == split)
                   & (summary.metric == metric)]
     return None if hit.empty else hit.iloc[0]
@@ -188,7 +187,7 @@ def _hit(summary: pd.DataFrame, model: str, task: str, split: str, metric: str) 
 def _cell(summary: pd.DataFrame, model: str, task: str, split: str, metrics: list[str]) -> str:
     parts = []
     for metric in metrics:
-        r = _hit(summary, model, task, split, metric)
+        r = summary_row(summary, model, task, split, metric)
         if r is None:
             parts.append("-")
             continue
@@ -209,7 +208,7 @@ def headline_means(summary: pd.DataFrame, model: str) -> dict[str, float]:
     """Label -> mean over seeds of each HEADLINE number this model has."""
     out = {}
     for label, task, split, metric, _ in HEADLINE:
-        r = _hit(summary, model, task, split, metric)
+        r = summary_row(summary, model, task, split, metric)
         if r is not None:
             out[label] = float(r["mean"])
     return out
@@ -407,11 +406,6 @@ def cls_table(paths: list[str]) -> pd.DataFrame:
     return pd.DataFrame(rows)  # ('-' where there is no number, in every file written)
 
 
-EMBEDDINGS_OFF = ("Not run: `analysis.embeddings.enabled: false` in the config. Set it to true to evaluate "
-                  "sentence embeddings (STS-B dev and `analysis.embeddings.cluster_task` dev from "
-                  "`analysis.embeddings.source`; the demo ships neither).")
-
-
 def embeddings_table(paths: list[str]) -> pd.DataFrame:
     rows = []
     for p in paths:
@@ -424,181 +418,3 @@ def embeddings_table(paths: list[str]) -> pd.DataFrame:
                                                                     f"{100 * r[pooling]['ami']:.1f}")
         rows.append(row)
     return pd.DataFrame(rows)
-
-
-def write_table(df: pd.DataFrame, stem: Path) -> None:
-    """stem.md, stem.csv, stem.tex (each written atomically), with '-' where a number does not exist."""
-    write_text_atomic(stem.with_suffix(".md"), markdown(df) + "\n")
-    write_text_atomic(stem.with_suffix(".csv"), table_text(df).to_csv(index=False))
-    write_text_atomic(stem.with_suffix(".tex"), table_text(df).to_latex(index=False, escape=True))
-
-
-def glue_figure(summary: pd.DataFrame, models: list[str], tasks: list[str],
-                chance: dict[str, dict[str, Any]] | None = None) -> Any:
-    """One bar per model and task (mean, std over seeds as error bar), and over each task's bars a dashed line at
-    the chance level of the glue_dev table's chance row (majority class; STS-B's constant scores 0)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    cols = [(label, task, split, metric) for label, task, split, metric, _ in HEADLINE
-            if task in tasks and label in GLUE_AVERAGE_LABELS + ("WNLI",)]
-    fig, ax = plt.subplots(figsize=(10, 4))
-    width = 0.8 / max(1, len(models))
-    for k, model in enumerate(models):
-        means, stds = [], []
-        for _, task, split, metric in cols:
-            r = _hit(summary, model, task, split, metric)
-            means.append(r["mean"] if r is not None else np.nan)
-            stds.append(r["std"] if r is not None and r["n"] > 1 else 0.0)
-        ax.bar(np.arange(len(cols)) + k * width, means, width, yerr=stds, label=model, capsize=2)
-    labelled = False
-    for i, (_, task, split, metric) in enumerate(cols):
-        score = (chance or {}).get(task, {}).get("dev", {}).get(split, {}).get(metric)
-        if score is not None:
-            ax.hlines(100 * score, i - width / 2, i - width / 2 + 0.8, colors="black", linestyles="dashed",
-                      label=None if labelled else "chance (majority class / constant)")
-            labelled = True
-    ax.set_xticks(np.arange(len(cols)) + 0.4 - width / 2, [c[0] for c in cols])
-    ax.set_ylabel("dev score (x100; MCC, F1, Spearman or accuracy)")
-    ax.set_title("GLUE dev, mean and std over seeds")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
-
-
-def build_report(results_dir: str, models: list[str], tasks: list[str], expected: list[dict[str, Any]],
-                 similarity: list[str], out_dir: str, similarity_png: str | None = None,
-                 embeddings: list[str] | None = None, embeddings_enabled: bool = True,
-                 cls_png: str | None = None, name: str | None = None) -> dict[str, Any]:
-    """Every table and plot for the configured models and tasks, report.md and report.html; returns the runs
-    found and missing. `name`: how the report's title names the results (default: results_dir)."""
-    out = Path(out_dir)
-    damaged: list[str] = []  # result files that do not read back: named, left out
-    every = collect(results_dir, damaged)
-    chosen = selections(every)
-    long = selected(every, chosen)  # the headline tables and the differences: the selected settings
-    summary = summarise(long)
-    refs = reference_numbers()
-    chance = baselines(results_dir, tasks, damaged)
-    similarity = [p for p in similarity if read_result(p, damaged, ("model",)) is not None]
-    embeddings = [p for p in embeddings or [] if read_result(p, damaged, ("model",)) is not None]
-    write_text_atomic(out / "runs.csv", every.to_csv(index=False))
-    write_text_atomic(out / "summary.csv", summary.to_csv(index=False))
-    glue_tasks = [t for t in tasks if t in {c[1] for c in GLUE_COLUMNS}]
-    glue = glue_table(summary, long, models, glue_tasks, chance)
-    squad = squad_table(summary, long, models, refs, tasks, chance)
-    status, missing = status_table(every, expected, chosen)
-    sim = similarity_table(similarity)
-    diffs = differences_table(long, models)
-    anisotropy = similarity_table(similarity, "anisotropy")
-    cls = cls_table(similarity)
-    sentence = embeddings_table(embeddings or [])
-    sweep = sweep_table(every, chosen)
-    tables = {"glue_dev": glue, "glue_published": glue_reference_table(refs), "squad_dev": squad,
-              "differences": diffs, "status": status, "self_similarity": sim, "anisotropy": anisotropy,
-              "cls_cosine": cls, "embeddings": sentence, "sweep": sweep}
-    several = sweep.groupby(["model", "task"]).size().max() > 1 if not sweep.empty else False
-    doc = Document()
-    doc.heading(f"Results ({name or results_dir})", 1)
-    doc.paragraph("Our rows: dev-set scores x100, mean ± sample std over fine-tuning seeds, with the fine-tuning "
-                  "preset they used; '-' = no finished run. Published rows name their source and split.")
-    doc.paragraph("Each (model, task) shows the fine-tuning setting with the best mean dev score over seeds (named "
-                  "in 'Runs' and 'Fine-tuning settings'). " + (
-                      "Scores selected on dev are optimistic as estimates of dev itself, as in the papers (BERT "
-                      "chose its learning rate on dev the same way)." if several else
-                      "Every task ran one setting here (finetune.sweep), so nothing was selected."))
-    doc.heading("Pretraining")
-    doc.figure("training curves", out / "training_curves.png", CURVES_CAPTION)
-    if glue_tasks:
-        doc.heading("GLUE dev")
-        doc.table(glue)
-        doc.paragraph("GLUE avg (dev): as BERT and TaCL compute theirs, the mean of nine numbers (CoLA MCC, SST-2 "
-                      "acc, MRPC F1, STS-B Spearman, QQP F1, MNLI-m and MNLI-mm acc, QNLI acc, RTE acc; WNLI left "
-                      "out), shown only when all nine are there. The chance row predicts the majority class of "
-                      "train (STS-B: the mean train score, whose correlation is 0) for every dev example." + (
-                          " '(from MNLI)': those runs started from the model's selected MNLI fine-tune, its best "
-                          "seed (finetune.start_from), not from the pretrained model."
-                          if (long.start != "").any() else ""))
-        doc.figure("GLUE dev", out / "glue_dev.png", "Dashed: the chance row's score on that task.")
-        doc.heading("Published GLUE numbers (test server: not comparable one-to-one with dev scores)")
-        doc.table(tables["glue_published"])
-        doc.paragraph("The TaCL paper's own GLUE figures are its averages (BERT-base 79.6, TaCL 81.2). The nine "
-                      "per-task numbers the reproduction quotes for the paper average 80.9 and cannot be "
-                      "reconciled with it (their QQP fits neither F1 nor accuracy), so no average is derived from "
-                      "them.")
-    if any(t.startswith("squad") for t in tasks):
-        doc.heading("SQuAD dev")
-        doc.table(squad)
-        doc.paragraph("SQuAD 2.0 headline: EM/F1 of the predictions made with null threshold 0, the Hugging Face "
-                      "QA example's default that the reference ran, scored by the official definitions; this is "
-                      "what the paper reports. The best EM/F1 at the threshold tuned on dev itself can only be "
-                      "higher and are not comparable with published numbers.")
-    doc.heading("Fine-tuning settings (headline dev number per setting)")
-    doc.table(sweep)
-    if "conll2003" in tasks:
-        tables["ner"] = ner_table(summary, long, models)
-        doc.heading("CoNLL-2003 NER (entity F1, seqeval)")
-        doc.table(tables["ner"])
-    doc.heading("Differences beyond seed noise")
-    doc.table(diffs)
-    doc.paragraph("Each model minus the control (mlm_nsp: as much continued pretraining without the contrastive "
-                  "loss; none: the start model), and a variant of TaCL (tacl_batch, tacl_attn) minus tacl itself, "
-                  "on the headline number of each task: mean over fine-tuning seeds, 95% t interval, paired by "
-                  "seed where both ran the same seeds (Welch otherwise). 'yes' = the interval excludes 0.")
-    doc.heading("Self-similarity (lower = more distinguishable token vectors)")
-    doc.table(sim)
-    doc.heading("Anisotropy (mean cosine between tokens of different sentences: self-similarity's baseline)")
-    doc.table(anisotropy)
-    if similarity_png:
-        doc.figure("self-similarity and anisotropy", similarity_png)
-    doc.heading("[CLS] cosines (sequence-level anisotropy)")
-    doc.table(cls)
-    doc.paragraph("The cosine between the last layer's [CLS] vectors of two sentences: random pairs of held-out "
-                  "sentences, and STS-B dev pairs with a gold score of 4 or more (where the sentence-embedding "
-                  "evaluation runs). Numbers: pairs, mean, sample std and quantiles of the cosine.")
-    if cls_png:
-        doc.figure("[CLS] cosines", cls_png, CLS_CAPTION)
-    if embeddings_enabled:
-        doc.heading("Sentence embeddings without fine-tuning (x100)")
-        doc.table(sentence)
-        doc.paragraph("STS-B dev: Spearman of the cosine of the two sentences' embeddings with the gold scores. "
-                      "k-means: the labelled set's sentences in k = #labels clusters, adjusted Rand index / "
-                      "adjusted mutual information against the labels. [CLS]: the last layer's first vector; "
-                      "mean: its average over the real tokens.")
-    else:
-        doc.heading("Sentence embeddings without fine-tuning")
-        doc.paragraph(EMBEDDINGS_OFF)
-    doc.heading("Runs")
-    doc.table(status)
-    if missing:
-        doc.paragraph(f"Missing or failed ({len(missing)}): " + ", ".join(missing))
-    if damaged:
-        doc.paragraph(f"Damaged, left out of the tables ({len(damaged)}; the job that made one, run again, "
-                      "e.g. with `--forcerun finetune`, keeps its intact seeds and trains that one again): "
-                      + ", ".join(damaged))
-    for stem, df in tables.items():
-        write_table(df, out / stem)
-    if not embeddings_enabled:
-        write_text_atomic(out / "embeddings.md", EMBEDDINGS_OFF + "\n")
-    save_png(glue_figure(summary, models, glue_tasks, chance), out / "glue_dev.png")
-    write_curves(results_dir, out, models)
-    write_text_atomic(out / "report.md", doc.markdown())
-    write_text_atomic(out / "report.html", doc.html())
-    return {"runs": int(long[["model", "task", "seed"]].drop_duplicates().shape[0]) if not long.empty else 0,
-            "missing": missing, "damaged": damaged}
-
-
-CURVES_CAPTION = ("Each pretraining run's loss terms (left axis; `loss` is the total it trained on) and learning "
-                  "rate (right axis, dotted) against the optimizer step, from its run/metrics.jsonl, one point "
-                  "per `pretrain.log_every` steps; a dashed vertical line marks a chunk that resumed there from "
-                  "the checkpoint. The points: training_curves.csv.")
-
-
-CLS_CAPTION = ("For each model, the distribution of the cosine between the last layer's [CLS] vectors of two "
-               "sentences, over random pairs of held-out sentences (filled) and, where the sentence-embedding "
-               "evaluation runs, over the STS-B dev pairs with a gold score of 4 or more (outline). Random pairs "
-               "near 1 mean [CLS] vectors that all point one way; the gap between the two distributions is what "
-               "[CLS] tells apart. The numbers: cls_cosine.csv.")

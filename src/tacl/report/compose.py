@@ -1,0 +1,262 @@
+"""`tacl report`'s files: every table (tacl.report.tables computes them) written as .md, .csv and .tex, the
+GLUE figure, the training curves, and report.md / report.html, which put the tables, figures and the words
+that say how to read them in one document. The same results give the same bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from tacl.io import write_text_atomic
+from tacl.report.curves import write_curves
+from tacl.report.document import Document, markdown, save_png, table_text
+from tacl.report.tables import (GLUE_AVERAGE_LABELS, GLUE_COLUMNS, HEADLINE, baselines, cls_table, collect,
+                                differences_table, embeddings_table, glue_reference_table, glue_table, ner_table,
+                                read_result, reference_numbers, selected, selections, similarity_table, squad_table,
+                                status_table, summarise, summary_row, sweep_table)
+
+EMBEDDINGS_OFF = ("Not run: `analysis.embeddings.enabled: false` in the config. Set it to true to evaluate "
+                  "sentence embeddings (STS-B dev and `analysis.embeddings.cluster_task` dev from "
+                  "`analysis.embeddings.source`; the demo ships neither).")
+
+
+def write_table(df: pd.DataFrame, stem: Path) -> None:
+    """stem.md, stem.csv, stem.tex (each written atomically), with '-' where a number does not exist."""
+    write_text_atomic(stem.with_suffix(".md"), markdown(df) + "\n")
+    write_text_atomic(stem.with_suffix(".csv"), table_text(df).to_csv(index=False))
+    write_text_atomic(stem.with_suffix(".tex"), table_text(df).to_latex(index=False, escape=True))
+
+
+def glue_figure(summary: pd.DataFrame, models: list[str], tasks: list[str],
+                chance: dict[str, dict[str, Any]] | None = None) -> Any:
+    """One bar per model and task (mean, std over seeds as error bar), and over each task's bars a dashed line at
+    the chance level of the glue_dev table's chance row (majority class; STS-B's constant scores 0)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    cols = [(label, task, split, metric) for label, task, split, metric, _ in HEADLINE
+            if task in tasks and label in GLUE_AVERAGE_LABELS + ("WNLI",)]
+    fig, ax = plt.subplots(figsize=(10, 4))
+    width = 0.8 / max(1, len(models))
+    for k, model in enumerate(models):
+        means, stds = [], []
+        for _, task, split, metric in cols:
+            r = summary_row(summary, model, task, split, metric)
+            means.append(r["mean"] if r is not None else np.nan)
+            stds.append(r["std"] if r is not None and r["n"] > 1 else 0.0)
+        ax.bar(np.arange(len(cols)) + k * width, means, width, yerr=stds, label=model, capsize=2)
+    labelled = False
+    for i, (_, task, split, metric) in enumerate(cols):
+        score = (chance or {}).get(task, {}).get("dev", {}).get(split, {}).get(metric)
+        if score is not None:
+            ax.hlines(100 * score, i - width / 2, i - width / 2 + 0.8, colors="black", linestyles="dashed",
+                      label=None if labelled else "chance (majority class / constant)")
+            labelled = True
+    ax.set_xticks(np.arange(len(cols)) + 0.4 - width / 2, [c[0] for c in cols])
+    ax.set_ylabel("dev score (x100; MCC, F1, Spearman or accuracy)")
+    ax.set_title("GLUE dev, mean and std over seeds")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+@dataclass
+class Results:
+    """What the report shows: the tables by file stem, and what the words around them depend on."""
+
+    every: pd.DataFrame  # every run found, of every fine-tuning setting (tables.collect)
+    long: pd.DataFrame  # the selected settings' runs (tables.selected)
+    summary: pd.DataFrame
+    chance: dict[str, dict[str, Any]]
+    tasks: list[str]
+    glue_tasks: list[str]
+    tables: dict[str, pd.DataFrame]
+    missing: list[str]
+    damaged: list[str]  # result files that do not read back: named, left out
+    several: bool  # some (model, task) ran more than one fine-tuning setting
+
+
+def compute(results_dir: str, models: list[str], tasks: list[str], expected: list[dict[str, Any]],
+            similarity: list[str], embeddings: list[str] | None) -> Results:
+    """Every table of the report, from the result files (the damaged ones left out and named)."""
+    damaged: list[str] = []
+    every = collect(results_dir, damaged)
+    chosen = selections(every)
+    long = selected(every, chosen)  # the headline tables and the differences: the selected settings
+    summary = summarise(long)
+    refs = reference_numbers()
+    chance = baselines(results_dir, tasks, damaged)
+    similarity = [p for p in similarity if read_result(p, damaged, ("model",)) is not None]
+    embeddings = [p for p in embeddings or [] if read_result(p, damaged, ("model",)) is not None]
+    glue_tasks = [t for t in tasks if t in {c[1] for c in GLUE_COLUMNS}]
+    glue = glue_table(summary, long, models, glue_tasks, chance)
+    squad = squad_table(summary, long, models, refs, tasks, chance)
+    status, missing = status_table(every, expected, chosen)
+    sim = similarity_table(similarity)
+    diffs = differences_table(long, models)
+    anisotropy = similarity_table(similarity, "anisotropy")
+    cls = cls_table(similarity)
+    sentence = embeddings_table(embeddings or [])
+    sweep = sweep_table(every, chosen)
+    tables = {"glue_dev": glue, "glue_published": glue_reference_table(refs), "squad_dev": squad,
+              "differences": diffs, "status": status, "self_similarity": sim, "anisotropy": anisotropy,
+              "cls_cosine": cls, "embeddings": sentence, "sweep": sweep}
+    if "conll2003" in tasks:
+        tables["ner"] = ner_table(summary, long, models)
+    several = sweep.groupby(["model", "task"]).size().max() > 1 if not sweep.empty else False
+    return Results(every, long, summary, chance, tasks, glue_tasks, tables, missing, damaged, several)
+
+
+def build_report(results_dir: str, models: list[str], tasks: list[str], expected: list[dict[str, Any]],
+                 similarity: list[str], out_dir: str, similarity_png: str | None = None,
+                 embeddings: list[str] | None = None, embeddings_enabled: bool = True,
+                 cls_png: str | None = None, name: str | None = None) -> dict[str, Any]:
+    """Every table and plot for the configured models and tasks, report.md and report.html; returns the runs
+    found and missing. `name`: how the report's title names the results (default: results_dir)."""
+    out = Path(out_dir)
+    r = compute(results_dir, models, tasks, expected, similarity, embeddings)
+    write_text_atomic(out / "runs.csv", r.every.to_csv(index=False))
+    write_text_atomic(out / "summary.csv", r.summary.to_csv(index=False))
+    doc = document(r, name or results_dir, out, similarity_png, cls_png, embeddings_enabled)
+    for stem, df in r.tables.items():
+        write_table(df, out / stem)
+    if not embeddings_enabled:
+        write_text_atomic(out / "embeddings.md", EMBEDDINGS_OFF + "\n")
+    save_png(glue_figure(r.summary, models, r.glue_tasks, r.chance), out / "glue_dev.png")
+    write_curves(results_dir, out, models)
+    write_text_atomic(out / "report.md", doc.markdown())
+    write_text_atomic(out / "report.html", doc.html())
+    long = r.long
+    return {"runs": int(long[["model", "task", "seed"]].drop_duplicates().shape[0]) if not long.empty else 0,
+            "missing": r.missing, "damaged": r.damaged}
+
+
+def document(r: Results, name: str, out: Path, similarity_png: str | None, cls_png: str | None,
+             embeddings_enabled: bool) -> Document:
+    """report.md's (and report.html's) content: each section's tables and figures, with the words to read them."""
+    doc = Document()
+    _introduction(doc, r, name)
+    doc.heading("Pretraining")
+    doc.figure("training curves", out / "training_curves.png", CURVES_CAPTION)
+    if r.glue_tasks:
+        _glue(doc, r, out)
+    if any(t.startswith("squad") for t in r.tasks):
+        _squad(doc, r)
+    doc.heading("Fine-tuning settings (headline dev number per setting)")
+    doc.table(r.tables["sweep"])
+    if "ner" in r.tables:
+        doc.heading("CoNLL-2003 NER (entity F1, seqeval)")
+        doc.table(r.tables["ner"])
+    _differences(doc, r)
+    _similarity(doc, r, similarity_png, cls_png)
+    _embeddings(doc, r, embeddings_enabled)
+    _runs(doc, r)
+    return doc
+
+
+def _introduction(doc: Document, r: Results, name: str) -> None:
+    doc.heading(f"Results ({name})", 1)
+    doc.paragraph("Our rows: dev-set scores x100, mean ± sample std over fine-tuning seeds, with the fine-tuning "
+                  "preset they used; '-' = no finished run. Published rows name their source and split.")
+    doc.paragraph("Each (model, task) shows the fine-tuning setting with the best mean dev score over seeds (named "
+                  "in 'Runs' and 'Fine-tuning settings'). " + (
+                      "Scores selected on dev are optimistic as estimates of dev itself, as in the papers (BERT "
+                      "chose its learning rate on dev the same way)." if r.several else
+                      "Every task ran one setting here (finetune.sweep), so nothing was selected."))
+
+
+def _glue(doc: Document, r: Results, out: Path) -> None:
+    doc.heading("GLUE dev")
+    doc.table(r.tables["glue_dev"])
+    doc.paragraph("GLUE avg (dev): as BERT and TaCL compute theirs, the mean of nine numbers (CoLA MCC, SST-2 "
+                  "acc, MRPC F1, STS-B Spearman, QQP F1, MNLI-m and MNLI-mm acc, QNLI acc, RTE acc; WNLI left "
+                  "out), shown only when all nine are there. The chance row predicts the majority class of "
+                  "train (STS-B: the mean train score, whose correlation is 0) for every dev example." + (
+                      " '(from MNLI)': those runs started from the model's selected MNLI fine-tune, its best "
+                      "seed (finetune.start_from), not from the pretrained model."
+                      if (r.long.start != "").any() else ""))
+    doc.figure("GLUE dev", out / "glue_dev.png", "Dashed: the chance row's score on that task.")
+    doc.heading("Published GLUE numbers (test server: not comparable one-to-one with dev scores)")
+    doc.table(r.tables["glue_published"])
+    doc.paragraph("The TaCL paper's own GLUE figures are its averages (BERT-base 79.6, TaCL 81.2). The nine "
+                  "per-task numbers the reproduction quotes for the paper average 80.9 and cannot be "
+                  "reconciled with it (their QQP fits neither F1 nor accuracy), so no average is derived from "
+                  "them.")
+
+
+def _squad(doc: Document, r: Results) -> None:
+    doc.heading("SQuAD dev")
+    doc.table(r.tables["squad_dev"])
+    doc.paragraph("SQuAD 2.0 headline: EM/F1 of the predictions made with null threshold 0, the Hugging Face "
+                  "QA example's default that the reference ran, scored by the official definitions; this is "
+                  "what the paper reports. The best EM/F1 at the threshold tuned on dev itself can only be "
+                  "higher and are not comparable with published numbers.")
+
+
+def _differences(doc: Document, r: Results) -> None:
+    doc.heading("Differences beyond seed noise")
+    doc.table(r.tables["differences"])
+    doc.paragraph("Each model minus the control (mlm_nsp: as much continued pretraining without the contrastive "
+                  "loss; none: the start model), and a variant of TaCL (tacl_batch, tacl_attn) minus tacl itself, "
+                  "on the headline number of each task: mean over fine-tuning seeds, 95% t interval, paired by "
+                  "seed where both ran the same seeds (Welch otherwise). 'yes' = the interval excludes 0.")
+
+
+def _similarity(doc: Document, r: Results, similarity_png: str | None, cls_png: str | None) -> None:
+    doc.heading("Self-similarity (lower = more distinguishable token vectors)")
+    doc.table(r.tables["self_similarity"])
+    doc.heading("Anisotropy (mean cosine between tokens of different sentences: self-similarity's baseline)")
+    doc.table(r.tables["anisotropy"])
+    if similarity_png:
+        doc.figure("self-similarity and anisotropy", similarity_png)
+    doc.heading("[CLS] cosines (sequence-level anisotropy)")
+    doc.table(r.tables["cls_cosine"])
+    doc.paragraph("The cosine between the last layer's [CLS] vectors of two sentences: random pairs of held-out "
+                  "sentences, and STS-B dev pairs with a gold score of 4 or more (where the sentence-embedding "
+                  "evaluation runs). Numbers: pairs, mean, sample std and quantiles of the cosine.")
+    if cls_png:
+        doc.figure("[CLS] cosines", cls_png, CLS_CAPTION)
+
+
+def _embeddings(doc: Document, r: Results, enabled: bool) -> None:
+    if enabled:
+        doc.heading("Sentence embeddings without fine-tuning (x100)")
+        doc.table(r.tables["embeddings"])
+        doc.paragraph("STS-B dev: Spearman of the cosine of the two sentences' embeddings with the gold scores. "
+                      "k-means: the labelled set's sentences in k = #labels clusters, adjusted Rand index / "
+                      "adjusted mutual information against the labels. [CLS]: the last layer's first vector; "
+                      "mean: its average over the real tokens.")
+    else:
+        doc.heading("Sentence embeddings without fine-tuning")
+        doc.paragraph(EMBEDDINGS_OFF)
+
+
+def _runs(doc: Document, r: Results) -> None:
+    doc.heading("Runs")
+    doc.table(r.tables["status"])
+    if r.missing:
+        doc.paragraph(f"Missing or failed ({len(r.missing)}): " + ", ".join(r.missing))
+    if r.damaged:
+        doc.paragraph(f"Damaged, left out of the tables ({len(r.damaged)}; the job that made one, run again, "
+                      "e.g. with `--forcerun finetune`, keeps its intact seeds and trains that one again): "
+                      + ", ".join(r.damaged))
+
+
+CURVES_CAPTION = ("Each pretraining run's loss terms (left axis; `loss` is the total it trained on) and learning "
+                  "rate (right axis, dotted) against the optimizer step, from its run/metrics.jsonl, one point "
+                  "per `pretrain.log_every` steps; a dashed vertical line marks a chunk that resumed there from "
+                  "the checkpoint. The points: training_curves.csv.")
+
+
+CLS_CAPTION = ("For each model, the distribution of the cosine between the last layer's [CLS] vectors of two "
+               "sentences, over random pairs of held-out sentences (filled) and, where the sentence-embedding "
+               "evaluation runs, over the STS-B dev pairs with a gold score of 4 or more (outline). Random pairs "
+               "near 1 mean [CLS] vectors that all point one way; the gap between the two distributions is what "
+               "[CLS] tells apart. The numbers: cls_cosine.csv.")

@@ -1,0 +1,163 @@
+"""The package's floors (docs/development.md, Layout): no import circle between modules, and no import from a
+floor up to a higher one, directly or through other modules. Every import of tacl counts, at the top of a
+module and inside its functions (an import inside a function only delays the arrow, it does not turn it).
+
+Floors, lowest first: tacl.scheduler (imports nothing from tacl); the base (tacl, io, changes, hub, device,
+layout: only each other); the stages, in their order (data, objectives, pretrain, finetune, analysis,
+report: a stage imports its own and lower stages); the config floor (tacl.config, tacl.experiment: what the
+workflow derives from config.yaml); tacl.cluster; tacl.cli on top. Any other top-level module (plan, reruns,
+workstation, ...) stands where its imports put it: it may import and be imported, as long as no arrow runs up
+through it and no circle closes.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+SRC = REPO / "src"
+STAGES = ("data", "objectives", "pretrain", "finetune", "analysis", "report")  # lowest first
+SCHEDULER = "tacl.scheduler"
+BASE = ("tacl", "tacl.io", "tacl.changes", "tacl.hub", "tacl.device", SCHEDULER, "tacl.layout")
+CONFIG = ("tacl.config", "tacl.experiment")
+CLI = ("tacl.cli", "tacl.__main__")
+
+
+def module_name(path: Path) -> str:
+    """tacl/finetune/glue.py -> tacl.finetune.glue; a package's __init__.py is the package's own node."""
+    parts = path.relative_to(SRC).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted((SRC / "tacl").rglob("*.py"))}
+
+
+def nearest_module(name: str) -> str | None:
+    """The module an imported name lives in: itself, or the closest enclosing module (tacl.io.read_json ->
+    tacl.io)."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def imported_names(name: str) -> set[str]:
+    """Every module of tacl that module `name` imports (`from tacl.x import y`: tacl.x.y where y is a module,
+    else tacl.x)."""
+    path, found = MODULES[name], set()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # (relative: from the package, up level - 1)
+                base = ".".join([*package.split(".")[: len(package.split(".")) - node.level + 1], base]).strip(".")
+            found.update(f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base for alias in node.names)
+    return {m for n in found if n.split(".")[0] == "tacl" and (m := nearest_module(n)) and m != name}
+
+
+GRAPH = {name: imported_names(name) for name in MODULES}
+
+
+def reach(name: str) -> dict[str, list[str]]:
+    """Every module `name` imports, directly or through others, with one import path to it."""
+    paths, todo = {name: [name]}, [name]
+    while todo:
+        current = todo.pop()
+        for target in sorted(GRAPH[current]):
+            if target not in paths:
+                paths[target] = paths[current] + [target]
+                todo.append(target)
+    del paths[name]
+    return paths
+
+
+def floor(name: str) -> str:
+    """The floor a module stands on, by its name; "free" for a top-level module not named above."""
+    parts = name.split(".")
+    if name in CLI:
+        return "cli"
+    if name == "tacl.cluster" or name.startswith("tacl.cluster."):
+        return "cluster"
+    if name in CONFIG:
+        return "config"
+    if len(parts) > 1 and parts[1] in STAGES:
+        return parts[1]
+    return "base" if name in BASE else "free"
+
+
+def cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle of the graph (its modules, the first repeated at the end), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for target in sorted(graph[node]):
+            if state.get(target) == 1:
+                return stack[stack.index(target):] + [target]
+            if target not in state and (found := visit(target)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_the_graph_is_read():
+    """The parse finds what is known to be there: top-level and function-level imports."""
+    assert len(MODULES) > 80 and "tacl.finetune" in MODULES and "tacl.pretrain.trainer" in MODULES
+    assert SCHEDULER in GRAPH["tacl.pretrain.deadline"]
+    assert "tacl.finetune.glue" in GRAPH["tacl.analysis.embeddings"]  # (inside a function)
+    assert {"tacl.finetune", "tacl.finetune.sweep"} <= GRAPH["tacl.finetune.cli"]  # (the package: its own node)
+    assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+
+
+def test_no_import_circles():
+    found = cycle(GRAPH)
+    assert found is None, "an import circle: " + " -> ".join(found)
+
+
+def test_the_scheduler_queries_import_nothing_from_tacl():
+    """tacl.scheduler (what a job asks SLURM or PBS) stands below everything: the trainer's deadline and lock,
+    the report's status and the cluster package all ask it."""
+    assert GRAPH[SCHEDULER] == set()
+
+
+@pytest.mark.parametrize("name", sorted(m for m in MODULES if floor(m) == "base"))
+def test_the_base_imports_only_the_base(name):
+    wrong = {m: path for m, path in reach(name).items() if floor(m) != "base"}
+    assert not wrong, f"{name} imports {' -> '.join(next(iter(wrong.values())))}"
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_a_stage_imports_no_higher_floor(stage):
+    """A stage imports its own and lower stages, the base and other modules that do the same: never a higher
+    stage, the config floor (tacl.config reads the stages' settings: above them), tacl.cluster or tacl.cli."""
+    higher = {"config", "cluster", "cli", *STAGES[STAGES.index(stage) + 1:]}
+    names = [m for m in MODULES if floor(m) == stage]
+    assert names
+    for name in names:
+        for target, path in reach(name).items():
+            assert floor(target) not in higher, f"{name} imports a higher floor: {' -> '.join(path)}"
+
+
+@pytest.mark.parametrize("level, above", [("config", {"cluster", "cli"}), ("cluster", {"cli"})])
+def test_the_upper_floors_import_nothing_above_them(level, above):
+    for name in (m for m in MODULES if floor(m) == level):
+        for target, path in reach(name).items():
+            assert floor(target) not in above, f"{name} imports a higher floor: {' -> '.join(path)}"
+
+
+def test_only_the_entry_point_imports_the_command_line():
+    importers = sorted(m for m, targets in GRAPH.items() if "tacl.cli" in targets)
+    assert importers == ["tacl.__main__"]
