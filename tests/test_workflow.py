@@ -306,8 +306,10 @@ def test_demo_end_to_end_survives_a_kill(tmp_path, monkeypatch):
         assert all(a["step"] < b["step"] for a, b in zip(chain, chain[1:])) and chain[-1]["step"] == 250
         exported = json.loads((results / "models" / f"{objective}.json").read_text())
         assert exported["steps"] == 250 and exported["chunks"] == len(chain)
-    resumed = [objective for objective in killed_runs
-               if "resumed from" in "".join(p.read_text() for p in (results / "logs" / "pretrain" / objective).glob("*.log"))]
+    def logs(objective):
+        return "".join(p.read_text() for p in (results / "logs" / "pretrain" / objective).glob("*.log"))
+
+    resumed = [objective for objective in killed_runs if "resumed from" in logs(objective)]
     assert resumed, "a run killed after its first checkpoint resumed from it"
     from transformers import AutoModelForSequenceClassification
 
@@ -521,7 +523,8 @@ def expected_speed(lines: list[dict]) -> tuple[float, float] | None:
         chunk = [m for m in lines[a + 1:b] if "event" not in m]
         if len(chunk) >= 2:
             seconds = chunk[-1]["elapsed_s"] - chunk[0]["elapsed_s"]
-            return (chunk[-1]["tokens"] - chunk[0]["tokens"]) / seconds, seconds / (chunk[-1]["step"] - chunk[0]["step"])
+            steps = chunk[-1]["step"] - chunk[0]["step"]
+            return (chunk[-1]["tokens"] - chunk[0]["tokens"]) / seconds, seconds / steps
     return None
 
 
@@ -714,7 +717,7 @@ def test_tables_now_then_the_workstation_profile_fills_the_missing_runs(finished
     now = json.loads(run_tacl("report", str(results)).stdout)
     assert sorted(now["missing"]) == sorted(removed) and now["runs"] == 3
     md = (report / "report.md").read_text()
-    assert f"Missing or failed (3): " in md and all(run in md for run in removed)
+    assert "Missing or failed (3): " in md and all(run in md for run in removed)
     assert re.search(r"\| coco_lm\+scl +\| qnli +\| 1/2 ", md), md
     assert not any((results / "finetune" / run).exists() for run in removed), "no training started"
     assert {p: p.stat().st_mtime_ns for p in (results / "logs").rglob("*.log")} == logs

@@ -24,7 +24,8 @@ from tacl.pretrain.settings import CHUNK_OPERATIONAL_KEYS, OPERATIONAL_KEYS
 OPERATIONAL_CONFIG_KEYS = tuple(sorted(
     {"results_dir", "resources_dir", "conda_env", "device", "gpus", "data.clean_workers",
      "finetune.runtime_minutes", "finetune.compile", "finetune.checkpoint_minutes",
-     "pretrain.remove_checkpoints", "plan.gpu", "plan.gpus", "plan.safety", "plan.startup_minutes", "plan.min_runtime_minutes"}
+     "pretrain.remove_checkpoints", "plan.gpu", "plan.gpus", "plan.safety", "plan.startup_minutes",
+     "plan.min_runtime_minutes"}
     | {f"pretrain.{k}" for k in OPERATIONAL_KEYS if k != "device"}
     | {f"pretrain.{k}" for k in CHUNK_OPERATIONAL_KEYS if k != "chunk"}
     | {f"pretrain.chunk.{k}" for k in ("runtime_minutes", "margin_minutes", "max_chunks", "max_steps")}))

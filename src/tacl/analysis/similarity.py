@@ -121,7 +121,8 @@ def random_pair_cosines(vectors: np.ndarray, seed: int) -> np.ndarray:
 
 
 def cosine_summary(cosines: np.ndarray) -> dict[str, Any]:
-    """pairs, mean, std (sample; None for one pair), the QUANTILES and the values (rounded to 5 decimals) of a set of cosines."""
+    """pairs, mean, std (sample; None for one pair), the QUANTILES and the values (rounded to 5 decimals) of a
+    set of cosines."""
     c = np.asarray(cosines, dtype=np.float64)
     if len(c) == 0:
         return {"pairs": 0}

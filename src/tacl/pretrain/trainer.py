@@ -405,7 +405,7 @@ def optimizer_step(chunk: Chunk, batches: Iterator[dict[str, Any]], meter: Meter
     """One optimizer step of `accumulation` micro-batches; returns this rank's number of tokens. The hot
     path: nothing here waits for the device (DeepSpeed's own optimizer at ZeRO 1-3 reads its overflow check
     on the host; benchmarks/pretrain_step.py --gpu counts what remains)."""
-    s, env, engine = chunk.settings, chunk.env, chunk.engine
+    env, engine = chunk.env, chunk.engine
     tokens = 0
     for a in range(chunk.accumulation):
         batch = next(batches)
