@@ -116,7 +116,6 @@ setting_hparams = partial(experiment.setting_hparams, config)
 tasks_of = partial(experiment.tasks_of, config)
 keeps_weights = partial(experiment.keeps_weights, config)
 model_tasks = partial(experiment.model_tasks, config)
-expected_runs = partial(experiment.expected_runs, config)
 finished_jobs = partial(finished_of, config, L)
 chunk_marker = L.chunk_marker
 setting_dir = L.setting_dir
