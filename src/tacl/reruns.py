@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tacl.changes import changed_keys
+from tacl.layout import Layout
 
 
 @dataclass
@@ -64,6 +65,51 @@ def rerun_tags(jobs: list[Finished]) -> set[str]:
     """`RULE:LABEL` of each finished job whose settings changed: what the plan (tacl.plan) counts as to run,
     with every job that depends on it."""
     return {f"{job.rule}:{job.label}" for job in jobs if changes_of(job)}
+
+
+def finished_jobs(config: dict[str, Any], layout: Layout) -> list[Finished]:
+    """The finished jobs of an experiment that keep the settings they ran with, beside what the config gives
+    them now (the same values the workflow passes the jobs)."""
+    from tacl import RESULT_VERSIONS
+    from tacl.data.build import shard_config
+    from tacl.data.clean import clean_given
+    from tacl.experiment import (
+        expected_runs,
+        finetune_models,
+        pretrain_settings,
+        setting_hparams,
+        task_source,
+    )
+    from tacl.finetune import GIVEN, finetune_given
+
+    d, ft, start = config["data"], config["finetune"], layout.start
+    clean, manifest = f"{layout.data}/clean.json", layout.manifest
+    jobs = [
+        Finished("clean", clean, "given", clean,
+                 clean_given(d["max_lines"], d["heldout_fraction"], d["sentence_splitter"])),
+        Finished("shard", manifest, "config", manifest,
+                 shard_config(d["max_len"], d["short_seq_prob"], d["seed"], d["dupe_factor"], d["num_shards"])),
+        Finished("init_model", f"{start}/tacl_start.json", "given", start,
+                 {"model": config["model"], "init": config["model_init"]}),
+    ]
+    again = (f"each starts again from the start model, its checkpoints set aside in "
+             f"{layout.pretrain}/OBJECTIVE/superseded/")
+    for o in config["pretrain"]["objectives"]:
+        if o != "none":
+            run, result = f"{layout.pretrain_run(o)}/run.json", pretrain_settings(config, o).result()
+            jobs.append(Finished("pretrain_chunk", run, "result", layout.chunk_marker(o, 0), result, o, again))
+    for r in expected_runs(config):
+        hparams = setting_hparams(config, r["task"], r["setting"])
+        given = finetune_given(task_source(config, r["task"]), hparams, ft["precision"], ft["preset"])
+        label, folder = f"{r['model']}/{r['task']}/{r['setting']}/seed{r['seed']}", layout.run_dir(r)
+        jobs.append(Finished("finetune", f"{folder}/{GIVEN}", "", f"{folder}/metrics.json", given, label))
+    a = config["analysis"]
+    given = {"sentences": a["similarity_sentences"], "seed": a["similarity_seed"],
+             "max_len": a["similarity_max_len"], "version": RESULT_VERSIONS["analysis"]}
+    for m in finetune_models(config):
+        path = layout.similarity(m)
+        jobs.append(Finished("similarity", path, "given", path, dict(given), m))
+    return jobs
 
 
 def rerun_lines(jobs: list[Finished]) -> list[str]:

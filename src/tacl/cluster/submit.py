@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tacl.io import InputError, read_json, require_file
+from tacl.layout import Layout
 
 
 class PretrainRun:
@@ -104,17 +105,18 @@ def run_from_config(config_path: str, objective: str) -> PretrainRun:
     if problems:
         raise InputError(f"{config_path}: " + "; ".join(problems))
     pretrain = {**_defaults(schema["properties"]["pretrain"]), **config.get("pretrain", {})}
-    results = Path(config.get("results_dir", "results/paper"))
-    max_len = config.get("data", {}).get("max_len", 256)
-    start, manifest = results / "models" / "start", results / "data" / "shards" / "manifest.json"
+    data = {**_defaults(schema["properties"]["data"]), **config.get("data", {})}
+    layout = Layout(config.get("results_dir", _defaults(schema)["results_dir"]))
+    start, manifest = Path(layout.start), Path(layout.manifest)
     for path in (start / "config.json", manifest):
         if not path.is_file():
             raise InputError(f"{path}: not found; run the workflow up to it first "
                              f"(snakemake --profile profiles/slurm {start} {manifest})")
-    settings = TrainSettings.from_config(pretrain, objective, max_len).to_dict()
-    return PretrainRun(str(results / "pretrain" / objective / "run"), str(start), str(manifest), settings,
+    settings = TrainSettings.from_config(pretrain, objective, data["max_len"]).to_dict()
+    return PretrainRun(layout.pretrain_run(objective), str(start), str(manifest), settings,
                        nproc=pretrain.get("ranks_per_node", 1))
 
 
 def _defaults(schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema's default of each key of one section (the workflow fills in the same)."""
     return {k: v.get("default") for k, v in schema.get("properties", {}).items() if "default" in v}

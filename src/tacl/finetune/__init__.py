@@ -6,8 +6,8 @@ from typing import Any
 
 from tacl import RESULT_VERSIONS
 
-# The one list of fine-tuning tasks, with their family, in the order the tables show them. The rules
-# (GLUE_TASKS in workflow/rules/common.smk) and the command line's choices come from it; the schema's enums,
+# The one list of fine-tuning tasks, with their family, in the order the tables show them. The workflow
+# (tacl.experiment) and the command line's choices come from it; the schema's enums,
 # each family's specs (glue.TASKS, data.SQUAD_TASKS, data.NER_TASKS) and each task's headline number
 # (sweep.HEADLINE_DEV) are checked equal to it (tests/test_registry.py). No heavy import here: the
 # Snakefile reads it while it parses.

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tacl.io import InputError, read_json, write_json_atomic
+from tacl.layout import Layout
 
 EXPECTED = "expected.json"
 VERSION = 1
@@ -42,13 +43,13 @@ def read_expected(results_dir: str | Path) -> dict[str, Any] | None:
 def report_inputs(results_dir: str | Path, wanted: dict[str, Any]) -> dict[str, Any]:
     """build_report's arguments for what `wanted` (expected.json) asks for: the same as the workflow's report rule passes (the analysis files
     that exist so far), with paths under `results_dir`."""
-    root = Path(results_dir)
-    similarity = [root / "analysis" / "similarity" / f"{m}.json" for m in wanted["analysed_models"]]
-    embeddings = [root / "analysis" / "embeddings" / f"{m}.json" for m in wanted["analysed_models"]]
-    png, cls_png = root / "report" / "self_similarity.png", root / "report" / "cls_cosine.png"
-    return {"results_dir": str(root), "models": wanted["models"], "tasks": wanted["tasks"],
+    layout = Layout(str(Path(results_dir)))
+    similarity = [Path(layout.similarity(m)) for m in wanted["analysed_models"]]
+    embeddings = [Path(layout.embeddings(m)) for m in wanted["analysed_models"]]
+    png, cls_png = Path(layout.similarity_png), Path(layout.cls_png)
+    return {"results_dir": layout.results, "models": wanted["models"], "tasks": wanted["tasks"],
             "expected": wanted["expected"], "similarity": [str(p) for p in similarity if p.is_file()],
-            "out_dir": str(root / "report"), "similarity_png": str(png) if png.is_file() else None,
+            "out_dir": layout.report, "similarity_png": str(png) if png.is_file() else None,
             "cls_png": str(cls_png) if cls_png.is_file() else None,
             "embeddings": [str(p) for p in embeddings if p.is_file()] if wanted["embeddings_enabled"] else [],
             "embeddings_enabled": wanted["embeddings_enabled"], "name": wanted["results_dir"]}

@@ -1,0 +1,70 @@
+"""What the workflow asks of the report, from the config and the results folder: the report rule's arguments
+(the same ones after a failed job, for tables from whatever has finished) and what onstart writes to
+RESULTS_DIR/expected.json (tacl.report.expected)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from typing import Any
+
+from tacl.experiment import embeddings_enabled, expected_runs, finetune_models, tabled_models
+from tacl.layout import Layout
+
+
+def embeddings_outputs(config: dict[str, Any], layout: Layout) -> list[str]:
+    """Every model's sentence-embedding results, when that evaluation runs (analysis.embeddings.enabled)."""
+    if not embeddings_enabled(config):
+        return []
+    return [layout.embeddings(m) for m in finetune_models(config)]
+
+
+def report_args(config: dict[str, Any], layout: Layout) -> str:
+    """Arguments of `tacl report`, shared by the rule and the onerror handler: the analyses that are there."""
+    similarity = [layout.similarity(m) for m in finetune_models(config)]
+    args = [
+        "--results", layout.results,
+        "--models", *tabled_models(config),
+        "--tasks", *config["finetune"]["tasks"],
+        "--expected", json.dumps(expected_runs(config)),
+        "--similarity", *[p for p in similarity if os.path.exists(p)],
+        "--embeddings", *[p for p in embeddings_outputs(config, layout) if os.path.exists(p)],
+        *([] if embeddings_enabled(config) else ["--embeddings-disabled"]),
+        "--out", layout.report,
+    ]
+    if os.path.exists(layout.similarity_png):
+        args += ["--similarity-png", layout.similarity_png]
+    if os.path.exists(layout.cls_png):
+        args += ["--cls-png", layout.cls_png]
+    return " ".join(shlex.quote(str(a)) for a in args)
+
+
+def expected_of(config: dict[str, Any], layout: Layout) -> dict[str, Any]:
+    """What this results directory is to hold (RESULTS_DIR/expected.json, less its version), for `tacl report
+    RESULTS_DIR` (tables from what has finished, at any time) and `tacl status`, which read files only."""
+    return {
+        "results_dir": layout.results,
+        "objectives": config["pretrain"]["objectives"],
+        "models": tabled_models(config),
+        "analysed_models": finetune_models(config),
+        "tasks": config["finetune"]["tasks"],
+        "expected": expected_runs(config),
+        "embeddings_enabled": embeddings_enabled(config),
+    }
+
+
+def partial_report(config: dict[str, Any], layout: Layout, src: str) -> None:
+    """After a failed job: tables from whatever has finished (`tacl report` from the checkout's `src`), so that
+    one failure never hides the rest; nothing before any fine-tune has finished."""
+    if not any(os.path.exists(f"{layout.run_dir(r)}/metrics.json") for r in expected_runs(config)):
+        return
+    cmd = f"{sys.executable} -m tacl report {report_args(config, layout)}"
+    env = dict(os.environ, PYTHONPATH=src + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run(cmd, shell=True, env=env, capture_output=True, text=True, check=False)
+    if proc.returncode == 0:
+        print(f"\nsome jobs failed; tables from the finished runs: {layout.report}/report.md")
+    else:
+        print(f"\nsome jobs failed, and the partial report failed too:\n{proc.stderr[-2000:]}")

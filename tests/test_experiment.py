@@ -1,0 +1,148 @@
+"""The workflow's logic as the package holds it (tacl.layout, tacl.experiment, tacl.sizing, tacl.workplan,
+tacl.reruns.finished_jobs, tacl.report.wiring), called on the demo's config without Snakemake."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import demo_config
+
+from tacl import experiment
+from tacl.config import SCHEMA
+from tacl.io import InputError
+from tacl.layout import Layout
+from tacl.report import wiring
+from tacl.reruns import finished_jobs, rerun_tags
+from tacl.sizing import Sizing
+from tacl.workplan import plan_jobs, plan_text, planned_chunks
+
+LOCAL = {"download_corpus", "fetch_tokenizer", "gather_shards", "init_model", "export_start", "extra_model",
+         "prepare_task", "select_setting", "submissions", "similarity_plot", "embeddings_data", "report"}
+
+
+def filled(cfg: dict) -> dict:
+    """The config with the schema's defaults, as the Snakefile fills them in."""
+    from snakemake.utils import validate
+
+    validate(cfg, str(SCHEMA), set_default=True)
+    return cfg
+
+
+def test_submit_and_the_workflow_name_the_same_files(tmp_path, monkeypatch):
+    """`tacl submit pretrain` finds the start model and the shards where the workflow writes them (one
+    Layout), trains in the run folder the chunks use, and takes results_dir and max_len from the schema."""
+    from tacl.cluster.submit import run_from_config
+
+    layout = Layout(str(tmp_path / "results"))
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"results_dir": layout.results}))
+    for path in (Path(layout.start) / "config.json", Path(layout.manifest)):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("{}")
+    run = run_from_config(str(config), "tacl")
+    assert (run.start_model, run.manifest) == (layout.start, layout.manifest)
+    assert run.run_dir == layout.pretrain_run("tacl") == f"{layout.pretrain}/tacl/run"
+    assert run.settings["max_len"] == 256
+    assert Path(layout.chunk_marker("tacl", 3)).parent == Path(run.run_dir).parent
+    monkeypatch.chdir(tmp_path)
+    config.write_text(yaml.safe_dump({"data": {"max_len": 128}}))
+    with pytest.raises(InputError, match=r"^results/paper/models/start/config.json: not found"):
+        run_from_config(str(config), "tacl")
+    assert Layout.of(filled(yaml.safe_load(config.read_text()))).results == "results/paper"
+
+
+def test_the_report_reads_the_analyses_where_the_workflow_writes_them(tmp_path):
+    from tacl.report.expected import report_inputs
+
+    cfg = filled(demo_config(tmp_path))
+    layout = Layout.of(cfg)
+    wanted = {"version": 1, **wiring.expected_of(cfg, layout)}
+    assert wanted["models"] == experiment.finetune_models(cfg) + ["mlm_nsp+scl"]
+    assert "--embeddings-disabled" in wiring.report_args(cfg, layout).split()
+    Path(layout.similarity("tacl")).parent.mkdir(parents=True)
+    Path(layout.similarity("tacl")).write_text("{}")
+    assert report_inputs(layout.results, wanted)["similarity"] == [layout.similarity("tacl")]
+    assert f"--similarity {layout.similarity('tacl')} --embeddings" in wiring.report_args(cfg, layout)
+
+
+def test_the_config_lists_models_tasks_settings_and_runs():
+    cfg = filled(demo_config(Path("/x")))
+    assert experiment.contrastive_models(cfg) == ["mlm_nsp+scl"]
+    assert experiment.tasks_of(cfg, "mlm_nsp+scl") == ["qnli"]
+    assert experiment.tasks_of(cfg, "tacl") == ["qnli", "squad_v2"]
+    runs = experiment.expected_runs(cfg)
+    pairs = experiment.model_tasks(cfg)
+    assert len(pairs) == 2 * len(experiment.finetune_models(cfg)) + 1
+    assert len(runs) == sum(len(experiment.settings_of(cfg, t)) * len(experiment.task_seeds(cfg, t)) for _, t in pairs)
+    assert experiment.finetune_start(cfg, Layout("r"), "tacl+scl", "qnli") == {"model": "r/models/tacl"}
+    cfg["finetune"]["start_from"] = {"qnli": "squad_v2"}
+    selected = {"selected": "r/finetune/tacl/squad_v2/selected.json"}
+    assert experiment.finetune_start(cfg, Layout("r"), "tacl", "qnli") == selected
+    cfg["finetune"]["contrastive"]["tasks"] = ["stsb"]
+    with pytest.raises(InputError, match="stsb is a regression task"):
+        experiment.check(cfg)
+    cfg["finetune"]["contrastive"]["models"] = ["bert"]
+    with pytest.raises(InputError, match="finetune.contrastive.models: bert not among the fine-tuned models"):
+        experiment.check(cfg)
+    cfg["pretrain"].update(launcher="torchrun", nodes=2)
+    with pytest.raises(InputError, match="torchrun starts ranks on one node"):
+        experiment.check(cfg)
+
+
+def test_the_plan_of_the_demo_config_without_snakemake(tmp_path):
+    """plan_jobs lists the jobs a dry run of the demo would: one per (model, task, setting), one selection per
+    (model, task), an analysis per model; a finished chunk counts as done until its settings change."""
+    cfg = filled(demo_config(tmp_path))
+    layout = Layout.of(cfg)
+    sizing = Sizing.of(cfg, layout)
+    jobs = plan_jobs(sizing, LOCAL, set())
+    count = Counter(j.rule for j in jobs)
+    pairs = experiment.model_tasks(cfg)
+    assert count["finetune"] == sum(len(experiment.settings_of(cfg, t)) for _, t in pairs)
+    assert count["select_setting"] == len(pairs) and count["similarity"] == len(experiment.finetune_models(cfg))
+    assert count["export_model"] == len(experiment.trained_objectives(cfg)) and count["all"] == 1
+    assert not any(j.done for j in jobs) and {j.where for j in jobs} == {"login", "cpu"}
+    marker = Path(layout.chunk_marker("tacl", 0))
+    marker.parent.mkdir(parents=True)
+    steps = cfg["pretrain"]["steps"]
+    marker.write_text(json.dumps({"done": True, "step": steps, "steps_this_chunk": steps, "reason": "target"}))
+    assert [c[0] for c in planned_chunks(sizing, "tacl", fresh=False)] == [str(marker)]
+    chunks = [j for j in plan_jobs(sizing, LOCAL, set()) if j.rule == "pretrain_chunk" and j.key == "tacl"]
+    assert [j.done for j in chunks] == [True]
+    chunks = [j for j in plan_jobs(sizing, LOCAL, {"pretrain_chunk:tacl"}) if j.rule == "pretrain_chunk"]
+    assert not any(j.done for j in chunks)
+    text = plan_text(sizing, LOCAL, set())
+    assert text.startswith("Plan of this run") and "device: cpu, so no job asks for a GPU" in text
+
+
+def test_finished_jobs_follow_the_config(tmp_path):
+    """A finished fine-tune made with another lr is a rerun tag; every expected run has its record."""
+    cfg = filled(demo_config(tmp_path))
+    layout = Layout.of(cfg)
+    jobs = finished_jobs(cfg, layout)
+    assert Counter(j.rule for j in jobs)["finetune"] == len(experiment.expected_runs(cfg))
+    assert rerun_tags(jobs) == set()
+    run = experiment.expected_runs(cfg)[0]
+    job = next(j for j in jobs if j.rule == "finetune")
+    Path(layout.run_dir(run)).mkdir(parents=True)
+    Path(job.done).write_text("{}")
+    Path(job.record).write_text(json.dumps({**job.current, "hparams": {**job.current["hparams"], "lr": 1.0}}))
+    label = f"{run['model']}/{run['task']}/{run['setting']}/seed{run['seed']}"
+    assert rerun_tags(finished_jobs(cfg, layout)) == {f"finetune:{label}"}
+
+
+def test_the_workflow_logic_imports_neither_snakemake_nor_torch():
+    """The floor rule: what common.smk wires is plain package code (Snakemake's errors stay at the edge), and
+    the results folder's layout imports nothing of the package."""
+    import subprocess
+    import sys
+
+    code = ("import sys, tacl.layout; layout = [m for m in sys.modules if m.startswith('tacl.')]; "
+            "import tacl.workplan, tacl.reruns, tacl.report.wiring, tacl.cluster.submit; "
+            "print(layout, 'snakemake' in sys.modules, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["['tacl.layout']", "False", "False"]
