@@ -34,6 +34,7 @@ test: venv
 lint: venv
 	$(BIN)/ruff check --no-cache src tests benchmarks
 	$(BIN)/python -m snakefmt --check workflow
+	@if grep -nE '^.{121,}' workflow/Snakefile workflow/rules/*.smk; then echo "lint: over 120 characters" >&2; exit 1; fi
 	PATH=$(abspath $(BIN)):$$PATH snakemake --lint $(DEMO)
 
 # `--profile slurm` / `--profile pbs` by bare name: links profiles/slurm and profiles/pbs into

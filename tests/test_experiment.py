@@ -1,5 +1,5 @@
 """The workflow's logic as the package holds it (tacl.layout, tacl.experiment, tacl.sizing, tacl.workplan,
-tacl.reruns.finished_jobs, tacl.report.wiring), called on the demo's config without Snakemake."""
+tacl.reruns.finished_jobs, tacl.handlers), called on the demo's config without Snakemake."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from tacl import experiment
 from tacl.config import SCHEMA
 from tacl.io import InputError
 from tacl.layout import Layout
-from tacl.report import wiring
+from tacl import handlers
 from tacl.reruns import finished_jobs, rerun_tags
 from tacl.sizing import Sizing
 from tacl.workplan import plan_jobs, plan_text, planned_chunks
@@ -60,13 +60,13 @@ def test_the_report_reads_the_analyses_where_the_workflow_writes_them(tmp_path):
 
     cfg = filled(demo_config(tmp_path))
     layout = Layout.of(cfg)
-    wanted = {"version": 1, **wiring.expected_of(cfg, layout)}
+    wanted = {"version": 1, **handlers.expected_of(cfg, layout)}
     assert wanted["models"] == experiment.finetune_models(cfg) + ["mlm_nsp+scl"]
-    assert "--embeddings-disabled" in wiring.report_args(cfg, layout).split()
+    assert "--embeddings-disabled" in handlers.report_args(cfg, layout).split()
     Path(layout.similarity("tacl")).parent.mkdir(parents=True)
     Path(layout.similarity("tacl")).write_text("{}")
     assert report_inputs(layout.results, wanted)["similarity"] == [layout.similarity("tacl")]
-    assert f"--similarity {layout.similarity('tacl')} --embeddings" in wiring.report_args(cfg, layout)
+    assert f"--similarity {layout.similarity('tacl')} --embeddings" in handlers.report_args(cfg, layout)
 
 
 def test_the_config_lists_models_tasks_settings_and_runs():
@@ -142,7 +142,7 @@ def test_the_workflow_logic_imports_neither_snakemake_nor_torch():
     import sys
 
     code = ("import sys, tacl.layout; layout = [m for m in sys.modules if m.startswith('tacl.')]; "
-            "import tacl.workplan, tacl.reruns, tacl.report.wiring, tacl.cluster.submit; "
+            "import tacl.workplan, tacl.reruns, tacl.handlers, tacl.cluster.submit; "
             "print(layout, 'snakemake' in sys.modules, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["['tacl.layout']", "False", "False"]

@@ -69,8 +69,9 @@ def test_the_plan_counts_chunks_that_end_on_their_deadline_as_at_least_and_chang
         rows = {m.group(1): m.group(2, 3) for m in re.finditer(r"^  (\w+) +(\S+) +(\S+)", text, re.M)}
         return rows, re.search(r"^  jobs: .*$", text, re.M).group(0), text
 
-    chunk = lambda done, ends: Job("pretrain_chunk", "gpu", 1, 60, 50.0, done, "tacl", 5.0,
-                                   open_ended=ends == "deadline" and not done)
+    def chunk(done, ends):
+        return Job("pretrain_chunk", "gpu", 1, 60, 50.0, done, "tacl", 5.0, open_ended=ends == "deadline" and not done)
+
     rerun = Job("finetune", "gpu", 1, 20, 10.0, False, "tacl/rte", finetune=True)  # (its output there, lr changed)
     jobs = [chunk(True, "deadline"), chunk(False, "deadline"), chunk(False, "target"), rerun,
             Job("finetune", "gpu", 1, 20, 10.0, True, "none/rte", finetune=True), Job("all", "login")]
@@ -108,7 +109,8 @@ def test_the_plan_of_the_paper_config_adds_up(tmp_path, monkeypatch):
     rows = {m.group(1): (int(m.group(2)), m.group(3)) for m in re.finditer(
         r"^  (\w+)\s+(\d+)\s+\d+\s+([\d.]+)?", plan[:plan.index("  jobs:")], re.M)}
     stats = out[out.index("Job stats:"):]
-    listed = {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)\s*$", stats, re.M) if m.group(1) != "total"}
+    listed = {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)\s*$", stats, re.M)
+              if m.group(1) != "total"}
     assert {rule: n for rule, (n, _) in rows.items()} == listed
     models, tasks = 4, len(cfg["finetune"]["tasks"])
     assert listed["finetune"] == models * tasks  # one job per (model, task, setting): 5 or 3 seeds inside

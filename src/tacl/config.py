@@ -134,7 +134,7 @@ def plan_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
     keep their own checks as a second line."""
     problems = finetune_errors(config, schema)
     gpus = config["plan"]["gpus"]
-    if config["plan"]["gpu"] not in gpus:  # (the runtimes are sized for it: common.smk looks its figures up)
+    if config["plan"]["gpu"] not in gpus:  # (the runtimes are sized for it: tacl.sizing looks its figures up)
         problems.append(f"plan.gpu: {config['plan']['gpu']!r} is not in plan.gpus ({', '.join(gpus) or 'none'}); "
                         "name one of them, or add its figures under plan.gpus")
     p = config["pretrain"]

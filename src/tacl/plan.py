@@ -108,7 +108,8 @@ def pretrain_flops_per_token(objective: str, shape: Shape, seq: float, params: d
 def mean_length(max_len: int, summary: dict[str, Any] | None) -> tuple[float, str]:
     if summary and summary.get("examples"):
         return summary["tokens"] / summary["examples"], "the data stage's mean"
-    return 0.625 * max_len, "0.625 x data.max_len (the shared Wikipedia sample's mean; the data stage's own once it has run)"
+    why = "0.625 x data.max_len (the shared Wikipedia sample's mean; the data stage's own once it has run)"
+    return 0.625 * max_len, why
 
 
 def padded_length(mean: float, max_len: int, pretrain: dict[str, Any]) -> float:
@@ -283,7 +284,8 @@ def longest_chain(jobs: list[Job], start_from: dict[str, str]) -> list[tuple[str
     def path(key: str) -> list[tuple[str, float]]:
         model, task = key.split("/")
         source = start_from.get(task)
-        before = path(f"{model}/{source}") + [("select_setting", 0.0)] if source and f"{model}/{source}" in tunes else []
+        first = f"{model}/{source}"
+        before = path(first) + [("select_setting", 0.0)] if source and first in tunes else []
         return before + [("finetune", tunes[key])]
 
     if tunes:

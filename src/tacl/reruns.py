@@ -36,7 +36,7 @@ class Finished:
 
 def recorded(path: str, key: str) -> dict[str, Any] | None:
     """The settings kept under `key` in a JSON record; None when the record or the key is not there (a job
-    from before records were kept: nothing to compare)."""
+    whose output keeps no record of its settings: nothing to compare)."""
     try:
         value: Any = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError):

@@ -60,8 +60,7 @@ rule similarity_plot:
     conda:
         CONDA_ENV
     shell:
-        "python -m tacl analysis plot --inputs {input} --out {output.similarity} --cls-out {output.cls}"
-        " > {log} 2>&1"
+        "python -m tacl analysis plot --inputs {input} --out {output.similarity} --cls-out {output.cls} > {log} 2>&1"
 
 
 rule embeddings_data:

@@ -1,5 +1,5 @@
 # Helpers shared by all .smk files: paths derived from the config (tacl.layout), and the wiring of what the
-# package works out from it (tacl.experiment, tacl.sizing, tacl.workplan, tacl.reruns, tacl.report.wiring) into
+# package works out from it (tacl.experiment, tacl.sizing, tacl.workplan, tacl.reruns, tacl.handlers) into
 # the rules and handlers. What needs Snakemake's `workflow` or `checkpoints` stays here; the rest is tested.
 import os
 import signal
@@ -8,13 +8,12 @@ from argparse import Namespace
 from functools import partial
 from pathlib import Path
 
-from tacl import RESULT_VERSIONS, experiment
+from tacl import RESULT_VERSIONS, experiment, handlers
 from tacl.cluster.hooks import scheduler_of_profile
 from tacl.io import InputError
 from tacl.layout import Layout
 from tacl.objectives.registry import OBJECTIVE_PATTERN
 from tacl.pretrain.chain import chunks_present, final_marker
-from tacl.report import wiring
 from tacl.report.expected import RECORD as REPORT_RECORD
 from tacl.reruns import finished_jobs as finished_of
 from tacl.sizing import Sizing
@@ -107,7 +106,7 @@ finetune_models = partial(experiment.finetune_models, config)
 contrastive_models = partial(experiment.contrastive_models, config)
 embeddings_enabled = partial(experiment.embeddings_enabled, config)
 embeddings_source = partial(experiment.embeddings_source, config)
-embeddings_outputs = partial(wiring.embeddings_outputs, config, L)
+embeddings_outputs = partial(handlers.embeddings_outputs, config, L)
 task_family = experiment.task_family
 task_source = partial(experiment.task_source, config)
 task_seeds = partial(experiment.task_seeds, config)
@@ -227,9 +226,7 @@ def previous_chunk(wildcards):
 
 
 # the chunks of each run there when this Snakemake started: followed whatever pretrain.chunk.max_chunks says
-CHUNKS_AT_START = {
-    o: chunks_present(lambda k, o=o: chunk_marker(o, k)) for o in config["pretrain"]["objectives"]
-}
+CHUNKS_AT_START = {o: chunks_present(lambda k, o=o: chunk_marker(o, k)) for o in config["pretrain"]["objectives"]}
 
 
 def final_chunk(wildcards):
@@ -301,8 +298,8 @@ def chain_ends(wildcards):
 
 
 def report_args(wildcards=None, input=None):
-    """Arguments of `tacl report`, shared by the rule and the onerror handler (tacl.report.wiring)."""
-    return wiring.report_args(config, L)
+    """Arguments of `tacl report`, shared by the rule and the onerror handler (tacl.handlers)."""
+    return handlers.report_args(config, L)
 
 
 def write_expected():
@@ -310,12 +307,12 @@ def write_expected():
     (tables from what has finished, at any time) and `tacl status`, which read files only."""
     from tacl.report.expected import write_expected as write
 
-    write(R, wiring.expected_of(config, L))
+    write(R, handlers.expected_of(config, L))
 
 
 def partial_report():
     """onerror: tables from whatever has finished, so one failure never hides the rest."""
-    wiring.partial_report(config, L, SRC)
+    handlers.partial_report(config, L, SRC)
 
 
 def cluster_preflight(dry_run=False):

@@ -29,7 +29,8 @@ def write_expected(results_dir: str | Path, expected: dict[str, Any]) -> Path:
 
 
 def read_expected(results_dir: str | Path) -> dict[str, Any] | None:
-    """What the results directory is to hold, or None when there is none (a results directory no Snakemake of this version has run in)."""
+    """What the results directory is to hold, or None when there is none (a results directory no Snakemake of
+    this version has run in)."""
     path = Path(results_dir, EXPECTED)
     if not path.is_file():
         return None
@@ -41,8 +42,8 @@ def read_expected(results_dir: str | Path) -> dict[str, Any] | None:
 
 
 def report_inputs(results_dir: str | Path, wanted: dict[str, Any]) -> dict[str, Any]:
-    """build_report's arguments for what `wanted` (expected.json) asks for: the same as the workflow's report rule passes (the analysis files
-    that exist so far), with paths under `results_dir`."""
+    """build_report's arguments for what `wanted` (expected.json) asks for: the same as the workflow's report
+    rule passes (the analysis files that exist so far), with paths under `results_dir`."""
     layout = Layout(str(Path(results_dir)))
     similarity = [Path(layout.similarity(m)) for m in wanted["analysed_models"]]
     embeddings = [Path(layout.embeddings(m)) for m in wanted["analysed_models"]]

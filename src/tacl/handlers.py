@@ -1,6 +1,7 @@
-"""What the workflow asks of the report, from the config and the results folder: the report rule's arguments
-(the same ones after a failed job, for tables from whatever has finished) and what onstart writes to
-RESULTS_DIR/expected.json (tacl.report.expected)."""
+"""What the workflow's report rule and handlers do, from the config and the results folder: the report rule's
+arguments (the same ones after a failed job, for tables from whatever has finished: onerror) and what onstart
+writes to RESULTS_DIR/expected.json (tacl.report.expected). Above the stages: it reads the config's lists
+(tacl.experiment)."""
 
 from __future__ import annotations
 
