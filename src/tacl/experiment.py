@@ -8,9 +8,13 @@ nodes) raises InputError, which the workflow shows as its own error (`check` fin
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from tacl.config import defaults_unlike
 from tacl.finetune import GLUE_CLASSIFICATION, TASKS
 from tacl.finetune.sweep import parse_setting, task_settings
 from tacl.io import InputError
@@ -75,8 +79,6 @@ def chunk_launch(config: dict[str, Any], layout: Layout) -> tuple[str, str]:
 def chunk_operational(config: dict[str, Any], layout: Layout) -> str:
     """The operational settings of `tacl pretrain train` (logging, checkpoints, loader, compile, micro batch,
     ZeRO stage, device, the chunk's margin and step cap, ranks on the node) as arguments."""
-    import shlex
-
     chunk = config["pretrain"]["chunk"]
     args = [
         "--operational",
@@ -237,10 +239,6 @@ def finetune_start(config: dict[str, Any], layout: Layout, model: str, task: str
 def defaults_message(unset: list[str], config: dict[str, Any], paper: Path) -> str | None:
     """The keys that took the schema's default where `paper` (config.yaml, the paper's experiment) gives
     another value, as one message; None where there are none or no such file."""
-    import yaml
-
-    from tacl.config import defaults_unlike
-
     lines = defaults_unlike(unset, config, yaml.safe_load(paper.read_text())) if paper.is_file() else []
     if not lines:
         return None

@@ -15,7 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tacl import RESULT_VERSIONS
 from tacl.changes import changed_keys
+from tacl.data.build import shard_config
+from tacl.data.clean import clean_given
+from tacl.experiment import expected_runs, finetune_models, pretrain_settings, setting_hparams, task_source
+from tacl.finetune import GIVEN, finetune_given
 from tacl.layout import Layout
 
 
@@ -70,18 +75,6 @@ def rerun_tags(jobs: list[Finished]) -> set[str]:
 def finished_jobs(config: dict[str, Any], layout: Layout) -> list[Finished]:
     """The finished jobs of an experiment that keep the settings they ran with, beside what the config gives
     them now (the same values the workflow passes the jobs)."""
-    from tacl import RESULT_VERSIONS
-    from tacl.data.build import shard_config
-    from tacl.data.clean import clean_given
-    from tacl.experiment import (
-        expected_runs,
-        finetune_models,
-        pretrain_settings,
-        setting_hparams,
-        task_source,
-    )
-    from tacl.finetune import GIVEN, finetune_given
-
     d, ft, start = config["data"], config["finetune"], layout.start
     clean, manifest = f"{layout.data}/clean.json", layout.manifest
     jobs = [
