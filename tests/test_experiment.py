@@ -11,11 +11,10 @@ import pytest
 import yaml
 from conftest import demo_config
 
-from tacl import experiment
+from tacl import experiment, handlers
 from tacl.config import SCHEMA
 from tacl.io import InputError
 from tacl.layout import Layout
-from tacl import handlers
 from tacl.reruns import finished_jobs, rerun_tags
 from tacl.sizing import Sizing
 from tacl.workplan import plan_jobs, plan_text, planned_chunks

@@ -3,7 +3,7 @@ and seeds, every fine-tuning run expected, where each task's data comes from, an
 launched. The workflow's rules, its plan, the rerun summary and the report all list their jobs from here.
 
 A config that asks for something impossible (a contrastive fine-tune of a regression task, torchrun across
-nodes) raises InputError, which the workflow shows as its own error (`check` finds them all at once)."""
+nodes) raises InputError, which the workflow shows as its own error (`check`, at start, raises the first)."""
 
 from __future__ import annotations
 

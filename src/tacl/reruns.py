@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,19 @@ class Finished:
     label: str = ""
     then: str = ""
 
+    @cached_property
+    def changes(self) -> list[str]:
+        """What changed in the job's settings ("lr 0.0001 -> 5e-05"); none for a job not finished or without a
+        record. Read once: the plan and the rerun summary ask the same jobs."""
+        if not Path(self.done).exists():
+            return []
+        before = recorded(self.record, self.key)
+        if before is None:
+            return []
+        # (a record may keep more than the config decides, e.g. a fine-tune's start model's weights, whose
+        # change reruns the job through its input's modification time)
+        return changed_keys({k: v for k, v in before.items() if k in self.current}, self.current)
+
 
 def recorded(path: str, key: str) -> dict[str, Any] | None:
     """The settings kept under `key` in a JSON record; None when the record or the key is not there (a job
@@ -53,23 +67,10 @@ def recorded(path: str, key: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def changes_of(job: Finished) -> list[str]:
-    """What changed in a finished job's settings ("lr 0.0001 -> 5e-05"); none for a job not finished or
-    without a record."""
-    if not Path(job.done).exists():
-        return []
-    before = recorded(job.record, job.key)
-    if before is None:
-        return []
-    # (a record may keep more than the config decides, e.g. a fine-tune's start model's weights, whose change
-    # reruns the job through its input's modification time)
-    return changed_keys({k: v for k, v in before.items() if k in job.current}, job.current)
-
-
 def rerun_tags(jobs: list[Finished]) -> set[str]:
-    """`RULE:LABEL` of each finished job whose settings changed: what the plan (tacl.plan) counts as to run,
-    with every job that depends on it."""
-    return {f"{job.rule}:{job.label}" for job in jobs if changes_of(job)}
+    """`RULE:LABEL` of each finished job whose settings changed: what the plan (tacl.workplan) counts as to
+    run, with every job that depends on it."""
+    return {f"{job.rule}:{job.label}" for job in jobs if job.changes}
 
 
 def finished_jobs(config: dict[str, Any], layout: Layout) -> list[Finished]:
@@ -109,9 +110,8 @@ def rerun_lines(jobs: list[Finished]) -> list[str]:
     """One line per (rule, change): the finished jobs whose settings changed, counted."""
     groups: dict[tuple[str, tuple[str, ...], str], list[str]] = defaultdict(list)
     for job in jobs:
-        changes = changes_of(job)
-        if changes:
-            groups[(job.rule, tuple(changes), job.then)].append(job.label)
+        if job.changes:
+            groups[(job.rule, tuple(job.changes), job.then)].append(job.label)
     lines = []
     for (rule, changes, then), labels in groups.items():
         what = rule

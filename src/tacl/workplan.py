@@ -16,6 +16,7 @@ from typing import Any
 from tacl import plan
 from tacl.device import computes_bf16
 from tacl.experiment import (
+    embeddings_enabled,
     extra_models,
     finetune_models,
     gpus_per_node,
@@ -137,7 +138,7 @@ def _analysis_jobs(sizing: Sizing, job: Any, need: _Needs) -> list[plan.Job]:
     """The analyses and the report, at the end of plan_jobs (`job` makes one of its jobs)."""
     config, layout = sizing.config, sizing.layout
     jobs = []
-    if config["analysis"]["embeddings"]["enabled"]:
+    if embeddings_enabled(config):
         jobs.append(job("embeddings_data", layout.embeddings_data))
     gpu = gpus_per_node(config, "similarity")
     for m in finetune_models(config):

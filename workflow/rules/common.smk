@@ -5,17 +5,17 @@ import os
 import signal
 import sys
 from argparse import Namespace
-from functools import partial
+from functools import cache, partial
 from pathlib import Path
 
 from tacl import RESULT_VERSIONS, experiment, handlers
-from tacl.cluster.hooks import scheduler_of_profile
+from tacl.cluster.hooks import data_summary, preflight, scheduler, scheduler_of_profile
 from tacl.io import InputError
 from tacl.layout import Layout
 from tacl.objectives.registry import OBJECTIVE_PATTERN
 from tacl.pretrain.chain import chunks_present, final_marker
-from tacl.report.expected import RECORD as REPORT_RECORD
-from tacl.reruns import finished_jobs as finished_of
+from tacl.report.expected import RECORD as REPORT_RECORD, write_expected as write_expected_of
+from tacl.reruns import finished_jobs as finished_of, rerun_tags, summary as rerun_text
 from tacl.sizing import Sizing
 from tacl.workplan import plan_text as plan_text_of
 from tacl.workstation import machine_gpus
@@ -115,7 +115,6 @@ setting_hparams = partial(experiment.setting_hparams, config)
 tasks_of = partial(experiment.tasks_of, config)
 keeps_weights = partial(experiment.keeps_weights, config)
 model_tasks = partial(experiment.model_tasks, config)
-finished_jobs = partial(finished_of, config, L)
 chunk_marker = L.chunk_marker
 setting_dir = L.setting_dir
 seeds_marker = L.seeds_marker
@@ -178,8 +177,6 @@ def chunk_resources():
 
 def scheduler_now():
     """slurm | pbs | None: what the jobs of this run are submitted to (a SLURM job's own Snakemake too)."""
-    from tacl.cluster.hooks import scheduler
-
     return scheduler(workflow)
 
 
@@ -305,9 +302,7 @@ def report_args(wildcards=None, input=None):
 def write_expected():
     """onstart: what this results directory is to hold (RESULTS_DIR/expected.json), for `tacl report RESULTS_DIR`
     (tables from what has finished, at any time) and `tacl status`, which read files only."""
-    from tacl.report.expected import write_expected as write
-
-    write(R, handlers.expected_of(config, L))
+    write_expected_of(R, handlers.expected_of(config, L))
 
 
 def partial_report():
@@ -318,8 +313,6 @@ def partial_report():
 def cluster_preflight(dry_run=False):
     """The checks of the scheduler in use (tacl.cluster.hooks): onstart, before the first submission, and in
     a dry run (dry_run_checks)."""
-    from tacl.cluster.hooks import preflight
-
     gpus = {name: gpus_per_node(name) for name in ("pretrain_chunk", "finetune", "similarity")}
     if dry_run:
         chunks = any(o != "none" for o in config["pretrain"]["objectives"])
@@ -345,10 +338,15 @@ def dry_run_checks(wildcards):
     return []
 
 
+@cache
+def finished_jobs():
+    """The finished jobs and their recorded settings (tacl.reruns), made once: the plan and the rerun summary
+    printed at start read each record once between them."""
+    return finished_of(config, L)
+
+
 def plan_text():
     """The plan printed before anything runs (tacl.workplan): the local rules run on this machine."""
-    from tacl.reruns import rerun_tags
-
     return plan_text_of(SIZING, workflow._localrules, rerun_tags(finished_jobs()))
 
 
@@ -367,16 +365,12 @@ def defaults_summary():
 
 def rerun_summary():
     """Before anything runs (dry runs too): the finished work this run does again, and why (tacl.reruns)."""
-    from tacl.reruns import summary
-
-    text = summary(finished_jobs())
+    text = rerun_text(finished_jobs())
     if text:
         print(text, file=sys.stderr)
 
 
 def print_summary():
-    from tacl.cluster.hooks import data_summary
-
     line = data_summary(L.data_summary, R)
     if line:
         print(f"\n{line}")

@@ -34,6 +34,7 @@ from tacl.pretrain.deadline import StopSignals
 
 log = logging.getLogger("tacl.finetune")
 
+
 @dataclass
 class Checkpointing:
     """How `train` checkpoints inside a seed: every `minutes` (None: only when stopped), and, for tests, a
