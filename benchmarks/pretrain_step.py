@@ -71,10 +71,17 @@ from tacl.data.pretraining import (Batching, MicroBatches, PretrainingData, micr
 from tacl.data.shards import ShardSet  # noqa: E402
 from tacl.device import dense_bf16_peak, fast_fp32_matmul  # noqa: E402
 from tacl.io import write_text_atomic  # noqa: E402
-from tacl.objectives.registry import OBJECTIVES  # noqa: E402
+from tacl.objectives.registry import NEGATIVES_GROUP, OBJECTIVES, objective_params  # noqa: E402
 
 A100_PEAK, ASSUMED_MFU = 312e12, 0.5
 MAX_LEN = 256
+
+
+def bench_params(objective: str, micro: int) -> dict[str, Any]:
+    """The objective's settings as config.yaml's defaults give them (groups of negatives as large as the
+    micro-batch allows); COCO-LM's auxiliary model 1 layer."""
+    params = objective_params({"negatives_group": min(NEGATIVES_GROUP, micro)}, objective)
+    return {**params, "aux_layers": 1} if objective == "coco_lm" else params
 
 
 # -- data (not timed) ----------------------------------------------------------------------------------------
@@ -281,7 +288,8 @@ def time_ours(objective: str, manifest: str, start: str, tmp: str, device: str, 
     warm = 3 if compile else 2  # (a compiled step compiles in the first one)
     settings = TrainSettings(objective=objective, steps=steps + warm, global_batch=global_batch, micro_batch=micro,
                              precision="auto", max_len=MAX_LEN, loader_workers=workers, device=device,
-                             zero_stage=zero_stage, compile=compile, **settings)
+                             zero_stage=zero_stage, compile=compile, objective_params=bench_params(objective, micro),
+                             **settings)
     run_dir = tempfile.mkdtemp(dir=tmp)
     lock = RunLock(run_dir)
     reset_peak_memory()
@@ -401,7 +409,7 @@ def profile_step(objective: str, manifest: str, start: str, tmp: str, device: st
 
     settings = TrainSettings(objective=objective, steps=3, global_batch=global_batch, micro_batch=micro,
                              precision="auto", max_len=MAX_LEN, loader_workers=workers, device=device,
-                             zero_stage=zero_stage, compile=False)
+                             zero_stage=zero_stage, compile=False, objective_params=bench_params(objective, micro))
     run_dir = tempfile.mkdtemp(dir=tmp)
     lock = RunLock(run_dir)
     chunk = _setup(ChunkArgs(run_dir, start, manifest, settings), ENV, lock)
@@ -488,7 +496,7 @@ def dispatches_per_micro_batch(objective: str, manifest: str, start: str, tmp: s
 
     settings = TrainSettings(objective=objective, steps=2, global_batch=global_batch, micro_batch=micro,
                              precision=precision, max_len=MAX_LEN, loader_workers=0, device=device,
-                             zero_stage=zero_stage, compile=False)
+                             zero_stage=zero_stage, compile=False, objective_params=bench_params(objective, micro))
     run_dir = tempfile.mkdtemp(dir=tmp)
     lock = RunLock(run_dir)
     chunk = _setup(ChunkArgs(run_dir, start, manifest, settings), ENV, lock)
@@ -513,7 +521,7 @@ def compilations(objective: str, data: PretrainingData, start: str, micro_batche
     from torch._dynamo.utils import counters
 
     from tacl.data.pretraining import pack
-    from tacl.objectives import build_objective
+    from tacl.objectives import build_objective, seeded_draws
     from tacl.pretrain.model import load_student, load_teacher
     from tacl.pretrain.trainer import Pretrainer
 
@@ -527,7 +535,7 @@ def compilations(objective: str, data: PretrainingData, start: str, micro_batche
     out: dict[str, Any] = {"micro_batches": micro_batches, "shapes": len(shapes),
                            "widths": len({w for w, _ in shapes})}
     for name, dynamic in (("dynamic", True), ("static", False), ("automatic", None)):
-        obj = build_objective(objective, {"aux_layers": 1} if objective == "coco_lm" else {})
+        obj = build_objective(objective, bench_params(objective, data.batching.micro_batch))
         student = load_student(start)
         teacher = load_teacher(start) if obj.needs_teacher else None
         if hasattr(obj, "attach"):
@@ -538,7 +546,7 @@ def compilations(objective: str, data: PretrainingData, start: str, micro_batche
         model.compile_losses(teacher, "eager")
         if not dynamic:
             model.losses = torch.compile(model.eager_losses, dynamic=dynamic, backend="eager")
-        generator = torch.Generator()
+        generator = seeded_draws(torch.Generator())
         t0 = time.perf_counter()
         with torch._dynamo.config.patch(recompile_limit=64):
             for batch in batches:
@@ -559,7 +567,7 @@ def report_counts(args, objectives: list[str], manifest: str, start: str, tmp: s
     precision = "bf16"
     print(f"\n4. aten operations dispatched per micro-batch of the real step (eager, {precision}, the optimizer's "
           f"share included; a {args.count_layers}-layer model of width 64: counts do not depend on the width), "
-          "ZeRO 0 (autocast over fp32 weights, PyTorch's fused AdamW), ZeRO 1 (DeepSpeed's BF16_Optimizer) and 2:",
+          "autocast over fp32 weights at ZeRO 0 (PyTorch's fused AdamW), 1 and 2 (DeepSpeed's ZeRO optimizer):",
           flush=True)
     counts = record.setdefault("dispatches", {})
     small = f"{tmp}/start-counts"

@@ -180,6 +180,15 @@ def run_snakemake(workdir: Path, config: dict | None, *args: str, timeout: int =
     return proc
 
 
+def run_params(objective: str, group: int = 4) -> dict:
+    """An objective's settings as a config's defaults give them, with groups of negatives of `group`
+    sequences (the tests' whole micro-batch of 4) and COCO-LM's auxiliary model of 1 layer."""
+    from tacl.objectives.registry import objective_params
+
+    params = objective_params({"negatives_group": group}, objective)
+    return {**params, "aux_layers": 1} if objective == "coco_lm" else params
+
+
 TINY_BERT = {"kind": "random", "layers": 2, "hidden": 32, "heads": 2, "intermediate": 64, "max_position": 128,
              "seed": 0}
 

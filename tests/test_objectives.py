@@ -160,6 +160,21 @@ def test_taco_pairs_obey_the_window_and_other_sequences():
         sample_taco_pairs(valid[:1], 2, 5, torch.Generator())
 
 
+def test_taco_negatives_come_from_the_anchors_group():
+    """Groups of 2 sequences: every negative lies in another sequence of the anchor's own group; the
+    positives are the ungrouped draws' (the same numbers, the same window)."""
+    _, _, valid, _, _ = random_batch(5, bsz=4, length=30)
+    positive, negatives, has = sample_taco_pairs(valid, 2, 50, torch.Generator().manual_seed(0), group=2)
+    ungrouped, _, _ = sample_taco_pairs(valid, 2, 50, torch.Generator().manual_seed(0))
+    assert has.all() and torch.equal(positive, ungrouped)
+    length = valid.shape[1]
+    for b, t in valid.nonzero().tolist():
+        for n in negatives[b, t].tolist():
+            assert n // length != b and n // length // 2 == b // 2 and valid[n // length, n % length]
+    with pytest.raises(ValueError, match="whole groups"):
+        sample_taco_pairs(valid, 2, 5, torch.Generator(), group=3)
+
+
 def test_taco_draws_are_uniform():
     """Negatives uniform over the other sequences' valid positions; a positive uniform over the window."""
     valid = torch.zeros(3, 10, dtype=torch.bool)
@@ -243,20 +258,23 @@ def test_gathered_mlm_head_equals_boolean_selection():
 # -- TaCL with cross-sequence negatives, COCO-LM -------------------------------------------------------------------
 
 
-def test_tacl_batch_negatives_match_loops():
-    """Every real token of every sequence of the micro-batch is a candidate for every anchor."""
+@pytest.mark.parametrize("group", [None, 2])
+def test_tacl_batch_negatives_match_loops(group):
+    """Every real token of every sequence of the anchor's group (None: the micro-batch) is a candidate."""
     from tacl.data.pretraining import masked_positions
     from tacl.objectives.tacl import tacl_batch_loss
 
-    student, teacher, valid, special, anchors = random_batch(4, bsz=3, length=10, hidden=8)
+    student, teacher, valid, special, anchors = random_batch(4, bsz=4, length=10, hidden=8)
     candidates = valid & ~special
     labels = torch.where(anchors, 7, -100)
     batch = masked_positions(labels.numpy())
-    loss, acc = tacl_batch_loss(student, teacher, batch["mlm_index"], batch["mlm_targets"], candidates, 0.1)
+    loss, acc = tacl_batch_loss(student, teacher, batch["mlm_index"], batch["mlm_targets"], candidates, 0.1,
+                                group=group)
     bsz, length, _ = student.shape
-    pool = [(b, j) for b in range(bsz) for j in range(length) if candidates[b, j]]
+    size = group or bsz
     terms, correct = [], 0
     for b, i in anchors.nonzero().tolist():
+        pool = [(c, j) for c in range(bsz) for j in range(length) if candidates[c, j] and c // size == b // size]
         scores = {(c, j): cos(student[b, i], teacher[c, j]) / 0.1 for c, j in pool}
         terms.append(-scores[(b, i)] + math.log(sum(math.exp(v) for v in scores.values())))
         correct += max(scores, key=scores.get) == (b, i)
@@ -297,11 +315,14 @@ def test_coco_lm_losses_match_loops():
 
     a = torch.randn(4, 5, generator=g, dtype=torch.float64)
     b = torch.randn(4, 5, generator=g, dtype=torch.float64)
-    loss, _ = sequence_contrastive_loss(a, b, tau=1.0)
-    sims = [[cos(a[i], b[j]) for j in range(4)] for i in range(4)]
-    forward = [-sims[i][i] + math.log(sum(math.exp(s) for s in sims[i])) for i in range(4)]
-    backward = [-sims[j][j] + math.log(sum(math.exp(sims[i][j]) for i in range(4))) for j in range(4)]
-    assert loss.item() == pytest.approx((sum(forward) + sum(backward)) / 8, rel=1e-6)
+    for group in (None, 2):  # negatives: the other rows of the group (None: of the micro-batch)
+        loss, _ = sequence_contrastive_loss(a, b, tau=1.0, group=group)
+        size = group or 4
+        sims = [[cos(a[i], b[j]) for j in range(4)] for i in range(4)]
+        mates = [[j for j in range(4) if j // size == i // size] for i in range(4)]
+        forward = [-sims[i][i] + math.log(sum(math.exp(sims[i][j]) for j in mates[i])) for i in range(4)]
+        backward = [-sims[j][j] + math.log(sum(math.exp(sims[i][j]) for i in mates[j])) for j in range(4)]
+        assert loss.item() == pytest.approx((sum(forward) + sum(backward)) / 8, rel=1e-6), group
 
 
 def test_coco_lm_crop_view_is_a_contiguous_share_between_cls_and_sep():
@@ -410,6 +431,11 @@ def test_tacl_attn_weights_sum_to_the_masked_count():
         assert (w[~anchors] == 0).all()
     assert (token_weights(received, anchors, 0.0)[anchors] == 1).all(), "power 0: every token alike"
     assert token_weights(received, torch.zeros_like(anchors), 1.0).abs().sum() == 0, "no anchor: no weight"
+    grouped = token_weights(received, anchors, 2.0, group=2)  # each group of 2 sequences weighs its own tokens
+    for first in (0, 2):
+        assert grouped[first : first + 2].sum().item() == pytest.approx(anchors[first : first + 2].sum().item())
+        alone = token_weights(received[first : first + 2], anchors[first : first + 2], 2.0)
+        torch.testing.assert_close(grouped[first : first + 2], alone)
 
 
 def tiny_pretraining_batch(seed: int = 0):

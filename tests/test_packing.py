@@ -12,18 +12,19 @@ per-sequence attention instead of masked attention, other summation orders).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 
 import pytest
 import torch
 
+from conftest import run_params
 from sync_guard import SyncGuard
 from test_step import env  # noqa: F401 (the module's gloo process group)
 from tacl.data.masking import MaskingSpec
-from tacl.data.packing import pack_sequences
 from tacl.data.pretraining import Batching, PretrainingData
 from tacl.data.shards import ShardSet
-from tacl.objectives import build_objective, objective_draws
+from tacl.objectives import build_objective, objective_draws, seeded_draws
 from tacl.objectives.packed import use_packed_attention
 from tacl.objectives.registry import packing_error
 
@@ -42,7 +43,8 @@ def data(demo_data):
 
 def twins(data, step=5, j=1):
     """A micro-batch padded, and packed (as the loader builds it with `packing` on)."""
-    return data.micro_batch(step, j), pack_sequences(data.arrays(data.micro_positions(step, j)))
+    packing = PretrainingData(data.shards, data.spec, data.seed, dataclasses.replace(data.batching, packing=True))
+    return data.micro_batch(step, j), packing.micro_batch(step, j)
 
 
 def test_the_packed_layout_holds_the_padded_batch(data):
@@ -94,15 +96,16 @@ def loss_and_grads(student, teacher, objective, batch, guard):
         p.grad = None
     generator = torch.Generator().manual_seed(11)
     with guard:
-        losses, metrics = objective(student, teacher, batch, objective_draws(objective, batch, generator))
+        losses, metrics = objective(student, teacher, batch, objective_draws(objective, batch, seeded_draws(generator)))
         sum(losses.values()).backward()
     grads = [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in trainable]
     return {k: v.detach() for k, v in losses.items()}, metrics, grads
 
 
-@pytest.mark.parametrize("objective", OBJECTIVES)
-def test_packed_loss_and_gradients_equal_the_padded_ones(demo_data, data, objective):
-    params = {"aux_layers": 1} if objective == "coco_lm" else {}
+@pytest.mark.parametrize("objective, negatives", [(o, None) for o in OBJECTIVES] + [("tacl", "all")])
+def test_packed_loss_and_gradients_equal_the_padded_ones(demo_data, data, objective, negatives):
+    """(tacl with negatives all: [CLS] and [SEP] among the negatives, never padding, so packed batches take it.)"""
+    params = run_params(objective, group=2) | ({"negatives": negatives} if negatives else {})
     student, teacher, obj = models(demo_data, objective, params)
     padded, packed = twins(data)
     ref_losses, ref_metrics, ref_grads = loss_and_grads(student, teacher, obj, padded, contextlib.nullcontext())
@@ -168,10 +171,10 @@ def test_a_packed_batch_on_a_model_without_packed_attention_is_refused(demo_data
         build_objective("mlm_nsp")(student, None, twins(data)[1], torch.Generator())
 
 
-def test_tacl_negatives_all_refuses_packing():
-    why = packing_error("tacl", {"negatives": "all"})
-    assert why.startswith("pretrain.packing:") and "pretrain.tacl.negatives" in why
-    assert all(packing_error(o, {}) is None for o in OBJECTIVES)
+def test_only_tacl_attn_refuses_packing():
+    why = packing_error("tacl_attn", {})
+    assert why.startswith("pretrain.packing:") and "tacl_attn" in why
+    assert all(packing_error(o, {"negatives": "all"}) is None for o in OBJECTIVES)
 
 
 def test_packed_resume_is_bit_exact(demo_data, tmp_path, env):  # noqa: F811 (the fixture imported above)
@@ -186,7 +189,7 @@ def test_packed_resume_is_bit_exact(demo_data, tmp_path, env):  # noqa: F811 (th
 
     s = TrainSettings(objective="taco", steps=4, global_batch=8, micro_batch=4, lr=2e-3, seed=3, max_len=64,
                       zero_stage=0, precision="fp32", loader_workers=0, device="cpu", log_every=1, packing=True,
-                      group_by_length=False)
+                      group_by_length=False, objective_params=run_params("taco"))
 
     def chunk_losses(run, steps):
         lock = RunLock(run)

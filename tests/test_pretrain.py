@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import run_tacl
+from conftest import run_params, run_tacl
 from tacl.io import InputError, read_json
 from tacl.pretrain import checkpoint
 from tacl.pretrain.lock import RunLock
@@ -31,7 +31,8 @@ RESUMED = ("tacl", "tacl_attn", "taco", "mlm_nsp", "coco_lm")
 def settings(objective="tacl", steps=12, micro=4, **kw) -> str:
     s = {"objective": objective, "steps": steps, "global_batch": 8, "micro_batch": micro, "lr": 2e-3,
          "log_every": 1, "checkpoint_minutes": 1000, "seed": 3, "max_len": 64,
-         "loader_workers": 2}  # batches built in worker processes, as on a GPU node
+         "loader_workers": 2,  # batches built in worker processes, as on a GPU node
+         "objective_params": run_params(objective)}
     s.update(kw)
     return json.dumps(s)
 
@@ -71,7 +72,7 @@ class References(dict):
 
     def __missing__(self, objective: str):
         run = self.tmp_path_factory.mktemp(f"ref_{objective}")
-        train(self.demo_data, run, objective_settings(objective))
+        train(self.demo_data, run, settings(objective))
         self[objective] = run
         return run
 
@@ -81,10 +82,6 @@ def reference(demo_data, tmp_path_factory):
     return References(demo_data, tmp_path_factory)
 
 
-def objective_settings(objective: str) -> str:
-    return settings(objective, objective_params={"aux_layers": 1} if objective == "coco_lm" else {})
-
-
 @pytest.mark.parametrize("objective", RESUMED)
 def test_resume_is_bit_exact(demo_data, reference, tmp_path, objective):
     """(coco_lm: its auxiliary model and copy head resume too; only the main model is exported.)"""
@@ -92,7 +89,7 @@ def test_resume_is_bit_exact(demo_data, reference, tmp_path, objective):
     markers = []
     for chunk, max_steps in enumerate([5, 4, 100]):
         marker = tmp_path / f"chunk-{chunk}.json"
-        train(demo_data, run, objective_settings(objective), "--max-steps", str(max_steps), "--marker", str(marker),
+        train(demo_data, run, settings(objective), "--max-steps", str(max_steps), "--marker", str(marker),
               "--chunk", str(chunk))
         markers.append(json.loads(marker.read_text()))
     assert [m["step"] for m in markers] == [5, 9, 12]
@@ -499,7 +496,8 @@ def test_bad_batch_split_fails_before_training(demo_data, tmp_path):
     assert proc.returncode == 2
     assert "pretrain.global_batch=8 is not a multiple of pretrain.micro_batch=3 x 1 rank(s)" in proc.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()
-    proc = train(demo_data, tmp_path / "coco", settings("coco_lm", objective_params={"aux_layers": 3}), check=False)
+    proc = train(demo_data, tmp_path / "coco", settings("coco_lm", objective_params={**run_params("coco_lm"),
+                                                                                    "aux_layers": 3}), check=False)
     assert proc.returncode == 2 and ("tacl: error: pretrain.coco_lm.aux_layers: 3 layers for the auxiliary model, "
                                      "but the main model has 2") in proc.stderr
     assert not (tmp_path / "coco" / "checkpoints").exists()

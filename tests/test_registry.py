@@ -11,7 +11,8 @@ from conftest import REPO, demo_config, run_snakemake
 from tacl.cli import build_parser
 from tacl.config import load_schema
 from tacl.finetune import CONTRASTIVE_FORM_PATTERN, CONTRASTIVE_FORMS, GLUE_CLASSIFICATION, GLUE_TASKS, TASKS
-from tacl.objectives.registry import MODELS, OBJECTIVE_PATTERN, OBJECTIVES, REGISTRY, objective_params
+from tacl.objectives.registry import (MODELS, NEGATIVES_GROUP, OBJECTIVE_PATTERN, OBJECTIVES, REGISTRY,
+                                     objective_params)
 
 SCHEMA = load_schema(REPO / "workflow" / "schemas" / "config.schema.yaml")
 PRETRAIN = SCHEMA["properties"]["pretrain"]["properties"]
@@ -75,7 +76,7 @@ def test_the_command_line_offers_exactly_the_registered_names():
     assert choices("finetune", "ner", "--task") == ["conll2003"]
     assert choices("analysis", "embeddings-data", "--cluster-task") == list(GLUE_CLASSIFICATION)
     text = (REPO / "benchmarks" / "pretrain_step.py").read_text()
-    assert "from tacl.objectives.registry import OBJECTIVES" in text and "OBJECTIVES = (" not in text
+    assert re.search(r"from tacl.objectives.registry import .*\bOBJECTIVES\b", text) and "OBJECTIVES = (" not in text
 
 
 def test_the_rules_constrain_objectives_to_the_registry():
@@ -117,10 +118,15 @@ def test_a_dry_run_plans_every_registered_objective_with_its_settings(tmp_path):
     proc = run_snakemake(tmp_path, cfg, "-n", "-p")
     for objective in OBJECTIVES:
         assert f"--chunk 0 --marker {tmp_path}/results/pretrain/{objective}/chunk-0.json" in proc.stdout, objective
-    assert ('"objective": "tacl_attn", "objective_params": {"layer": -1, "negatives": "real", "power": 2.0, '
-            '"tau": 0.01, "teacher_train_mode": false, "weighting": "attention"}') in proc.stdout
+    assert ('"objective": "tacl_attn", "objective_params": {"layer": -1, "negatives": "real", "negatives_group": 4, '
+            '"power": 2.0, "tau": 0.01, "teacher_train_mode": false, "weighting": "attention"}') in proc.stdout
     settings = objective_params({"tacl": {"tau": 0.05}, "tacl_attn": {"power": 2.0}}, "tacl_attn")
-    assert settings == {"tau": 0.05, "power": 2.0}
+    assert settings == {"tau": 0.05, "power": 2.0, "negatives_group": NEGATIVES_GROUP}
+    assert "negatives_group" not in objective_params({"negatives_group": 8}, "tacl"), "only the grouped objectives"
+
+
+def test_the_negatives_group_default_is_the_registrys():
+    assert PRETRAIN["negatives_group"]["default"] == NEGATIVES_GROUP
 
 
 def test_the_registry_imports_no_torch():

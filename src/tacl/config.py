@@ -13,7 +13,7 @@ from typing import Any, Callable
 import yaml
 
 from tacl.io import InputError
-from tacl.objectives.registry import MODELS, REGISTRY, objective_params, packing_error
+from tacl.objectives.registry import MODELS, group_error, objective_params, packing_error
 from tacl.pretrain.settings import CHUNK_OPERATIONAL_KEYS, OPERATIONAL_KEYS
 
 
@@ -150,11 +150,8 @@ def plan_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
                 f"pretrain.global_batch: {p['global_batch']} must be pretrain.micro_batch ({micro}) x "
                 f"accumulation steps x {ranks} rank(s) (pretrain.nodes x pretrain.ranks_per_node), i.e. a "
                 f"multiple of {micro * ranks}")
-        needs_two = [o for o in trained if REGISTRY[o].two_sequences]
-        smallest = p["global_batch"] // ranks if micro == "auto" else micro  # (auto: 1 only where a rank gets 1)
-        if needs_two and smallest < 2:
-            problems.append(f"pretrain.micro_batch: {p['micro_batch']}, but {', '.join(needs_two)} take negatives "
-                            "from the other sequences of a micro-batch: 2 or more")
+        if why := group_error(trained, p.get("negatives_group"), micro, p["global_batch"] // ranks):
+            problems.append(why)
         if p.get("packing"):
             problems += [why for o in trained if (why := packing_error(o, objective_params(p, o)))]
         chunk = p["chunk"]

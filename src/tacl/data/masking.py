@@ -59,6 +59,16 @@ class MaskingSpec:
         n = np.minimum(self.max_predictions, np.maximum(1, np.rint(candidates * self.mlm_prob).astype(np.int64)))
         return np.where(candidates > 0, n, 0)
 
+    def selected(self, examples: list[np.ndarray]) -> np.ndarray:
+        """How many positions `mask_batch` selects in each of these examples (token ids, unpadded), without
+        masking them: their candidates are the tokens that are not special."""
+        if not examples:
+            return np.zeros(0, dtype=np.int64)
+        special = np.isin(np.concatenate(examples), self.special_ids)
+        starts = np.cumsum([0] + [len(e) for e in examples[:-1]])
+        lengths = np.array([len(e) for e in examples], dtype=np.int64)
+        return self.predictions(lengths - np.add.reduceat(special.astype(np.int64), starts))
+
 
 def mix64(x: np.ndarray) -> np.ndarray:
     """splitmix64's finaliser: a bijection of uint64 that scrambles every bit (arrays wrap modulo 2^64)."""

@@ -13,6 +13,7 @@ packed micro-batch trains on exactly the tokens, masks and labels of its padded 
     attention_mask, special_tokens_mask, mlm_mask         [B, W]  the padded batch's masks (for losses that
                                                                   work per sequence, after `unpad_index`)
     nsp_labels                                            [B]
+    step_counts, draw_width                                       as in the padded batch (the step's counts)
     lengths (tuple of ints), max_seqlen (int)                     on the host: no device read is needed to
                                                                   size attention kernels or COCO-LM's views
 
@@ -29,7 +30,8 @@ import numpy as np
 from tacl.data.tensors import as_tensors
 
 # keys of the padded batch that the packed layout keeps as they are ([B, W] or [B], or host values)
-KEPT = ("attention_mask", "special_tokens_mask", "mlm_mask", "nsp_labels", "mlm_targets", "num_tokens")
+KEPT = ("attention_mask", "special_tokens_mask", "mlm_mask", "nsp_labels", "mlm_targets", "num_tokens", "step_counts",
+        "draw_width")
 
 
 def pack_sequences(arrays: dict[str, Any]) -> dict[str, Any]:
@@ -57,7 +59,7 @@ def pack_sequences(arrays: dict[str, Any]) -> dict[str, Any]:
         "cu_seqlens": cu,
         "unpad_index": np.flatnonzero(real),
         "mlm_index": np.where(arrays["mlm_targets"] >= 0, cu[flat // width] + flat % width, 0),
-        **{k: arrays[k] for k in KEPT},
+        **{k: arrays[k] for k in KEPT if k in arrays},
         "lengths": tuple(int(n) for n in lengths),
         "max_seqlen": int(lengths.max()),
     }

@@ -7,6 +7,11 @@ Step s trains on the positions [s*G, (s+1)*G) of the global batch G; with `group
 by length (ties by position) before they are cut into micro-batches of `micro` samples, so that a
 micro-batch holds sequences of similar length and little padding. Micro-batch j of step s is therefore a
 pure function of (seed, s, j): whichever rank, worker process or resumed chunk builds it, it is the same.
+
+Every micro-batch also carries the step's counts (`step_counts`: its selected positions, its real tokens
+and its number of micro-batches), which its losses divide by so that the step's loss does not depend on
+how the step is cut (tacl.objectives.step_denominator), and `draw_width`, the widest micro-batch the run
+can build, the width of its groups' per-position random draws (tacl.objectives.GroupDraws).
 """
 
 from __future__ import annotations
@@ -36,10 +41,21 @@ class Batching:
     group_by_length: bool = True
     pad_multiple: int = 8  # max_len: every sequence padded to max_len (the reference's way)
     packing: bool = False  # micro-batches in the packed layout (tacl.data.packing): no padding at all
+    max_len: int | None = None  # the data's longest sequence (sizes `draw_width`); None: each batch's own width
 
     def width(self, lengths: np.ndarray) -> int:
         """The padded width of a micro-batch: its longest sequence, rounded up to pad_multiple."""
         return -(-int(lengths.max()) // self.pad_multiple) * self.pad_multiple
+
+    def draw_width(self, width: int) -> int:
+        """The width of the groups' per-position draws: the widest micro-batch the run can build (max_len
+        rounded up to pad_multiple); without max_len, this batch's `width`."""
+        return self.width(np.array([self.max_len])) if self.max_len else width
+
+    @property
+    def micro_batches(self) -> int:
+        """Micro-batches per optimizer step, over all ranks."""
+        return self.global_batch // self.micro_batch
 
 
 class PretrainingData:
@@ -49,6 +65,7 @@ class PretrainingData:
         self.seed = seed
         self.batching = batching
         self._perms: dict[int, np.ndarray] = {}
+        self._counts: dict[int, np.ndarray] = {}
 
     def __len__(self) -> int:
         return len(self.shards)
@@ -68,17 +85,37 @@ class PretrainingData:
             index[at] = self._perms[int(epoch)][positions[at] % n]
         return epochs, index
 
-    def micro_positions(self, step: int, j: int) -> np.ndarray:
-        """The data positions of micro-batch j of optimizer step `step`."""
-        g, m = self.batching.global_batch, self.batching.micro_batch
+    def step_positions(self, step: int) -> np.ndarray:
+        """The data positions of optimizer step `step`, in the order it is cut into micro-batches and groups."""
+        g = self.batching.global_batch
         positions = np.arange(step * g, (step + 1) * g, dtype=np.int64)
         if self.batching.group_by_length:
             _, index = self.locate(positions)
             positions = positions[np.argsort(self.shards.lengths(index), kind="stable")]
-        return positions[j * m : (j + 1) * m]
+        return positions
+
+    def micro_positions(self, step: int, j: int) -> np.ndarray:
+        """The data positions of micro-batch j of optimizer step `step`."""
+        m = self.batching.micro_batch
+        return self.step_positions(step)[j * m : (j + 1) * m]
+
+    def step_counts(self, step: int) -> np.ndarray:
+        """`step_counts` of step `step` (tacl.objectives.STEP_COUNTS): its selected positions, its real tokens
+        and its number of micro-batches, over all ranks (the last few steps' kept: a worker builds several
+        micro-batches of a step)."""
+        if step not in self._counts:
+            _, index = self.locate(self.step_positions(step))
+            examples = [self.shards.example(int(i))[0] for i in index]
+            if len(self._counts) > 2:
+                self._counts.pop(min(self._counts))
+            self._counts[step] = np.array([self.spec.selected(examples).sum(), sum(len(e) for e in examples),
+                                           self.batching.micro_batches], dtype=np.int64)
+        return self._counts[step]
 
     def micro_batch(self, step: int, j: int) -> dict[str, Any]:
         arrays = self.arrays(self.micro_positions(step, j))
+        arrays["step_counts"] = self.step_counts(step)
+        arrays["draw_width"] = self.batching.draw_width(arrays["input_ids"].shape[1])
         if self.batching.packing:  # the same sequences and masks, concatenated without padding
             return pack_sequences(arrays)
         return as_tensors(arrays)

@@ -11,12 +11,14 @@ corrupted sequence and learns:
   L_CLM = lambda_copy * L_copy + L_LM.
 - Sequence contrastive learning: [CLS] of the corrupted sequence against [CLS] of a cropped view of the
   original (a random contiguous `crop` share of its tokens between [CLS] and [SEP]): InfoNCE on cosine
-  similarity with temperature tau (1), symmetric, the other sequences of the micro-batch as negatives.
+  similarity with temperature tau (1), symmetric, the other sequences of its group (`negatives_group`
+  consecutive sequences of the step's order) as negatives.
 
-The total is L_aux + L_CLM + L_SCL. The auxiliary model and the copy head are trained and checkpointed
-with the main model (exact resume holds for them too); only the main model is exported. Every draw
-(replacements, crops) is made on the device from the micro-batch's generator, with fixed shapes, ahead of
-the forward (`draws`).
+The total is L_aux + L_CLM + L_SCL, each term the step's mean (over its selected positions, real tokens
+or sequences). The auxiliary model and the copy head are trained and checkpointed with the main model
+(exact resume holds for them too); only the main model is exported. Every draw (replacements, crops) is
+made on the device from its group's generator (tacl.objectives.GroupDraws), with fixed shapes, ahead of the
+forward (`draws`).
 """
 
 from __future__ import annotations
@@ -29,26 +31,30 @@ import torch.nn.functional as F
 
 from tacl.data.packing import is_packed
 from tacl.io import InputError
-from tacl.objectives import counts, in_fp32
+from tacl.objectives import (GroupDraws, counts, draw_width, group_size, in_fp32, mean_of,
+                             step_denominator)
 from tacl.objectives.mlm_nsp import IGNORE_INDEX, mlm_loss
 from tacl.objectives.packed import encode, first_tokens
 
 
 @in_fp32
-def copy_loss(copy_logits: torch.Tensor, original: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, Any]:
+def copy_loss(copy_logits: torch.Tensor, original: torch.Tensor, valid: torch.Tensor,
+              denominator: torch.Tensor | None = None) -> tuple[torch.Tensor, Any]:
     """BCE of the copy head over the valid positions: copy_logits [B, L] (logit of "this token is the
-    original"), original [B, L] bool (the input token equals the clean one), valid [B, L] bool."""
+    original"), original [B, L] bool (the input token equals the clean one), valid [B, L] bool. The sum over
+    `denominator` where given (tacl.objectives.step_denominator), else the mean."""
     per_token = F.binary_cross_entropy_with_logits(copy_logits.float(), original.float(), reduction="none")
-    loss = (per_token * valid).sum() / valid.sum().clamp(min=1)
+    loss = mean_of((per_token * valid).sum(), valid.sum(), denominator)
     return loss, counts((copy_logits > 0) == original, valid)
 
 
 @in_fp32
 def corrective_lm_loss(lm_logits: torch.Tensor, copy_logits: torch.Tensor, corrupted: torch.Tensor,
-                       targets: torch.Tensor) -> tuple[torch.Tensor, Any]:
+                       targets: torch.Tensor, denominator: torch.Tensor | None = None) -> tuple[torch.Tensor, Any]:
     """L_LM over a fixed-length list of selected positions: lm_logits [K, V], copy_logits [K], corrupted [K]
     (the token the main model read), targets [K] (the original token, IGNORE_INDEX for list padding).
-    The copy probability is a stop-gradient weight; the log is taken in log space (logaddexp)."""
+    The copy probability is a stop-gradient weight; the log is taken in log space (logaddexp). The sum over
+    `denominator` where given, else the mean."""
     valid = targets != IGNORE_INDEX
     safe = targets.clamp(min=0)
     log_lm = F.log_softmax(lm_logits.float(), -1).gather(1, safe[:, None]).squeeze(1)
@@ -56,18 +62,25 @@ def corrective_lm_loss(lm_logits: torch.Tensor, copy_logits: torch.Tensor, corru
     log_keep = F.logsigmoid(-copy_logits.float()).detach()  # log p_copy(0|h)
     same = corrupted == safe
     log_p = torch.logaddexp(torch.where(same, log_copy, torch.full_like(log_copy, float("-inf"))), log_keep + log_lm)
-    loss = -(log_p * valid).sum() / valid.sum().clamp(min=1)
+    loss = mean_of(-(log_p * valid).sum(), valid.sum(), denominator)
     return loss, counts(lm_logits.argmax(-1) == targets, valid)
 
 
 @in_fp32
-def sequence_contrastive_loss(a: torch.Tensor, b: torch.Tensor, tau: float) -> tuple[torch.Tensor, Any]:
+def sequence_contrastive_loss(a: torch.Tensor, b: torch.Tensor, tau: float,
+                              group: int | None = None) -> tuple[torch.Tensor, Any]:
     """Symmetric InfoNCE on cosine similarity: a [B, H] ([CLS] of the corrupted sequences), b [B, H] ([CLS]
-    of their cropped views); row i's positive is column i, the other columns its negatives."""
-    sims = F.normalize(a.float(), dim=-1) @ F.normalize(b.float(), dim=-1).T / tau
-    target = torch.arange(len(sims), device=sims.device)
-    loss = (F.cross_entropy(sims, target) + F.cross_entropy(sims.T, target)) / 2
-    return loss, counts(sims.argmax(-1) == target, torch.ones_like(target, dtype=torch.bool))
+    of their cropped views); row i's positive is column i, the other columns of its group (`group`
+    consecutive rows; None: the micro-batch) its negatives. The mean over the B rows (every micro-batch of a
+    step holds as many)."""
+    size = group_size(len(a), group)
+    groups = len(a) // size
+    sims = torch.bmm(F.normalize(a.float(), dim=-1).view(groups, size, -1),
+                     F.normalize(b.float(), dim=-1).view(groups, size, -1).transpose(1, 2)) / tau  # [G, i, j]
+    target = torch.arange(size, device=sims.device).repeat(groups)
+    rows, columns = sims.flatten(0, 1), sims.transpose(1, 2).flatten(0, 1)
+    loss = (F.cross_entropy(rows, target) + F.cross_entropy(columns, target)) / 2
+    return loss, counts(rows.argmax(-1) == target, torch.ones_like(target, dtype=torch.bool))
 
 
 def uniform(draws: torch.Generator | torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
@@ -157,11 +170,15 @@ class COCOLM(torch.nn.Module):
     needs_teacher = False
 
     def __init__(self, aux_layers: int | None = None, lambda_copy: float = 50.0, tau: float = 1.0,
-                 crop: float = 0.9):
+                 crop: float = 0.9, negatives_group: int | None = None):
         super().__init__()
         if not 0 < crop <= 1:
             raise InputError(f"pretrain.coco_lm.crop: {crop} is not in (0, 1]")
+        if negatives_group is not None and negatives_group < 2:
+            raise InputError(f"pretrain.negatives_group: {negatives_group}, but coco_lm's sequence contrast takes "
+                             "negatives from the other sequences of a group: 2 or more")
         self.aux_layers, self.lambda_copy, self.tau, self.crop = aux_layers, lambda_copy, tau, crop
+        self.negatives_group = negatives_group
         self.aux: Any = None
         self.copy_head: Any = None
 
@@ -184,14 +201,22 @@ class COCOLM(torch.nn.Module):
                                                    attn_implementation="sdpa")
         self.copy_head = torch.nn.Linear(student.config.hidden_size, 1)
 
-    def draws(self, batch: dict[str, torch.Tensor], generator: torch.Generator) -> dict[str, torch.Tensor]:
-        """The uniform numbers of a micro-batch, in the order the eager forward drew them: one per selected
-        position (the auxiliary model's samples), one per sequence (its crop)."""
-        draws = {"samples": uniform(generator, (len(batch["mlm_index"]), 1)),
-                 "crops": uniform(generator, (len(batch["attention_mask"]),))}  # (sequences, packed or not)
+    def draws(self, batch: dict[str, torch.Tensor], draws: GroupDraws) -> dict[str, Any]:
+        """The uniform numbers of a micro-batch, per group: one per position up to the run's widest
+        micro-batch, of which the selected positions' are the auxiliary model's samples, and one per
+        sequence (its crop). Positions are those of the padded layout, packed or not."""
+        bsz, width = batch["attention_mask"].shape
+        size = group_size(bsz, self.negatives_group)
+        shape = (size, draw_width(batch))
+        positions, crops = draws.draw(bsz, size, lambda generator: (uniform(generator, shape),
+                                                                    uniform(generator, (size,))))
+        index = batch["mlm_index"]
+        if is_packed(batch):  # (positions in the packed row -> in the padded layout)
+            index = batch["unpad_index"].index_select(0, index)
+        out = {"samples": positions[:, :width].reshape(-1).index_select(0, index)[:, None], "crops": crops}
         if is_packed(batch):
-            draws["view_lengths"] = crop_lengths(batch["lengths"], self.crop)
-        return draws
+            out["view_lengths"] = crop_lengths(batch["lengths"], self.crop)
+        return out
 
     def forward(self, model: Any, teacher: Any, batch: dict[str, torch.Tensor],
                 draws: dict[str, torch.Tensor]) -> tuple[dict, dict]:
@@ -200,7 +225,8 @@ class COCOLM(torch.nn.Module):
         aux_hidden = encode(self.aux.bert, batch).last_hidden_state
         aux_logits = self.aux.cls(aux_hidden.flatten(0, 1).index_select(0, index))
         losses, metrics = {}, {}
-        losses["aux_mlm"], metrics["aux_mlm_acc"] = mlm_loss(aux_logits, targets)
+        masked, tokens = step_denominator(batch, "masked"), step_denominator(batch, "tokens")
+        losses["aux_mlm"], metrics["aux_mlm_acc"] = mlm_loss(aux_logits, targets, masked)
         with torch.no_grad():
             samples = sample_rows(F.softmax(aux_logits.float(), -1), draws["samples"])
         clean = batch["clean_ids"]
@@ -212,10 +238,10 @@ class COCOLM(torch.nn.Module):
         hidden = encode(model.bert, corrupted_batch).last_hidden_state
         copy_logits = self.copy_head(hidden).squeeze(-1)
         valid = torch.ones_like(clean, dtype=torch.bool) if is_packed(batch) else batch["attention_mask"].bool()
-        copy, metrics["copy_acc"] = copy_loss(copy_logits, corrupted == clean, valid)
+        copy, metrics["copy_acc"] = copy_loss(copy_logits, corrupted == clean, valid, tokens)
         lm_logits = model.cls.predictions(hidden.flatten(0, 1).index_select(0, index))
         lm, metrics["clm_acc"] = corrective_lm_loss(lm_logits, copy_logits.flatten().index_select(0, index),
-                                                    picked, targets)
+                                                    picked, targets, masked)
         losses["clm"] = self.lambda_copy * copy + lm
         # sequence contrast: [CLS] of the corrupted sequence against [CLS] of a cropped view of the original
         if is_packed(batch):
@@ -227,5 +253,5 @@ class COCOLM(torch.nn.Module):
             view_batch = {"input_ids": view, "token_type_ids": types, "attention_mask": attention}
         view_cls = first_tokens(encode(model.bert, view_batch).last_hidden_state, view_batch)
         losses["scl"], metrics["scl_acc"] = sequence_contrastive_loss(first_tokens(hidden, batch), view_cls,
-                                                                      self.tau)
+                                                                      self.tau, self.negatives_group)
         return losses, metrics

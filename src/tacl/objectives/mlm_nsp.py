@@ -8,21 +8,23 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from tacl.objectives import counts, in_fp32
+from tacl.objectives import counts, in_fp32, mean_of, step_denominator
 from tacl.objectives.packed import encode, pooled
 
 IGNORE_INDEX = -100
 
 
 @in_fp32
-def mlm_loss(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def mlm_loss(logits: torch.Tensor, targets: torch.Tensor,
+             denominator: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean cross-entropy over the selected positions; logits [N, V] for a fixed-length list of
-    positions, targets [N] (IGNORE_INDEX for the padding entries of the list).
+    positions, targets [N] (IGNORE_INDEX for the padding entries of the list). The sum is divided by
+    `denominator` (tacl.objectives.step_denominator: the step's mean) where given, else by the positions.
 
     Returns (loss, accuracy counts). No selected position: loss 0 (still attached to the graph)."""
     valid = targets != IGNORE_INDEX
     loss = F.cross_entropy(logits.float(), targets, ignore_index=IGNORE_INDEX, reduction="sum")
-    return loss / valid.sum().clamp(min=1), counts(logits.argmax(-1) == targets, valid)
+    return mean_of(loss, valid.sum(), denominator), counts(logits.argmax(-1) == targets, valid)
 
 
 @in_fp32
@@ -37,10 +39,12 @@ def mlm_nsp_terms(model: Any, batch: dict[str, torch.Tensor], sequence_output: t
     """MLM (+ NSP) loss terms and metrics from a BertForPreTraining's heads.
 
     The vocabulary projection runs only on the selected positions (about 15%), gathered by the batch's
-    fixed-length `mlm_index`, not on every token."""
+    fixed-length `mlm_index`, not on every token. MLM is the step's mean over its selected positions; NSP
+    the mean over the micro-batch's sequences (every micro-batch of a step holds as many)."""
     selected = sequence_output.flatten(0, 1).index_select(0, batch["mlm_index"])
     losses, metrics = {}, {}
-    losses["mlm"], metrics["mlm_acc"] = mlm_loss(model.cls.predictions(selected), batch["mlm_targets"])
+    losses["mlm"], metrics["mlm_acc"] = mlm_loss(model.cls.predictions(selected), batch["mlm_targets"],
+                                                 step_denominator(batch, "masked"))
     if with_nsp:
         losses["nsp"], metrics["nsp_acc"] = nsp_loss(model.cls.seq_relationship(pooled_output),
                                                      batch["nsp_labels"])

@@ -22,7 +22,9 @@ class Objective:
     summary: str
     sections: tuple[str, ...] = ()  # pretrain.<section> dicts merged (in order) into its params
     fixed: dict[str, Any] = field(default_factory=dict)  # params the objective sets itself, over the sections'
-    two_sequences: bool = False  # negatives come from the other sequences of a micro-batch (micro_batch >= 2)
+    # its loss reads a fixed group of sequences (in-batch negatives, weights normalised over the group): it takes
+    # `negatives_group` (pretrain.negatives_group), and a micro-batch must hold whole groups
+    grouped: bool = False
     variant_of: str | None = None  # the objective it changes one thing of: the report's differences compare the two
 
 
@@ -30,18 +32,21 @@ REGISTRY: dict[str, Objective] = {o.name: o for o in (
     Objective("mlm_nsp", "mlm_nsp:MlmNsp", "BERT masked LM + next sentence prediction (the control)"),
     Objective("tacl", "tacl:TaCL", "MLM + NSP + TaCL token contrast against a frozen teacher", ("tacl",)),
     Objective("tacl_batch", "tacl:TaCL", "TaCL with the other sequences' tokens as negatives too", ("tacl",),
-              {"negatives": "batch", "name": "tacl_batch"}, two_sequences=True, variant_of="tacl"),
+              {"negatives": "batch", "name": "tacl_batch"}, grouped=True, variant_of="tacl"),
     Objective("tacl_attn", "tacl_attn:TaCLAttn", "TaCL with each masked token weighted by the attention it "
-              "receives in the teacher", ("tacl", "tacl_attn"), variant_of="tacl"),
-    Objective("taco", "taco:TACO", "MLM + TACO token-alignment contrast", ("taco",), two_sequences=True),
+              "receives in the teacher", ("tacl", "tacl_attn"), grouped=True, variant_of="tacl"),
+    Objective("taco", "taco:TACO", "MLM + TACO token-alignment contrast", ("taco",), grouped=True),
     Objective("coco_lm", "coco_lm:COCOLM", "COCO-LM: corrective LM + sequence contrast with an auxiliary MLM",
-              ("coco_lm",), two_sequences=True),
+              ("coco_lm",), grouped=True),
 )}
 OBJECTIVES = tuple(REGISTRY)
 # every model a config may name in pretrain.objectives and finetune.models: the start model itself, then these
 MODELS = ("none", *OBJECTIVES)
 # the rules' wildcard constraint for an objective's name
 OBJECTIVE_PATTERN = "|".join(OBJECTIVES)
+# pretrain.negatives_group's default (the schema's, checked equal by tests/test_registry.py): the reference
+# implementations' per-device batch (TaCL: 256 sequences over 8 V100s)
+NEGATIVES_GROUP = 32
 
 
 def spec(name: str) -> Objective:
@@ -51,12 +56,35 @@ def spec(name: str) -> Objective:
 
 
 def objective_params(pretrain: dict[str, Any], name: str) -> dict[str, Any]:
-    """The objective's settings from config.yaml's `pretrain` section: its sections' keys, merged (none for a
-    name that is no objective, e.g. "" for the settings every objective shares; build_objective names it)."""
+    """The objective's settings from config.yaml's `pretrain` section: its sections' keys, merged, and a grouped
+    objective's `negatives_group` (none for a name that is no objective, e.g. "" for the settings every
+    objective shares; build_objective names it)."""
     params: dict[str, Any] = {}
-    for section in REGISTRY[name].sections if name in REGISTRY else ():
+    if name not in REGISTRY:
+        return params
+    for section in REGISTRY[name].sections:
         params.update(pretrain.get(section) or {})
+    if REGISTRY[name].grouped:
+        params["negatives_group"] = pretrain.get("negatives_group", NEGATIVES_GROUP)
     return params
+
+
+def group_error(objectives: list[str], group: int | None, micro_batch: int | str, per_rank: int) -> str | None:
+    """Why these objectives cannot train at this micro-batch with groups of `group` sequences
+    (pretrain.negatives_group; one line naming both keys), or None. `micro_batch` may be auto, which then
+    takes a multiple of the group out of a rank's `per_rank` sequences per step."""
+    grouped = ", ".join(o for o in objectives if REGISTRY[o].grouped)
+    if not grouped:
+        return None
+    if group is None:
+        return (f"pretrain.negatives_group: not set for {grouped}, which take their negatives from fixed groups of "
+                "sequences (settings made by tacl.experiment from a config always carry it)")
+    size, key = (per_rank, "global_batch / ranks") if micro_batch == "auto" else (micro_batch, "micro_batch")
+    if size % group:
+        return (f"pretrain.micro_batch: {micro_batch}, but {grouped} take their negatives from fixed groups of "
+                f"pretrain.negatives_group={group} sequences, and a micro-batch holds whole groups: "
+                f"pretrain.{key} ({size}) must be a multiple of {group}")
+    return None
 
 
 def packing_error(objective: str, params: dict[str, Any]) -> str | None:
@@ -64,9 +92,6 @@ def packing_error(objective: str, params: dict[str, Any]) -> str | None:
     if objective == "tacl_attn":
         return ("pretrain.packing: tacl_attn computes its attention weights on the padded layout; use packing "
                 "false for it (its own config) or leave it out of pretrain.objectives")
-    if objective == "tacl" and params.get("negatives", "real") == "all":
-        return ("pretrain.packing: tacl with pretrain.tacl.negatives 'all' counts padding as negatives, and packed "
-                "batches have none; use negatives 'real' or packing false")
     return None
 
 

@@ -5,9 +5,11 @@ L = L_MLM + L_NSP + (1/|M|) sum_{i in M} w_i l_i,   l_i = TaCL's term of masked 
 
   a_i = sum_{q real} (1/H) sum_h P_h[q, i]      the attention token i receives in teacher layer `layer`
                                                  (clean sequence; H heads; q over the real query tokens)
-  w_i = |M| a_i^p / sum_{k in M} a_k^p           p = `power`; M the masked tokens of the micro-batch
+  w_i = |G| a_i^p / sum_{k in G} a_k^p           p = `power`; G the masked tokens of i's group of
+                                                 `negatives_group` sequences of the step's order
 
-so the weights sum to |M| and the loss keeps TaCL's scale (a weighted mean of the same terms). Summed, not
+so the weights sum to |G| in each group, to |M| over the step, and the loss keeps TaCL's scale (a weighted
+mean of the same terms, over the step's masked tokens M). Summed, not
 averaged, over the queries: a token that receives the average share has a_i = 1 in a sequence of any
 length (an average would favour the tokens of short sequences). p = 0 weighs every token alike, p > 1
 sharpens. `weighting: uniform` is TaCL itself, computed by the same code (bit for bit).
@@ -16,8 +18,8 @@ P_h = softmax(Q_h K_h^T / sqrt(d) + padding mask), with Q and K the layer's own 
 of its input, recomputed in fp32 (TF32 matmuls on a GPU) from the hidden states that the teacher's one
 pass returns: no second teacher pass, no eager attention, no host synchronisation, fixed shapes. The
 weights are constants (the teacher is frozen). Attention dropout (a teacher in train mode) is not applied
-to P. Metric `tacl_weight_ess`: the weights' effective share of the masked tokens, (sum w)^2 / (|M| sum w^2),
-1 when they are uniform.
+to P. Metric `tacl_weight_ess`: the weights' effective share of the masked tokens, sum over groups of
+(sum_G w)^2 / sum over groups of |G| sum_G w^2, 1 when they are uniform.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from tacl.io import InputError
-from tacl.objectives import encoder_inputs, in_fp32
+from tacl.objectives import encoder_inputs, group_size, in_fp32
 from tacl.objectives.tacl import _EXCLUDED, TaCL
 
 WEIGHTINGS = ("attention", "uniform")
@@ -52,21 +54,27 @@ def attention_received(hidden: torch.Tensor, query_weight: torch.Tensor, query_b
 
 
 @in_fp32
-def token_weights(received: torch.Tensor, anchors: torch.Tensor, power: float) -> torch.Tensor:
-    """w [B, L] = |M| a_i^p / sum_{k in M} a_k^p on the anchors M (anchors [B, L] bool, all sequences of the
-    micro-batch together), 0 elsewhere; all 0 without anchors. a is scaled by its largest value on M first,
-    so that a^p stays in [0, 1] for any power."""
+def token_weights(received: torch.Tensor, anchors: torch.Tensor, power: float,
+                  group: int | None = None) -> torch.Tensor:
+    """w [B, L] = |G| a_i^p / sum_{k in G} a_k^p on the anchors (anchors [B, L] bool), G the anchors of i's
+    group of `group` consecutive sequences (None: the micro-batch), 0 elsewhere; all 0 in a group without
+    anchors. a is scaled by its largest value on G first, so that a^p stays in [0, 1] for any power."""
     tiny = torch.finfo(received.dtype).tiny
-    a = received.masked_fill(~anchors, 0.0)
-    a = a / a.amax().clamp(min=tiny)
-    q = torch.where(anchors, a.pow(power), 0.0)
-    return q * (anchors.sum() / q.sum().clamp(min=tiny))
+    groups = received.shape[0] // group_size(received.shape[0], group)
+    on = anchors.reshape(groups, -1)
+    a = received.reshape(groups, -1).masked_fill(~on, 0.0)
+    a = a / a.amax(1, keepdim=True).clamp(min=tiny)
+    q = torch.where(on, a.pow(power), 0.0)
+    return (q * (on.sum(1, keepdim=True) / q.sum(1, keepdim=True).clamp(min=tiny))).view_as(received)
 
 
-def effective_share(weights: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
-    """[(sum w)^2, |M| sum w^2]: a pair the trainer sums over a logging interval and divides (1 = uniform)."""
-    total = weights.sum()
-    return torch.stack([total * total, anchors.sum() * (weights * weights).sum()]).double()
+def effective_share(weights: torch.Tensor, anchors: torch.Tensor, group: int | None = None) -> torch.Tensor:
+    """[sum over groups of (sum_G w)^2, sum over groups of |G| sum_G w^2]: a pair the trainer sums over a
+    logging interval and divides (1 = uniform); groups as in `token_weights`."""
+    groups = weights.shape[0] // group_size(weights.shape[0], group)
+    w = weights.reshape(groups, -1)
+    total = w.sum(1)
+    return torch.stack([(total * total).sum(), (anchors.reshape(groups, -1).sum(1) * (w * w).sum(1)).sum()]).double()
 
 
 @dataclass
@@ -108,6 +116,6 @@ class TaCLAttn(TaCL):
                                       attention.key.weight, attention.key.bias, attention.num_attention_heads,
                                       inputs["attention_mask"], batch["attention_mask"].bool())
         anchors = batch["mlm_mask"]
-        weights = token_weights(received, anchors, self.power)
-        metrics["tacl_weight_ess"] = effective_share(weights, anchors)
+        weights = token_weights(received, anchors, self.power, self.negatives_group)
+        metrics["tacl_weight_ess"] = effective_share(weights, anchors, self.negatives_group)
         return out.last_hidden_state, weights

@@ -2,9 +2,9 @@
 
 g_t = normalize(h_t - e_t), h the last layer, e the embedding-layer output. Each anchor t (every non-pad
 position) has one positive t' of the same sequence with 0 < |t - t'| <= window (a random other position
-of the sequence if there is none) and K negatives drawn uniformly from the other sequences of the batch;
-positive and negatives are detached. Loss: InfoNCE with temperature tau, averaged over anchors, added to
-MLM (NSP only if `keep_nsp`).
+of the sequence if there is none) and K negatives drawn uniformly from the other sequences of its group
+(`negatives_group` consecutive sequences of the step's order); positive and negatives are detached. Loss:
+InfoNCE with temperature tau, averaged over the step's anchors, added to MLM (NSP only if `keep_nsp`).
 
 Pairs are drawn on the device with fixed shapes (no Python loop, no `nonzero`). Only the 1 + K similarities
 of each anchor are computed (`gathered_dots`), not the [B*L, B*L] matrix they are a 51-column sample of
@@ -20,7 +20,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from tacl.objectives import counts, in_fp32
+from tacl.io import InputError
+from tacl.objectives import GroupDraws, counts, draw_width, group_size, in_fp32, mean_of, step_denominator
 from tacl.objectives.mlm_nsp import IGNORE_INDEX, mlm_nsp_terms
 from tacl.objectives.packed import encode, per_sequence, pooled
 
@@ -43,15 +44,17 @@ def taco_draws(shape: tuple[int, int], window: int, k: int, generator: torch.Gen
             torch.rand((*shape, k), generator=generator, device=device, dtype=torch.float64))
 
 
-def sample_taco_pairs(valid: torch.Tensor, window: int, k: int,
-                      draws: torch.Generator | TacoDraws) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def sample_taco_pairs(valid: torch.Tensor, window: int, k: int, draws: torch.Generator | TacoDraws,
+                      group: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """For every position of valid [B, L]: a positive position [B, L] of the same sequence, K negatives
-    [B, L, K] as flat indices into B*L (valid positions of the other sequences), and which anchors have
-    negatives at all [B] (a batch whose other sequences are empty has none). Only rows where `valid` is
-    set are meaningful. `draws`: `taco_draws`' numbers, or a generator on valid's device to draw them."""
+    [B, L, K] as flat indices into B*L (valid positions of the other sequences of its group of `group`
+    consecutive sequences; None: the micro-batch), and which anchors have negatives at all [B] (a group whose
+    other sequences are empty has none). Only rows where `valid` is set are meaningful. `draws`:
+    `taco_draws`' numbers, or a generator on valid's device to draw them."""
     bsz, length = valid.shape
-    if bsz < 2:
-        raise ValueError("TACO draws negatives from other sequences: the micro batch needs >= 2 sequences")
+    size = group_size(bsz, group)
+    if size < 2:
+        raise ValueError("TACO draws negatives from other sequences: a group needs >= 2 sequences")
     if isinstance(draws, torch.Generator):
         draws = taco_draws((bsz, length), window, k, draws)
     u_scores, u_other, u_negatives = draws
@@ -74,15 +77,17 @@ def sample_taco_pairs(valid: torch.Tensor, window: int, k: int,
     other = torch.searchsorted(in_seq, r + 1).clamp(max=length - 1)
     other = torch.where(count > 1, other, pos)  # alone in its sequence: itself
     positive = torch.where(cand_valid.any(-1), positive, other)
-    # negatives: uniform over the valid positions of the other sequences (the r-th one of the batch,
+    # negatives: uniform over the valid positions of the group's other sequences (the r-th one of the group,
     # skipping the anchor's own sequence)
-    count = count.squeeze(1)
-    before = count.cumsum(0) - count  # valid positions in the earlier sequences
-    pool = count.sum() - count
+    groups, span = bsz // size, size * length  # span: positions per group
+    count = count.view(groups, size)
+    before = (count.cumsum(1) - count).view(bsz, 1, 1)  # valid positions in the group's earlier sequences
+    pool = (count.sum(1, keepdim=True) - count).view(bsz)
     r = _below(pool[:, None, None], u_negatives)
-    r = r + torch.where(r >= before[:, None, None], count[:, None, None], 0)
-    in_batch = valid.flatten().long().cumsum(0)
-    negatives = torch.searchsorted(in_batch, (r + 1).flatten()).clamp(max=bsz * length - 1).view(bsz, length, k)
+    r = r + torch.where(r >= before, count.view(bsz, 1, 1), 0)
+    in_group = valid.view(groups, span).long().cumsum(1)
+    found = torch.searchsorted(in_group, (r + 1).view(groups, -1)).clamp(max=span - 1)  # within the group
+    negatives = (found + torch.arange(groups, device=device)[:, None] * span).view(bsz, length, k)
     return positive, negatives, pool > 0
 
 
@@ -115,10 +120,11 @@ def gathered_dots(q: torch.Tensor, keys: torch.Tensor, columns: torch.Tensor) ->
 
 @in_fp32
 def taco_loss(g: torch.Tensor, valid: torch.Tensor, positive: torch.Tensor, negatives: torch.Tensor,
-              tau: float) -> tuple[torch.Tensor, torch.Tensor]:
+              tau: float, denominator: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """g [B, L, H] normalized token vectors (anchors keep their gradient; positives and negatives are
     detached); valid [B, L] (the anchors); positive [B, L]; negatives [B, L, K] flat indices into B*L.
-    Returns (loss averaged over valid anchors, accuracy counts: positive scored above every negative)."""
+    Returns (loss averaged over valid anchors, or the sum over `denominator` where given
+    (tacl.objectives.step_denominator); accuracy counts: positive scored above every negative)."""
     bsz, length, hidden = g.shape
     flat = g.reshape(bsz * length, hidden)
     own = (torch.arange(bsz, device=g.device)[:, None] * length + positive).reshape(-1, 1)
@@ -127,7 +133,7 @@ def taco_loss(g: torch.Tensor, valid: torch.Tensor, positive: torch.Tensor, nega
     anchors = valid.flatten()
     target = torch.where(anchors, 0, IGNORE_INDEX)
     loss = F.cross_entropy(logits, target, ignore_index=IGNORE_INDEX, reduction="sum")
-    return loss / anchors.sum().clamp(min=1), counts(logits.argmax(-1) == 0, anchors)
+    return mean_of(loss, anchors.sum(), denominator), counts(logits.argmax(-1) == 0, anchors)
 
 
 @dataclass
@@ -137,12 +143,23 @@ class TACO:
     negatives: int = 50
     weight: float = 1.0
     keep_nsp: bool = False
+    negatives_group: int | None = None  # sequences per group of negatives (None: the micro-batch)
     name: str = "taco"
     needs_teacher: bool = False
 
-    def draws(self, batch: dict[str, torch.Tensor], generator: torch.Generator) -> dict[str, Any]:
-        # ([B, W], packed or not: the draws of a packed batch are its padded twin's)
-        return {"pairs": taco_draws(tuple(batch["attention_mask"].shape), self.window, self.negatives, generator)}
+    def __post_init__(self) -> None:
+        if self.negatives_group is not None and self.negatives_group < 2:
+            raise InputError(f"pretrain.negatives_group: {self.negatives_group}, but taco takes negatives from the "
+                             "other sequences of a group: 2 or more")
+
+    def draws(self, batch: dict[str, torch.Tensor], draws: GroupDraws) -> dict[str, Any]:
+        """Each group's numbers for every position up to the run's widest micro-batch, cut to this one's width
+        ([B, W], packed or not: the draws of a packed batch are its padded twin's)."""
+        bsz, width = batch["attention_mask"].shape
+        size = group_size(bsz, self.negatives_group)
+        shape = (size, draw_width(batch))
+        numbers = draws.draw(bsz, size, lambda generator: taco_draws(shape, self.window, self.negatives, generator))
+        return {"pairs": tuple(u[:, :width] for u in numbers)}
 
     def __call__(self, model: Any, teacher: Any, batch: dict[str, torch.Tensor],
                  draws: dict[str, Any]) -> tuple[dict, dict]:
@@ -150,9 +167,11 @@ class TACO:
         losses, metrics = mlm_nsp_terms(model, batch, out.last_hidden_state, pooled(model, out, batch),
                                         with_nsp=self.keep_nsp)
         valid = batch["attention_mask"].bool()
-        positive, negatives, has_negatives = sample_taco_pairs(valid, self.window, self.negatives, draws["pairs"])
+        positive, negatives, has_negatives = sample_taco_pairs(valid, self.window, self.negatives, draws["pairs"],
+                                                               self.negatives_group)
         # (a packed batch's vectors gathered into the padded [B, W] layout: the same draws and pairs)
         g = F.normalize(per_sequence(out.hidden_states[-1] - out.hidden_states[0], batch).float(), dim=-1)
-        loss, metrics["taco_acc"] = taco_loss(g, valid & has_negatives[:, None], positive, negatives, self.tau)
+        loss, metrics["taco_acc"] = taco_loss(g, valid & has_negatives[:, None], positive, negatives, self.tau,
+                                              step_denominator(batch, "tokens"))
         losses["taco"] = self.weight * loss
         return losses, metrics

@@ -107,7 +107,8 @@ def clean_state_dict(state: dict[str, torch.Tensor], prefix: str = "model.") -> 
 
 
 def universal_fp32_state_dict(checkpoint_root: Path, tag: str) -> dict[str, torch.Tensor]:
-    """The fp32 masters of a checkpoint of DeepSpeed's BF16_Optimizer (bf16 at ZeRO 1), whose files
+    """The fp32 masters of a checkpoint of DeepSpeed's BF16_Optimizer (bf16 at ZeRO 1 before data_version 3,
+    tacl.pretrain.settings; runs since train an fp32 model at every stage), whose files
     DeepSpeed 0.19.8's zero_to_fp32 does not read: from its universal conversion (made once, as a resume on
     another number of ranks makes it), which holds every parameter's fp32 master by name."""
     from tacl.pretrain import checkpoint

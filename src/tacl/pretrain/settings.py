@@ -3,9 +3,11 @@
 Which settings decide a result and which only decide how it is computed is written down here, once:
 RESULT_KEYS decide the weights a run reaches (a change starts the run again from the start model, and
 Snakemake reruns the run and what depends on it); OPERATIONAL_KEYS decide only where, how fast and how
-often it logs or saves (a change reruns nothing and takes effect from the next chunk on). Micro batch and
-ZeRO stage are operational: a step's gradient is the same sum over the same sequences whatever they are (up
-to the order of floating-point sums, as with another number of ranks). The schema says the same per key
+often it logs or saves (a change reruns nothing and takes effect from the next chunk on). Micro batch, ranks,
+accumulation and ZeRO stage are operational: a step's loss is defined over the whole step (sums divided by
+the step's counts, in-batch negatives from fixed groups, tacl.objectives) and computed with one precision
+policy at every stage, so they change the gradient only by the order of floating-point sums, and dropout's
+draws (seeded per micro-batch); tests/test_invariance.py checks it. The schema says the same per key
 (`x-role`), and tests/test_reruns.py keeps the two equal.
 """
 
@@ -29,31 +31,39 @@ OPERATIONAL_KEYS = ("micro_batch", "zero_stage", "log_every", "checkpoint_minute
 CHUNK_OPERATIONAL_KEYS = ("ranks_per_node", "cpus_per_rank", "nodes", "launcher", "chunk")
 # The version of what a run computes from a data position (masking, batching, the losses), so that a run is
 # never resumed with batches or losses its first chunks did not see (tacl.RESULT_VERSIONS; 2: hash-based
-# vectorised masking). Kept in a run's identity under the name "data_version".
+# vectorised masking; 3: the step's loss over the whole step, negatives from fixed groups, bf16 by autocast
+# at every ZeRO stage). Kept in a run's identity under the name "data_version".
 DATA_VERSION = RESULT_VERSIONS["pretrain"]
 # pretrain.micro_batch: auto = the largest divisor of a rank's share of the global batch up to a cap by the GPU's
 # memory. Measured 2026-11-26 on an H200 (BERT-base, max_len 256, bf16, ZeRO 0): at 64 sequences every objective
 # held 8.5-12.7 GiB (COCO-LM 22.3), at 128 17.5-23.0 GiB (COCO-LM 39.2, more than an A100 40 GB gives); 32 ran
-# at 5-9% of the peak, 64 at 13-19%, 128 at 18-20% (eager). So 128 from 80 GB of GPU memory, else 64; 32 on a
-# CPU. A larger model or max_len needs a number of its own.
-AUTO_MICRO_BATCH = ((80.0, 128), (0.0, 64))  # (GPU memory in GiB at least, cap)
+# at 5-9% of the peak, 64 at 13-19%, 128 at 18-20% (eager). So 128 on a card of 80 GB, else 64; 32 on a CPU.
+# The threshold is what the cards report, in GiB: an 80 GB A100 or H100 about 79.2-79.6, an A100 40 GB 39.4,
+# a 48 GB card 44.4-47.5, an H200 139.8. A larger model or max_len needs a number of its own.
+AUTO_MICRO_BATCH = ((70.0, 128), (0.0, 64))  # (GPU memory in GiB at least, cap)
 CPU_MICRO_BATCH = 32
 
 
-def auto_micro_batch(global_batch: int, world_size: int, gpu_memory_gib: float | None) -> int:
+def auto_micro_batch(global_batch: int, world_size: int, gpu_memory_gib: float | None, group: int = 1) -> int:
     """pretrain.micro_batch: auto for this run: the largest divisor of global_batch / world_size (sequences
-    per rank per optimizer step) that is at most the cap for this GPU's memory (None: a CPU)."""
+    per rank per optimizer step) that is a multiple of `group` (pretrain.negatives_group, for the objectives
+    that take it) and at most the cap for this GPU's memory (None: a CPU), else the group itself."""
     per_rank, rest = divmod(global_batch, world_size)
     if rest:
         raise InputError(f"pretrain.global_batch={global_batch} is not a multiple of {world_size} rank(s)")
+    if per_rank % group:
+        raise InputError(f"pretrain.negatives_group: {group} sequences per group, but a rank gets {per_rank} per "
+                         f"step (pretrain.global_batch={global_batch} over {world_size} rank(s)): a multiple is needed")
     cap = CPU_MICRO_BATCH if gpu_memory_gib is None else next(c for gib, c in AUTO_MICRO_BATCH if gpu_memory_gib >= gib)
-    return max(d for d in range(1, min(per_rank, cap) + 1) if per_rank % d == 0)
+    fits = [d for d in range(group, min(per_rank, cap) + 1, group) if per_rank % d == 0]
+    return max(fits, default=group)
 
 
 # How a bf16 run computes, in the result settings of every run that computes in bf16 (fp32 runs carry none):
-# 2 = its matmuls run in bf16 at every ZeRO stage. Before it (tacl 0.1.0 up to 2026-11-25) ZeRO 0's "bf16"
-# ran in fp32 on CUDA (DeepSpeed switched the trainer's autocast off): those runs are not the same result, and
-# their identity differs by this key (they train again, their checkpoints set aside).
+# 2 = its matmuls run in bf16 at every ZeRO stage (since data_version 3 by autocast over fp32 weights at every
+# stage). Before it (tacl 0.1.0 up to 2026-11-25) ZeRO 0's "bf16" ran in fp32 on CUDA (DeepSpeed switched the
+# trainer's autocast off): those runs are not the same result, and their identity differs by this key (they
+# train again, their checkpoints set aside).
 BF16_VERSION = 2
 # Before the split above (commit a513d30, 2026-11-25), a run's identity was a hash of these (precision left
 # out); kept to read the run.json of such runs (tacl.pretrain.identity).
@@ -112,9 +122,11 @@ class TrainSettings:
         return d
 
     def resolve_micro_batch(self, world_size: int, gpu_memory_gib: float | None) -> int:
-        """micro_batch as this run uses it (auto: `auto_micro_batch`); set on the settings and returned."""
+        """micro_batch as this run uses it (auto: `auto_micro_batch`, in whole groups of negatives); set on the
+        settings and returned."""
         if self.micro_batch == "auto":
-            self.micro_batch = auto_micro_batch(self.global_batch, world_size, gpu_memory_gib)
+            self.micro_batch = auto_micro_batch(self.global_batch, world_size, gpu_memory_gib,
+                                                self.objective_params.get("negatives_group", 1))
         return self.micro_batch
 
     def accumulation(self, world_size: int) -> int:

@@ -5,9 +5,13 @@ deadline (minus a margin) or a SIGUSR1/SIGUSR2/SIGTERM, saves, writes a JSON mar
 the run directory's checkpoints belong to, and taking the directory over from another run: tacl.pretrain.identity.
 
 Determinism: the samples of step s are data positions [s*G, (s+1)*G); micro batch j of the step (rank r
-takes j = a*world + r at accumulation step a) is fixed by those positions (tacl.data.pretraining), and its
-dropout and TACO draws come from generators seeded by (seed, s, j). So a resumed run, or 2 ranks instead
-of 1, sees exactly the same batches, and on CPU a resume reproduces the uninterrupted run bit for bit.
+takes j = a*world + r at accumulation step a) is fixed by those positions (tacl.data.pretraining). The step's
+loss is defined over the whole step: each micro-batch's sums are divided by the step's counts, and in-batch
+negatives and their random draws come from fixed groups of the step's order seeded by (seed, s, group)
+(tacl.objectives). Dropout is seeded by (seed, s, j). So a resumed run, or 2 ranks instead of 1, sees exactly
+the same batches, and on CPU a resume reproduces the uninterrupted run bit for bit; another micro-batch size,
+number of ranks or accumulation computes the same loss and gradient up to float reordering, with other
+dropout draws.
 
 Speed: batches are built in DataLoader worker processes and copied from pinned memory without blocking;
 the step (`optimizer_step`) never waits for the device: losses and metrics stay device tensors in a
@@ -15,12 +19,12 @@ the step (`optimizer_step`) never waits for the device: losses and metrics stay 
 DeepSpeed's throughput timer (a device synchronisation in every forward and step) is off, AdamW is PyTorch's
 fused kernel, and fp32 matmuls (the contrastive similarities) use TF32 on a GPU.
 
-Precision (`bf16`): at ZeRO 1-3 DeepSpeed's bf16 engine (bf16 weights, fp32 masters and fp32 gradient
-accumulation in its optimizer: BF16_Optimizer at ZeRO 1); at ZeRO 0 the forward runs under torch.autocast
-with fp32 weights, which are the masters (DeepSpeed's ZeRO 0 bf16 would wrap the optimizer in
-FP16_UnfusedOptimizer, a host sync per parameter per step, and checkpoint only bf16 weights). The losses
-always run in fp32 (tacl.objectives.in_fp32). A step whose gradient is not finite stops the run, naming the
-step, before anything is saved (DeepSpeed would skip the update silently and the schedule would drift).
+Precision (`bf16`), the same at every ZeRO stage: the forward runs under torch.autocast (bf16 matmuls) over
+fp32 weights, which are the masters, and DeepSpeed sees an fp32 model (its own bf16 engine would compute in
+pure bf16 at ZeRO 1-3, residual stream and LayerNorm included, other numerics than ZeRO 0's; and at ZeRO 0 it
+would wrap the optimizer in FP16_UnfusedOptimizer, a host sync per parameter per step). The losses always run
+in fp32 (tacl.objectives.in_fp32). A step whose gradient is not finite stops the run, naming the step, before
+anything is saved (DeepSpeed would skip the update silently and the schedule would drift).
 """
 
 from __future__ import annotations
@@ -47,8 +51,8 @@ from tacl.device import (ThreadState, compile_failure, compiles, computes_bf16, 
                          gpu_memory_gib)
 from tacl.hub import load_tokenizer, tokenizer_hash
 from tacl.io import InputError, stable_hash, write_json_atomic
-from tacl.objectives import build_objective, objective_draws
-from tacl.objectives.registry import packing_error, spec
+from tacl.objectives import GroupDraws, build_objective, objective_draws
+from tacl.objectives.registry import group_error, packing_error
 from tacl.pretrain import checkpoint
 from tacl.pretrain.deadline import Deadline, StopSignals, describe, end_times
 from tacl.pretrain.distributed import DistEnv, all_max, all_sum, barrier, broadcast_object, init_distributed, shutdown
@@ -90,7 +94,7 @@ class Pretrainer(torch.nn.Module):
         self.model = model
         self.objective = objective
         self.losses = self.eager_losses  # `compile_losses` puts a compiled copy here
-        self.autocast = autocast  # bf16 at ZeRO 0: the device type the forward autocasts on, else None
+        self.autocast = autocast  # bf16: the device type the forward autocasts on, else None
         self.matmul_dtype: torch.dtype | None = None  # what the student's matmuls ran in (`compute_dtype`)
 
     def eager_losses(self, batch: dict[str, torch.Tensor], teacher: Any, draws: dict[str, Any]):
@@ -98,10 +102,10 @@ class Pretrainer(torch.nn.Module):
         losses, metrics = self.objective(self.model, teacher, batch, draws)
         return sum(losses.values()), losses, metrics
 
-    def forward(self, batch: dict[str, torch.Tensor], teacher: Any, generator: torch.Generator):
+    def forward(self, batch: dict[str, torch.Tensor], teacher: Any, group_draws: GroupDraws):
         # the objective's random numbers are drawn here, eagerly: a compiled graph cannot take a generator
-        draws = objective_draws(self.objective, batch, generator)
-        # bf16 at ZeRO 0: autocast is entered here, inside DeepSpeed's engine.forward, which switches off an
+        draws = objective_draws(self.objective, batch, group_draws)
+        # bf16: autocast is entered here, inside DeepSpeed's engine.forward, which switches off an
         # autocast entered around it (deepspeed.runtime.torch_autocast.autocast_if_enabled, 0.19.8, where
         # the DeepSpeed config has no torch_autocast section; on CUDA only: it asks torch.is_autocast_enabled())
         with torch.autocast(self.autocast or "cpu", dtype=torch.bfloat16, enabled=self.autocast is not None):
@@ -169,16 +173,10 @@ def linear_schedule(steps: int, warmup_ratio: float):
     return factor
 
 
-def uses_autocast(s: TrainSettings, bf16: bool) -> bool:
-    """bf16 at ZeRO 0 runs under torch.autocast on fp32 weights (see the module docstring)."""
-    return bf16 and s.zero_stage == 0
-
-
-def ds_config(s: TrainSettings, accumulation: int, bf16: bool, cpu: bool, universal: bool = False) -> dict[str, Any]:
-    """DeepSpeed's configuration. `bf16`: the run computes in bf16 (at ZeRO 0 under autocast, where DeepSpeed
-    sees an fp32 model and the trainer clips the gradient itself, without a host sync)."""
+def ds_config(s: TrainSettings, accumulation: int, cpu: bool, universal: bool = False) -> dict[str, Any]:
+    """DeepSpeed's configuration: an fp32 model at every stage (bf16 runs compute under the trainer's autocast);
+    at ZeRO 0 the trainer clips the gradient itself, without a host sync."""
     bucket = 5e6 if cpu else 5e8  # the default buckets allocate GBs per step on CPU
-    deepspeed_bf16 = bf16 and not uses_autocast(s, bf16)
     config = {
         "checkpoint": {"load_universal": universal},
         "train_batch_size": s.global_batch,
@@ -187,7 +185,7 @@ def ds_config(s: TrainSettings, accumulation: int, bf16: bool, cpu: bool, univer
         # ZeRO 0: clipped in optimizer_step (DeepSpeed's fp32 clipping builds two tensors from Python numbers
         # on the device every step, each a blocking copy)
         "gradient_clipping": s.grad_clip if s.zero_stage else 0.0,
-        "bf16": {"enabled": deepspeed_bf16},
+        "bf16": {"enabled": False},
         "zero_optimization": {"stage": s.zero_stage, "reduce_bucket_size": bucket, "allgather_bucket_size": bucket,
                               "stage3_param_persistence_threshold": 0 if cpu else 1e5},
         "zero_allow_untested_optimizer": True,
@@ -196,10 +194,6 @@ def ds_config(s: TrainSettings, accumulation: int, bf16: bool, cpu: bool, univer
         # on by default with synchronized: true, i.e. a device synchronisation in every forward and step
         "timers": {"throughput": {"enabled": False, "synchronized": False}},
     }
-    if deepspeed_bf16:
-        # gradients accumulated (and all-reduced) in fp32, not in the model's bf16; at ZeRO 1 this selects
-        # DeepSpeed's BF16_Optimizer
-        config["data_types"] = {"grad_accum_dtype": "fp32"}
     return config
 
 
@@ -250,8 +244,8 @@ class Chunk:
     teacher: Any
     data: Any  # tacl.data.pretraining.PretrainingData
     accumulation: int
-    generator: torch.Generator  # the objective's random draws (TACO pairs), on the device
-    bf16: bool = False  # the run computes in bf16 (at ZeRO 0 under autocast: Pretrainer.autocast)
+    generator: torch.Generator  # the objective's random draws (TACO pairs), on the device, reseeded per group
+    bf16: bool = False  # the run computes in bf16 (under autocast: Pretrainer.autocast)
     clip: float | None = None  # ZeRO 0: the trainer clips to this (0: no clipping), not DeepSpeed
     step: int = 0
     tokens: int = 0  # tokens trained on by all ranks, up to the last time they were summed
@@ -285,9 +279,9 @@ def _setup(args: ChunkArgs, env: DistEnv, lock: RunLock) -> Chunk:
         log.info("pretrain.micro_batch auto: %d sequences per rank (tacl.pretrain.settings.AUTO_MICRO_BATCH)",
                  s.micro_batch)
     accumulation = s.accumulation(env.world_size)
+    if why := group_error([s.objective], s.objective_params.get("negatives_group"), s.micro_batch, s.micro_batch):
+        raise InputError(why)
     objective = build_objective(s.objective, s.objective_params)
-    if spec(s.objective).two_sequences and s.micro_batch < 2:
-        raise InputError(f"pretrain.micro_batch must be >= 2 for {s.objective} (negatives come from other sequences)")
     if s.packing and (why := packing_error(s.objective, s.objective_params)):
         raise InputError(why)
     if hasattr(objective, "check"):
@@ -322,7 +316,7 @@ def _setup(args: ChunkArgs, env: DistEnv, lock: RunLock) -> Chunk:
                          f"cannot go on with {env.world_size}: its conversion does not reproduce the trajectory. "
                          f"Resume with {saved_world} rank(s); ZeRO stages 0, 1 and 2 go on with any number")
     batching = Batching(s.global_batch, s.micro_batch, s.group_by_length, s.max_len if s.pad_to_max_len else 8,
-                        packing=s.packing)
+                        packing=s.packing, max_len=s.max_len)
     data = PretrainingData(shards, MaskingSpec.from_tokenizer(tokenizer, s.max_len), s.seed, batching)
 
     # -- model, optimizer, engine --------------------------------------------------------------------
@@ -335,7 +329,7 @@ def _setup(args: ChunkArgs, env: DistEnv, lock: RunLock) -> Chunk:
         objective.attach(args.start_model, student)  # parameters of the objective's own (COCO-LM's auxiliary model)
     if s.packing:  # attention within each sequence of a packed row (tacl.objectives.packed)
         use_packed_attention(student, teacher, objective if isinstance(objective, torch.nn.Module) else None)
-    trainable = Pretrainer(student, objective, autocast=env.device.type if uses_autocast(s, bf16) else None)
+    trainable = Pretrainer(student, objective, autocast=env.device.type if bf16 else None)
     if compiles(s.compile, env.device, "pretrain"):
         trainable.compile_losses(teacher)
     decay = [p for n, p in trainable.named_parameters() if not any(k in n for k in ("bias", "LayerNorm"))]
@@ -355,7 +349,7 @@ def _setup(args: ChunkArgs, env: DistEnv, lock: RunLock) -> Chunk:
         # device_rank: this rank's GPU, which is cuda:0 where the site shows each task only its own GPU
         args=argparse.Namespace(device_rank=env.device.index) if env.device.type == "cuda" else None,
         model=trainable, optimizer=optimizer, lr_scheduler=scheduler,
-        config=ds_config(s, accumulation, bf16, cpu, universal=universal is not None))
+        config=ds_config(s, accumulation, cpu, universal=universal is not None))
     chunk = Chunk(args, env, engine, scheduler, teacher, data, accumulation, torch.Generator(device=env.device),
                   bf16=bf16, clip=s.grad_clip if s.zero_stage == 0 else None,
                   nonfinite=torch.full((), -1, dtype=torch.long, device=env.device) if s.zero_stage == 0 else None)
@@ -436,11 +430,12 @@ def optimizer_step(chunk: Chunk, batches: Iterator[dict[str, Any]], meter: Meter
 
 
 def _forward_backward(chunk: Chunk, batch: dict[str, torch.Tensor], j: int):
-    """Micro-batch j of the step: its seeds (dropout, the objective's draws), forward, loss and backward."""
-    s, engine = chunk.settings, chunk.engine
-    torch.manual_seed(derive_seed(s.seed, chunk.step, j, 0))  # dropout
-    chunk.generator.manual_seed(derive_seed(s.seed, chunk.step, j, 1))
-    loss, losses, metrics = engine(batch, chunk.teacher, chunk.generator)  # (bf16 autocast inside: Pretrainer)
+    """Micro-batch j of the step: its seeds (dropout: per micro-batch; the objective's draws: per group of the
+    step, tacl.objectives.GroupDraws), forward, loss and backward."""
+    s, engine, step = chunk.settings, chunk.engine, chunk.step
+    torch.manual_seed(derive_seed(s.seed, step, j, 0))  # dropout
+    draws = GroupDraws(chunk.generator, lambda group: derive_seed(s.seed, step, group, 1), first=j * s.micro_batch)
+    loss, losses, metrics = engine(batch, chunk.teacher, draws)  # (bf16 autocast inside: Pretrainer)
     engine.backward(loss)  # (the last micro-batch's backward all-reduces the gradient)
     return loss, losses, metrics
 
