@@ -171,7 +171,14 @@ def test_plan_errors_name_each_key(tmp_path):
             {"pretrain.global_batch": 7},
         "pretrain.global_batch: 8 must be pretrain.micro_batch (4) x accumulation steps x 4 rank(s)":
             {"pretrain.ranks_per_node": 2, "pretrain.nodes": 2},
-        "pretrain.micro_batch: 1, but taco, coco_lm take negatives": {"pretrain.micro_batch": 1},
+        # a micro-batch of whole groups of negatives, one line naming both keys (the demo: groups of 4)
+        "pretrain.micro_batch: 2, but tacl_attn, taco, coco_lm take their negatives from fixed groups of "
+        "pretrain.negatives_group=4 sequences, and a micro-batch holds whole groups: pretrain.micro_batch (2) "
+        "must be a multiple of 4": {"pretrain.micro_batch": 2},
+        "pretrain.micro_batch: auto, but tacl_attn, taco, coco_lm take their negatives from fixed groups of "
+        "pretrain.negatives_group=8 sequences, and a micro-batch holds whole groups: pretrain.global_batch / ranks "
+        "(4) must be a multiple of 8": {"pretrain.micro_batch": "auto", "pretrain.negatives_group": 8,
+                                         "pretrain.ranks_per_node": 2},
         "pretrain.global_batch: 8 must be a multiple of the 3 rank(s)":
             {"pretrain.micro_batch": "auto", "pretrain.ranks_per_node": 3},
         "pretrain.coco_lm.aux_layers: 9 layers for the auxiliary model, but the start model has 2 (model_init)":
@@ -184,9 +191,6 @@ def test_plan_errors_name_each_key(tmp_path):
         "finetune.hparams.tasks.qnli.max_len: 200 tokens, but the start model has 128 positions":
             {"finetune.hparams.tasks": {"qnli": {"max_len": 200}}},
         "analysis.similarity_max_len: 512 tokens": {"analysis.similarity_max_len": 512},
-        "pretrain.packing: tacl with pretrain.tacl.negatives 'all' counts padding as negatives":
-            {"pretrain.packing": True, "pretrain.tacl": {"negatives": "all"},
-             "pretrain.objectives": ["none", "mlm_nsp", "tacl", "taco", "coco_lm"]},
         "pretrain.packing: tacl_attn computes its attention weights on the padded layout":
             {"pretrain.packing": True},
         "finetune.hparams.tasks.qnli.group_by_length: 'yes' is not true or false":

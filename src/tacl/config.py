@@ -150,7 +150,7 @@ def plan_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
                 f"pretrain.global_batch: {p['global_batch']} must be pretrain.micro_batch ({micro}) x "
                 f"accumulation steps x {ranks} rank(s) (pretrain.nodes x pretrain.ranks_per_node), i.e. a "
                 f"multiple of {micro * ranks}")
-        if why := group_error(trained, p.get("negatives_group"), micro, p["global_batch"] // ranks):
+        elif why := group_error(trained, p.get("negatives_group"), micro, p["global_batch"] // ranks):
             problems.append(why)
         if p.get("packing"):
             problems += [why for o in trained if (why := packing_error(o, objective_params(p, o)))]
