@@ -350,7 +350,8 @@ def test_compiled_step_has_one_graph_over_every_width_and_the_eager_losses(demo_
     widths = set()
     for top in (24, 40, 56):
         positions = np.flatnonzero((lengths <= top) & (lengths > top - 8))[:4]
-        arrays = chunk.data.arrays(positions)
+        arrays = {**chunk.data.arrays(positions), "step_counts": chunk.data.step_counts(0),  # (as micro_batch)
+                  "draw_width": chunk.data.batching.draw_width(0)}
         packed = pack(pack_sequences(arrays) if packing else as_tensors(arrays))  # (as the loader delivers it)
         batch = on_device(packed, torch.device("cpu"))  # (host values too)
         widths.add(batch["input_ids"].shape[1])

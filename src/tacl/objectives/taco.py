@@ -154,12 +154,16 @@ class TACO:
 
     def draws(self, batch: dict[str, torch.Tensor], draws: GroupDraws) -> dict[str, Any]:
         """Each group's numbers for every position up to the run's widest micro-batch, cut to this one's width
-        ([B, W], packed or not: the draws of a packed batch are its padded twin's)."""
+        ([B, W], packed or not: the draws of a packed batch are its padded twin's), each group's cut before they
+        are joined: new tensors of the batch's own shape, never views, as the compiled loss expects them."""
         bsz, width = batch["attention_mask"].shape
         size = group_size(bsz, self.negatives_group)
         shape = (size, draw_width(batch))
-        numbers = draws.draw(bsz, size, lambda generator: taco_draws(shape, self.window, self.negatives, generator))
-        return {"pairs": tuple(u[:, :width] for u in numbers)}
+
+        def group(generator: torch.Generator) -> TacoDraws:
+            return tuple(u[:, :width] for u in taco_draws(shape, self.window, self.negatives, generator))
+
+        return {"pairs": draws.draw(bsz, size, group)}
 
     def __call__(self, model: Any, teacher: Any, batch: dict[str, torch.Tensor],
                  draws: dict[str, Any]) -> tuple[dict, dict]:
