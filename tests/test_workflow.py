@@ -147,6 +147,35 @@ def test_bad_config_stops_snakemake_with_the_key(tmp_path):
     assert "data.num_shard: unknown key (did you mean 'num_shards'?)" in proc.stdout + proc.stderr
 
 
+def test_a_yaml_error_names_the_file_and_the_line(tmp_path):
+    """config.yaml that is not YAML (here the working directory's, as --directory makes it): the file, the
+    line and what is wrong, in one line, where Snakemake's own message names neither."""
+    (tmp_path / "config.yaml").write_text("results_dir: results/x\npretrain:\n  lr: 1.0e-4\n   steps: 10\n")
+    proc = run_snakemake(tmp_path, None, "-n", check=False)
+    assert proc.returncode == 1
+    assert (proc.stdout + proc.stderr).strip() == ("config.yaml, line 4, column 9: not valid YAML: mapping values "
+                                                   "are not allowed here")
+
+
+def test_a_run_started_outside_the_repository_root_stops_in_one_line(tmp_path):
+    """A dry run of the demo from workflow/ with ../ paths would plan it under workflow/results/: it stops at
+    once, in one line that says where to run it, and writes nothing. --directory chooses another folder on
+    purpose (as every test here does)."""
+    import subprocess
+    import sys
+
+    from tacl.config import working_directory_error
+
+    cmd = [sys.executable, "-m", "snakemake", "--profile", "../profiles/local", "--configfile",
+           "../examples/demo/config.yaml", "--replace-workflow-config", "-n"]
+    proc = subprocess.run(cmd, cwd=REPO / "workflow", capture_output=True, text=True, timeout=300)
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if not line.startswith("Using profile")]
+    assert proc.returncode == 1 and lines == [working_directory_error(REPO / "workflow", REPO, False)]
+    assert lines[0].startswith(f"run the workflow from the repository root: cd {REPO} ")
+    assert not (REPO / "workflow" / "results").exists() and not (REPO / "workflow" / ".snakemake").exists()
+    assert working_directory_error(REPO, REPO, False) is None and working_directory_error(tmp_path, REPO, True) is None
+
+
 def with_defaults(cfg: dict) -> dict:
     """The config as the Snakefile sees it after the schema's defaults."""
     from snakemake.utils import validate

@@ -402,20 +402,3 @@ def _runs(chain: list[tuple[str, float]]) -> list[str]:
         else:
             out.append([rule, 1])
     return [f"{r} x{n}" if n > 1 else r for r, n in out]
-
-
-def register(stages: Any) -> None:
-    """`tacl plan [SNAKEMAKE ARGS]`: the plan of the workflow in the working directory, as a dry run prints it."""
-    c = stages.add_parser("plan", help="what a run will cost: jobs, GPU-hours, the longest chain, disk (a dry run)")
-    c.add_argument("snakemake_args", nargs="*",
-                   help="Snakemake's own arguments, e.g. --profile profiles/slurm --configfile my.yaml")
-    c.set_defaults(func=_plan)
-
-
-def _plan(a: Any) -> int:
-    """A quiet dry run of the workflow in the working directory: it prints the plan (and the reruns, and the
-    scheduler's checks) before its job list, which --quiet leaves out."""
-    import subprocess
-    import sys
-
-    return subprocess.call([sys.executable, "-m", "snakemake", "--dry-run", "--quiet", "all", *a.snakemake_args])

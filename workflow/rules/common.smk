@@ -17,7 +17,7 @@ from tacl.pretrain.chain import chunks_present, final_marker
 from tacl.report.expected import RECORD as REPORT_RECORD, write_expected as write_expected_of
 from tacl.reruns import finished_jobs as finished_of, rerun_tags, summary as rerun_text
 from tacl.sizing import Sizing
-from tacl.workplan import plan_text as plan_text_of
+from tacl.workplan import announce, plan_text as plan_text_of
 from tacl.workstation import machine_gpus
 
 # Every job runs `python -m tacl` from this checkout's src/ (installed or not, venv or --sdm conda).
@@ -351,23 +351,19 @@ def plan_text():
 
 
 def print_plan():
-    print(plan_text(), file=sys.stderr)
+    announce(plan_text())
 
 
 def defaults_summary():
     """Before anything runs: the keys that took the schema's default where config.yaml (the paper's
     experiment) gives another value; with a file merged over config.yaml (no --replace-workflow-config), none.
     """
-    text = experiment.defaults_message(UNSET_KEYS, config, Path(workflow.basedir).parent / "config.yaml")
-    if text:
-        print(text, file=sys.stderr)
+    announce(experiment.defaults_message(UNSET_KEYS, config, Path(workflow.basedir).parent / "config.yaml"))
 
 
 def rerun_summary():
     """Before anything runs (dry runs too): the finished work this run does again, and why (tacl.reruns)."""
-    text = rerun_text(finished_jobs())
-    if text:
-        print(text, file=sys.stderr)
+    announce(rerun_text(finished_jobs()))
 
 
 def print_summary():
