@@ -145,3 +145,35 @@ def test_the_workflow_logic_imports_neither_snakemake_nor_torch():
             "print(layout, 'snakemake' in sys.modules, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["['tacl.layout']", "False", "False"]
+
+
+def test_the_inputs_a_config_names_are_checked_for_the_jobs_still_to_run(tmp_path):
+    """tacl.inputs on the demo's config: nothing to say as shipped; a corpus pattern, a GLUE folder, a SQuAD
+    file and an extra model that are not there, one line each naming the key and the path; an input whose job
+    has made its output from the same source is not needed again, one made from another source is."""
+    from tacl.inputs import input_errors
+
+    cfg = filled(demo_config(tmp_path))
+    layout = Layout.of(cfg)
+    assert input_errors(cfg, layout) == []
+    cfg["data"]["source"]["paths"].append(str(tmp_path / "wiki_*"))
+    cfg["finetune"]["glue_source"]["data_dir"] = "no-glue"
+    cfg["finetune"]["squad_source"]["v2_0_dev"] = str(tmp_path / "dev-v2.0.json")
+    cfg["finetune"]["extra_models"] = {"mini": str(tmp_path / "mini")}
+    cwd = Path.cwd()
+    assert input_errors(cfg, layout) == [
+        f"data.source.paths: {tmp_path}/wiki_*: no file matches",
+        f"finetune.glue_source.data_dir: no-glue: folder not found, for task qnli (relative to {cwd})",
+        f"finetune.squad_source.v2_0_dev: {tmp_path}/dev-v2.0.json: not found, for task squad_v2",
+        f"finetune.extra_models.mini: {tmp_path}/mini: model directory not found",
+    ]
+    cfg["finetune"]["squad_source"]["v2_0_dev"] = None
+    assert "finetune.squad_source.v2_0_dev: not set, for task squad_v2" in input_errors(cfg, layout)
+    for path, record in ((f"{layout.data}/raw.json", {"source": cfg["data"]["source"]}),
+                         (layout.task_data("qnli"), {"source": experiment.task_source(cfg, "qnli")})):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(record))
+    Path(layout.model("mini")).mkdir(parents=True)
+    assert input_errors(cfg, layout) == ["finetune.squad_source.v2_0_dev: not set, for task squad_v2"]
+    cfg["data"]["source"]["paths"] = [str(tmp_path / "other_*")]  # (download_corpus runs again)
+    assert input_errors(cfg, layout)[0] == f"data.source.paths: {tmp_path}/other_*: no file matches"

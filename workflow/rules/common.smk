@@ -10,6 +10,7 @@ from pathlib import Path
 
 from tacl import RESULT_VERSIONS, experiment, handlers
 from tacl.cluster.hooks import data_summary, preflight, scheduler, scheduler_of_profile
+from tacl.inputs import input_errors
 from tacl.io import InputError
 from tacl.layout import Layout
 from tacl.objectives.registry import OBJECTIVE_PATTERN
@@ -364,6 +365,14 @@ def defaults_summary():
 def rerun_summary():
     """Before anything runs (dry runs too): the finished work this run does again, and why (tacl.reruns)."""
     announce(rerun_text(finished_jobs()))
+
+
+def check_inputs():
+    """Before any job (dry runs too), after the plan: the files and models the config names that a job still
+    to run would not find (tacl.inputs), one line each, naming the key and the path."""
+    missing = input_errors(config, L)
+    if missing:
+        stop("inputs not found (checked before any job ran):\n  " + "\n  ".join(missing))
 
 
 def print_summary():
