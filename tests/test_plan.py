@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from conftest import REPO, demo_config, run_snakemake, run_tacl
+from tacl import experiment
 from tacl.plan import BERT_BASE, Gpu, Shape, chunk_requests, finetune_minutes, pretrain_minutes, request
 
 A100 = Gpu("A100 40 GB", 312, 0.3, 0.2)
@@ -150,6 +151,61 @@ def test_a_profile_gpu_count_and_an_unset_variable_fail_a_dry_run(tmp_path, monk
             "pretrain.ranks_per_node is 1 (one rank per GPU); make them agree") in proc.stderr
     assert ("rules clean, shard, export_model: slurm_partition is '${TACL_SLURM_CPU_PARTITION}': export the "
             "variable") in proc.stderr
+
+
+def finished_by_hand(root, cfg: dict) -> None:
+    """Every output a dry run of `cfg` lists, made by hand with one modification time (a folder where the
+    path has no suffix; each pretraining run done in one chunk; the task sizes the plan reads): the demo as
+    Snakemake sees it once it has finished, in seconds (without Snakemake's metadata: a change reruns what
+    its new or missing outputs make it rerun)."""
+    listed = run_snakemake(root, cfg, "-n").stdout
+    steps = cfg["pretrain"]["steps"]
+    for output in (o for m in re.finditer(r"^    output: (.*)$", listed, re.M) for o in m.group(1).split(", ")):
+        path = root / output
+        if path.suffix == "":
+            path.mkdir(parents=True, exist_ok=True)
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = {}
+        if re.search(r"/chunk-\d+\.json$", output):
+            text = {"done": True, "step": steps, "steps": steps, "steps_this_chunk": steps, "reason": "target"}
+        elif "/finetune_data/" in output:
+            text = {"splits": {"train": 100, "dev": 50}}
+        path.write_text(json.dumps(text))
+    for path in (root / "results").rglob("*"):
+        os.utime(path, (1.7e9, 1.7e9))
+
+
+def plan_and_jobs(proc) -> tuple[dict[str, int], dict[str, int]]:
+    """(jobs to run per rule, by the plan) and (per rule, by Snakemake's job stats) of a dry run, rules with
+    none left out."""
+    plan = proc.stderr[proc.stderr.index("Plan of this run"):]
+    rows = {m.group(1): int(m.group(2)) for m in re.finditer(r"^  (\w+) +\d+ +(\d+)", plan, re.M)}
+    stats = proc.stdout[proc.stdout.index("Job stats:"):] if "Job stats:" in proc.stdout else ""
+    listed = {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)\s*$", stats, re.M)}
+    return {r: n for r, n in rows.items() if n}, {r: n for r, n in listed.items() if r != "total"}
+
+
+@pytest.mark.slow
+def test_the_plans_to_run_are_the_jobs_snakemake_runs(tmp_path):
+    """The demo's config (its sweep and extra model too), finished: nothing to run, by the plan and by
+    Snakemake. After a fine-tuning learning rate changes (SQuAD's: a new setting), and after a model's export
+    is lost, the plan's 'to run' per rule equals the jobs Snakemake runs: every job downstream included (the
+    selections, the submissions, the analyses, the report and `all`)."""
+    cfg = demo_config(tmp_path)
+    shipped = yaml.safe_load((REPO / "examples/demo/config.yaml").read_text())["finetune"]
+    cfg["finetune"].update(extra_models=shipped["extra_models"], sweep=shipped["sweep"])
+    finished_by_hand(tmp_path, cfg)
+    proc = run_snakemake(tmp_path, cfg, "-n")
+    assert "Nothing to be done" in proc.stdout + proc.stderr and plan_and_jobs(proc) == ({}, {})
+    cfg["finetune"]["hparams"]["squad"]["lr"] *= 3
+    planned, listed = plan_and_jobs(run_snakemake(tmp_path, cfg, "-n"))
+    models = len(experiment.finetune_models(cfg))  # (every model but mlm_nsp+scl fine-tunes SQuAD)
+    assert planned == listed == {"finetune": models, "select_setting": models, "submissions": models, "report": 1,
+                                 "all": 1}
+    (tmp_path / "results/models/tacl.json").unlink()
+    planned, listed = plan_and_jobs(run_snakemake(tmp_path, cfg, "-n"))
+    assert planned == listed and listed["export_model"] == 1 and listed["similarity"] == 1, (planned, listed)
 
 
 def finetune_args(demo_data, out, *seeds):

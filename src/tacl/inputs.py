@@ -3,10 +3,10 @@ key and the path: the corpus files (`data.source.paths`), each task's local fine
 folder, the SQuAD JSON files, the CoNLL folder), the sentence-embedding evaluation's GLUE files, and the start
 model, tokenizer and extra models given as a folder or a package.
 
-Only the inputs of jobs still to run are checked: a job whose output is there, made from the same source,
-does not read them again (a corpus deleted after the data stage stops nothing). A Hub name is left to the
-download rules, which fetch it on the login node. Relative paths start at the working directory, as the
-jobs' do."""
+Only the inputs of jobs still to run are checked (tacl.workplan.plan_jobs says which): a corpus deleted after
+the data stage stops nothing, and a task's files are needed while its preparation or a fine-tune of it is to
+run. A Hub name is left to the download rules, which fetch it on the login node. Relative paths start at the
+working directory, as the jobs' do."""
 
 from __future__ import annotations
 
@@ -14,24 +14,11 @@ import glob
 import os
 from typing import Any
 
-from tacl.experiment import embeddings_enabled, embeddings_source, extra_models, task_family, task_source
+from tacl.experiment import embeddings_source, extra_models, task_family, task_source
 from tacl.finetune.data import local_files
 from tacl.hub import resolve_pretrained
 from tacl.io import InputError
-from tacl.layout import Layout
-from tacl.reruns import recorded
-
-
-def to_make(output: str, record: str | None = None, key: str = "", current: Any = None) -> bool:
-    """Whether a job reads its inputs again: its output is not there, or its record (`key` in the JSON file
-    `record`) says it was made from something other than `current`."""
-    if not os.path.exists(output):
-        return True
-    if record is None:
-        return False
-    before = recorded(record, key) if key else None
-    return before is not None and before != current
-
+from tacl.plan import Job
 
 Problem = tuple[str, str, str, str]  # (key, path or "", what is wrong, what reads it)
 
@@ -83,18 +70,20 @@ def model_error(key: str, name: str) -> str | None:
     return None
 
 
-def input_errors(config: dict[str, Any], layout: Layout) -> list[str]:
-    """Every input the config names that a job still to run would not find, one line each (what several
-    readers share, once, naming them)."""
-    data, ft = config["data"], config["finetune"]
+def input_errors(config: dict[str, Any], jobs: list[Job]) -> list[str]:
+    """Every input the config names that a job still to run (`jobs`: tacl.workplan.plan_jobs) would not find,
+    one line each (what several readers share, once, naming them)."""
+    ft = config["finetune"]
+    todo = {(j.rule, j.key) for j in jobs if not j.done}
+    rules = {rule for rule, _ in todo}
     found: list[Problem] = []
-    if to_make(f"{layout.data}/raw.json", f"{layout.data}/raw.json", "source", data["source"]):
-        found += corpus_errors(data["source"])
+    if "download_corpus" in rules:
+        found += corpus_errors(config["data"]["source"])
     for task in ft["tasks"]:
-        source = task_source(config, task)
-        if to_make(layout.task_data(task), layout.task_data(task), "source", source):
+        if ("prepare_task", task) in todo or any(r == "finetune" and k.endswith(f"/{task}") for r, k in todo):
+            source = task_source(config, task)
             found += file_errors(SOURCE_KEYS[task_family(task)], source, local_files(task, source), f"task {task}")
-    if embeddings_enabled(config) and not os.path.exists(layout.embeddings_data):
+    if "embeddings_data" in rules:
         source = embeddings_source(config)
         key = "analysis.embeddings.source" if config["analysis"]["embeddings"]["source"] else "finetune.glue_source"
         task = config["analysis"]["embeddings"]["cluster_task"]
@@ -104,21 +93,11 @@ def input_errors(config: dict[str, Any], layout: Layout) -> list[str]:
     for key, path, what, reader in found:
         readers.setdefault((key, path, what), []).append(reader)
     problems = [line(key, path, what, list(dict.fromkeys(r))) for (key, path, what), r in readers.items()]
-    return problems + model_errors(config, layout)
-
-
-def model_errors(config: dict[str, Any], layout: Layout) -> list[str]:
-    """The tokenizer, start model and extra models given as a folder or a package that is not there, for the
-    jobs still to run that load them (fetch_tokenizer, init_model with model_init kind pretrained,
-    extra_model)."""
-    ft = config["finetune"]
     models = []
-    if not os.path.exists(f"{layout.data}/tokenizer"):
+    if "fetch_tokenizer" in rules:
         models.append(("tokenizer", config["tokenizer"]) if config["tokenizer"] else ("model", config["model"]))
-    start = {"model": config["model"], "init": config["model_init"]}
-    if config["model_init"].get("kind", "pretrained") != "random" and to_make(
-            layout.start, f"{layout.start}/tacl_start.json", "given", start):
+    if "init_model" in rules and config["model_init"].get("kind", "pretrained") != "random":
         models.append(("model", config["model"]))
     models += [(f"finetune.extra_models.{m}", ft["extra_models"][m]) for m in extra_models(config)
-               if not os.path.exists(layout.model(m))]
-    return [why for key, name in dict.fromkeys(models) if (why := model_error(key, name))]
+               if ("extra_model", m) in todo]
+    return problems + [why for key, name in dict.fromkeys(models) if (why := model_error(key, name))]

@@ -18,7 +18,7 @@ from tacl.pretrain.chain import chunks_present, final_marker
 from tacl.report.expected import RECORD as REPORT_RECORD, write_expected as write_expected_of
 from tacl.reruns import finished_jobs as finished_of, rerun_tags, summary as rerun_text
 from tacl.sizing import Sizing
-from tacl.workplan import announce, plan_text as plan_text_of
+from tacl.workplan import announce, plan_jobs, plan_text as plan_text_of
 from tacl.workstation import machine_gpus
 
 # Every job runs `python -m tacl` from this checkout's src/ (installed or not, venv or --sdm conda).
@@ -346,9 +346,16 @@ def finished_jobs():
     return finished_of(config, L)
 
 
+@cache
+def planned_jobs():
+    """Every job of the experiment and whether it is to run (tacl.workplan): the local rules run on this
+    machine; made once, for the plan and the inputs' check."""
+    return plan_jobs(SIZING, workflow._localrules, rerun_tags(finished_jobs()))
+
+
 def plan_text():
-    """The plan printed before anything runs (tacl.workplan): the local rules run on this machine."""
-    return plan_text_of(SIZING, workflow._localrules, rerun_tags(finished_jobs()))
+    """The plan printed before anything runs (tacl.workplan)."""
+    return plan_text_of(SIZING, planned_jobs())
 
 
 def print_plan():
@@ -369,8 +376,8 @@ def rerun_summary():
 
 def check_inputs():
     """Before any job (dry runs too), after the plan: the files and models the config names that a job still
-    to run would not find (tacl.inputs), one line each, naming the key and the path."""
-    missing = input_errors(config, L)
+    to run (planned_jobs) would not find (tacl.inputs), one line each, naming the key and the path."""
+    missing = input_errors(config, planned_jobs())
     if missing:
         stop("inputs not found (checked before any job ran):\n  " + "\n  ".join(missing))
 
