@@ -121,3 +121,21 @@ def test_the_quick_start_runs_offline(tmp_path):
     out = proc.stdout + proc.stderr
     assert "Plan of this run" in out and "longest chain:" in out and "disk at the peak: 0.4 GB" in out  # (5 demo runs)
     assert not (tmp_path / "results").exists(), "a plan writes nothing"
+
+
+def test_one_html_report_where_the_readme_and_the_makefile_say(tmp_path):
+    """The demo makes one HTML page, the report rule's (a dry run of the demo lists one .html output among
+    every job's), and `make demo` and the README point at it; `make demo` asks Snakemake for no page of its
+    own beside it, and no document names another."""
+    from conftest import run_snakemake
+    from tacl.layout import Layout
+
+    page = f"{Layout.of(yaml.safe_load((REPO / 'examples/demo/config.yaml').read_text())).report}/report.html"
+    make = (REPO / "Makefile").read_text()
+    recipe = make[make.index("\ndemo:"):].split("\n\n")[0]
+    assert page == "results/demo/report/report.html" and page in recipe and "--report" not in recipe
+    assert page in (REPO / "README.md").read_text()
+    assert not [doc.name for doc in DOCS if "results/demo/report.html" in doc.read_text()]
+    listed = run_snakemake(tmp_path, demo_config(tmp_path), "-n").stdout
+    outputs = [o for m in re.finditer(r"^    output: (.*)$", listed, re.M) for o in m.group(1).split(", ")]
+    assert [o for o in outputs if o.endswith(".html")] == [f"{tmp_path}/results/report/report.html"]
