@@ -139,3 +139,31 @@ def test_one_html_report_where_the_readme_and_the_makefile_say(tmp_path):
     listed = run_snakemake(tmp_path, demo_config(tmp_path), "-n").stdout
     outputs = [o for m in re.finditer(r"^    output: (.*)$", listed, re.M) for o in m.group(1).split(", ")]
     assert [o for o in outputs if o.endswith(".html")] == [f"{tmp_path}/results/report/report.html"]
+
+
+def test_every_figure_the_documents_quote_comes_from_its_one_place():
+    """Each generated block of README.md and docs/ holds what tacl.figures makes of its one source:
+    config.yaml's plan (jobs, GPU-hours asked and expected, disk) and the GPUs' rates it assumes, the demo's
+    time measured on a stated machine (docs/figures.yaml). The demo's GLUE table (from a finished demo, which
+    CI does not run) has the rows of the demo's models and the chance row. `tacl figures --write` rewrites
+    them; README.md and docs/clusters.md quote the same plan."""
+    from snakemake.utils import validate
+
+    from tacl import experiment
+    from tacl.figures import BLOCK, rendered
+
+    figures = rendered()
+    found: dict[str, list[str]] = {}
+    for doc in DOCS:
+        for name, text in BLOCK.findall(doc.read_text()):
+            found.setdefault(name, []).append(doc.name)
+            if name != "demo-glue":
+                assert text == figures[name], f"{doc.name}: block {name} differs: run tacl figures --write"
+    assert found == {"demo-glue": ["README.md"], "demo-time": ["README.md", "development.md"],
+                     "paper-plan": ["README.md", "clusters.md"], "paper-rates": ["README.md", "clusters.md"]}
+    assert "GPU-hours asked for against" in figures["paper-plan"] and "minutes on 2 CPU cores" in figures["demo-time"]
+    demo = yaml.safe_load((REPO / "examples/demo/config.yaml").read_text())
+    validate(demo, str(REPO / "workflow/schemas/config.schema.yaml"), set_default=True)
+    (table,) = [text for name, text in BLOCK.findall((REPO / "README.md").read_text()) if name == "demo-glue"]
+    rows = [line.split("|")[1].strip() for line in table.strip().splitlines()[2:]]
+    assert rows == experiment.tabled_models(demo) + ["majority class / constant"]

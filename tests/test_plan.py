@@ -128,6 +128,14 @@ def test_the_plan_of_the_paper_config_adds_up(tmp_path, monkeypatch):
     assert requested == pytest.approx(sum(asked.values()), abs=0.1)
     assert ratio <= 3.0 and requested / expected == pytest.approx(ratio, abs=0.05)
     assert "longest chain:" in plan and "disk at the peak:" in plan and "checkpoints (3 x 3)" in plan
+    # the figures README.md and docs/clusters.md quote (tacl.figures): this plan's
+    from tacl.figures import paper_plan
+
+    jobs = re.search(r"^  jobs: (\d+) \((\d+) with GPUs", plan, re.M).groups()
+    disk = re.search(r"^  disk at the peak: (\S+ [GM]B)", plan, re.M).group(1)
+    assert paper_plan().startswith(f"{jobs[0]} jobs, {jobs[1]} of them on GPUs; {requested:.1f} GPU-hours asked for "
+                                   f"against {expected:.1f} expected on A100 40 GB (")
+    assert paper_plan().endswith(f"; {disk} of disk at the peak")
     assert "From the schema's defaults" not in out, "config.yaml's own values: nothing taken from the defaults"
 
 

@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     importlib.import_module("tacl.device").register(stages)  # `tacl doctor`
     importlib.import_module("tacl.workplan").register(stages)  # `tacl plan`
     importlib.import_module("tacl.config").register(stages)  # `tacl config reference`
+    importlib.import_module("tacl.figures").register(stages)  # `tacl figures`
     return parser
 
 

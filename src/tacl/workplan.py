@@ -207,8 +207,17 @@ def plan_text(sizing: Sizing, jobs: list[plan.Job]) -> str:
         f"{g.finetune_mfu:g} fine-tuning (plan.gpus; {g.source})"
         for g in plan.gpus_of(p).values()
     ]
-    expected = {k: (plan.expected_gpu_hours(jobs, gpu, g), g.name) for k, g in plan.gpus_of(p).items()}
-    return plan.format_plan(jobs, chain, _disk(sizing, data), assumptions, expected)
+    return plan.format_plan(jobs, chain, _disk(sizing, data), assumptions, expected_on_each_gpu(sizing, jobs))
+
+
+def expected_on_each_gpu(sizing: Sizing, jobs: list[plan.Job]) -> dict[str, tuple[float, str]]:
+    """The jobs' expected GPU-hours on each GPU of plan.gpus, {key: (hours, name)} (tacl.plan.format_plan)."""
+    return {k: (plan.expected_gpu_hours(jobs, sizing.gpu, g), g.name) for k, g in plan.gpus_of(sizing.plan).items()}
+
+
+def disk(sizing: Sizing) -> plan.Disk:
+    """The disk the run holds at its peak (the plan's last line)."""
+    return _disk(sizing, sizing.data_summary())
 
 
 def _disk(sizing: Sizing, data: dict[str, Any] | None) -> plan.Disk:
