@@ -378,8 +378,9 @@ def check_inputs():
     """Before any job (dry runs too), after the plan: the files and models the config names that a job still
     to run (planned_jobs) would not find (tacl.inputs), one line each, naming the key and the path."""
     missing = input_errors(config, planned_jobs())
-    if missing:
-        stop("inputs not found (checked before any job ran):\n  " + "\n  ".join(missing))
+    if missing:  # (without Snakemake's traceback)
+        print("inputs not found (checked before any job ran):\n  " + "\n  ".join(missing), file=sys.stderr)
+        sys.exit(1)
 
 
 def print_summary():
