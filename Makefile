@@ -20,8 +20,7 @@ DEMO := --configfile examples/demo/config.yaml --replace-workflow-config
 
 demo: venv
 	PATH=$(abspath $(BIN)):$$PATH snakemake --profile profiles/local $(DEMO) $(SNAKEMAKE_ARGS)
-	PATH=$(abspath $(BIN)):$$PATH snakemake $(DEMO) --report results/demo/report.html
-	@echo "demo: tables in results/demo/report/ (report.md), everything in one page: results/demo/report.html"
+	@echo "demo: tables and figures in results/demo/report/, all on one page: results/demo/report/report.html"
 
 # two workers, a test file at a time (module fixtures built once), the tests with wall-clock chunk chains
 # one after another on one worker, first (tests/conftest.py)

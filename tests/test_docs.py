@@ -121,3 +121,49 @@ def test_the_quick_start_runs_offline(tmp_path):
     out = proc.stdout + proc.stderr
     assert "Plan of this run" in out and "longest chain:" in out and "disk at the peak: 0.4 GB" in out  # (5 demo runs)
     assert not (tmp_path / "results").exists(), "a plan writes nothing"
+
+
+def test_one_html_report_where_the_readme_and_the_makefile_say(tmp_path):
+    """The demo makes one HTML page, the report rule's (a dry run of the demo lists one .html output among
+    every job's), and `make demo` and the README point at it; `make demo` asks Snakemake for no page of its
+    own beside it, and no document names another."""
+    from conftest import run_snakemake
+    from tacl.layout import Layout
+
+    page = f"{Layout.of(yaml.safe_load((REPO / 'examples/demo/config.yaml').read_text())).report}/report.html"
+    make = (REPO / "Makefile").read_text()
+    recipe = make[make.index("\ndemo:"):].split("\n\n")[0]
+    assert page == "results/demo/report/report.html" and page in recipe and "--report" not in recipe
+    assert page in (REPO / "README.md").read_text()
+    assert not [doc.name for doc in DOCS if "results/demo/report.html" in doc.read_text()]
+    listed = run_snakemake(tmp_path, demo_config(tmp_path), "-n").stdout
+    outputs = [o for m in re.finditer(r"^    output: (.*)$", listed, re.M) for o in m.group(1).split(", ")]
+    assert [o for o in outputs if o.endswith(".html")] == [f"{tmp_path}/results/report/report.html"]
+
+
+def test_every_figure_the_documents_quote_comes_from_its_one_place():
+    """Each generated block of README.md and docs/ holds what tacl.figures makes of its one source:
+    config.yaml's plan (jobs, GPU-hours asked and expected, disk) and the GPUs' rates it assumes, the demo's
+    time measured on a stated machine (docs/figures.yaml). The demo's GLUE table (from a finished demo, which
+    CI does not run) has the rows of the demo's models and the chance row. `tacl figures --write` rewrites
+    them; README.md and docs/clusters.md quote the same plan."""
+    from snakemake.utils import validate
+
+    from tacl import experiment
+    from tacl.figures import BLOCK, rendered
+
+    figures = rendered()
+    found: dict[str, list[str]] = {}
+    for doc in DOCS:
+        for name, text in BLOCK.findall(doc.read_text()):
+            found.setdefault(name, []).append(doc.name)
+            if name != "demo-glue":
+                assert text == figures[name], f"{doc.name}: block {name} differs: run tacl figures --write"
+    assert found == {"demo-glue": ["README.md"], "demo-time": ["README.md", "development.md"],
+                     "paper-plan": ["README.md", "clusters.md"], "paper-rates": ["README.md", "clusters.md"]}
+    assert "GPU-hours asked for against" in figures["paper-plan"] and "minutes on 2 CPU cores" in figures["demo-time"]
+    demo = yaml.safe_load((REPO / "examples/demo/config.yaml").read_text())
+    validate(demo, str(REPO / "workflow/schemas/config.schema.yaml"), set_default=True)
+    (table,) = [text for name, text in BLOCK.findall((REPO / "README.md").read_text()) if name == "demo-glue"]
+    rows = [line.split("|")[1].strip() for line in table.strip().splitlines()[2:]]
+    assert rows == experiment.tabled_models(demo) + ["majority class / constant"]

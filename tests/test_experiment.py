@@ -94,7 +94,8 @@ def test_the_config_lists_models_tasks_settings_and_runs():
 
 def test_the_plan_of_the_demo_config_without_snakemake(tmp_path):
     """plan_jobs lists the jobs a dry run of the demo would: one per (model, task, setting), one selection per
-    (model, task), an analysis per model; a finished chunk counts as done until its settings change."""
+    (model, task), an analysis per model; a finished chunk counts as done until its settings change, or what
+    it is made from (the shards, the start model) is to be made again."""
     cfg = filled(demo_config(tmp_path))
     layout = Layout.of(cfg)
     sizing = Sizing.of(cfg, layout)
@@ -111,10 +112,17 @@ def test_the_plan_of_the_demo_config_without_snakemake(tmp_path):
     marker.write_text(json.dumps({"done": True, "step": steps, "steps_this_chunk": steps, "reason": "target"}))
     assert [c[0] for c in planned_chunks(sizing, "tacl", fresh=False)] == [str(marker)]
     chunks = [j for j in plan_jobs(sizing, LOCAL, set()) if j.rule == "pretrain_chunk" and j.key == "tacl"]
+    assert len(chunks) == 2 and not any(j.done for j in chunks), "the data stage is to run: the chain again"
+    data = [f"{layout.data}/{name}" for name in ("raw.json", "corpus.txt", "shards/shard-00000.bin",
+                                                 "shards/shard-00001.bin", "shards/manifest.json")]
+    for path in data + [f"{layout.data}/tokenizer/x", f"{layout.start}/x"]:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text("{}")
+    chunks = [j for j in plan_jobs(sizing, LOCAL, set()) if j.rule == "pretrain_chunk" and j.key == "tacl"]
     assert [j.done for j in chunks] == [True]
     chunks = [j for j in plan_jobs(sizing, LOCAL, {"pretrain_chunk:tacl"}) if j.rule == "pretrain_chunk"]
     assert not any(j.done for j in chunks)
-    text = plan_text(sizing, LOCAL, set())
+    text = plan_text(sizing, plan_jobs(sizing, LOCAL, set()))
     assert text.startswith("Plan of this run") and "device: cpu, so no job asks for a GPU" in text
 
 
@@ -145,3 +153,37 @@ def test_the_workflow_logic_imports_neither_snakemake_nor_torch():
             "print(layout, 'snakemake' in sys.modules, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["['tacl.layout']", "False", "False"]
+
+
+def test_the_inputs_a_config_names_are_checked_for_the_jobs_still_to_run(tmp_path):
+    """tacl.inputs on the demo's config: nothing to say as shipped; a corpus pattern, a GLUE folder, a SQuAD
+    file and an extra model that are not there, one line each naming the key and the path; the inputs of jobs
+    that are done are not needed again (the corpus once the data stage has run), those of jobs to run are."""
+    from tacl.inputs import input_errors
+
+    cfg = filled(demo_config(tmp_path))
+    layout = Layout.of(cfg)
+
+    def errors():
+        return input_errors(cfg, plan_jobs(Sizing.of(cfg, layout), LOCAL, rerun_tags(finished_jobs(cfg, layout))))
+
+    assert errors() == []
+    cfg["data"]["source"]["paths"].append(str(tmp_path / "wiki_*"))
+    cfg["finetune"]["glue_source"]["data_dir"] = "no-glue"
+    cfg["finetune"]["squad_source"]["v2_0_dev"] = str(tmp_path / "dev-v2.0.json")
+    cfg["finetune"]["extra_models"] = {"mini": str(tmp_path / "mini")}
+    assert errors() == [
+        f"data.source.paths: {tmp_path}/wiki_*: no file matches",
+        f"finetune.glue_source.data_dir: no-glue: folder not found, for task qnli (relative to {Path.cwd()})",
+        f"finetune.squad_source.v2_0_dev: {tmp_path}/dev-v2.0.json: not found, for task squad_v2",
+        f"finetune.extra_models.mini: {tmp_path}/mini: model directory not found",
+    ]
+    cfg["finetune"]["squad_source"]["v2_0_dev"] = None
+    assert "finetune.squad_source.v2_0_dev: not set, for task squad_v2" in errors()
+    raw = Path(layout.data, "raw.json")
+    raw.parent.mkdir(parents=True)
+    raw.write_text(json.dumps({"source": cfg["data"]["source"]}))
+    Path(layout.model("mini")).mkdir(parents=True)
+    assert errors()[0].startswith("finetune.glue_source.data_dir: no-glue: folder not found")
+    cfg["data"]["source"]["paths"] = [str(tmp_path / "other_*")]  # (download_corpus runs again)
+    assert errors()[0] == f"data.source.paths: {tmp_path}/other_*: no file matches"

@@ -15,7 +15,8 @@ import time
 import pytest
 import yaml
 
-from conftest import REPO, run_snakemake, run_tacl
+from conftest import REPO, demo_config, run_snakemake, run_tacl
+from tacl import experiment
 from tacl.plan import BERT_BASE, Gpu, Shape, chunk_requests, finetune_minutes, pretrain_minutes, request
 
 A100 = Gpu("A100 40 GB", 312, 0.3, 0.2)
@@ -127,6 +128,14 @@ def test_the_plan_of_the_paper_config_adds_up(tmp_path, monkeypatch):
     assert requested == pytest.approx(sum(asked.values()), abs=0.1)
     assert ratio <= 3.0 and requested / expected == pytest.approx(ratio, abs=0.05)
     assert "longest chain:" in plan and "disk at the peak:" in plan and "checkpoints (3 x 3)" in plan
+    # the figures README.md and docs/clusters.md quote (tacl.figures): this plan's
+    from tacl.figures import paper_plan
+
+    jobs = re.search(r"^  jobs: (\d+) \((\d+) with GPUs", plan, re.M).groups()
+    disk = re.search(r"^  disk at the peak: (\S+ [GM]B)", plan, re.M).group(1)
+    assert paper_plan().startswith(f"{jobs[0]} jobs, {jobs[1]} of them on GPUs; {requested:.1f} GPU-hours asked for "
+                                   f"against {expected:.1f} expected on A100 40 GB (")
+    assert paper_plan().endswith(f"; {disk} of disk at the peak")
     assert "From the schema's defaults" not in out, "config.yaml's own values: nothing taken from the defaults"
 
 
@@ -148,7 +157,63 @@ def test_a_profile_gpu_count_and_an_unset_variable_fail_a_dry_run(tmp_path, monk
     assert proc.returncode != 0 and "SLURM preflight: this dry run stops here." in proc.stderr, proc.stderr[-3000:]
     assert ("rule pretrain_chunk: the profile gives each of its 1 node(s) 4 GPU(s) (gres gpu:4), but "
             "pretrain.ranks_per_node is 1 (one rank per GPU); make them agree") in proc.stderr
-    assert "rule clean: slurm_partition is '${TACL_SLURM_CPU_PARTITION}': export the variable" in proc.stderr
+    assert ("rules clean, shard, export_model: slurm_partition is '${TACL_SLURM_CPU_PARTITION}': export the "
+            "variable") in proc.stderr
+
+
+def finished_by_hand(root, cfg: dict) -> None:
+    """Every output a dry run of `cfg` lists, made by hand with one modification time (a folder where the
+    path has no suffix; each pretraining run done in one chunk; the task sizes the plan reads): the demo as
+    Snakemake sees it once it has finished, in seconds (without Snakemake's metadata: a change reruns what
+    its new or missing outputs make it rerun)."""
+    listed = run_snakemake(root, cfg, "-n").stdout
+    steps = cfg["pretrain"]["steps"]
+    for output in (o for m in re.finditer(r"^    output: (.*)$", listed, re.M) for o in m.group(1).split(", ")):
+        path = root / output
+        if path.suffix == "":
+            path.mkdir(parents=True, exist_ok=True)
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = {}
+        if re.search(r"/chunk-\d+\.json$", output):
+            text = {"done": True, "step": steps, "steps": steps, "steps_this_chunk": steps, "reason": "target"}
+        elif "/finetune_data/" in output:
+            text = {"splits": {"train": 100, "dev": 50}}
+        path.write_text(json.dumps(text))
+    for path in (root / "results").rglob("*"):
+        os.utime(path, (1.7e9, 1.7e9))
+
+
+def plan_and_jobs(proc) -> tuple[dict[str, int], dict[str, int]]:
+    """(jobs to run per rule, by the plan) and (per rule, by Snakemake's job stats) of a dry run, rules with
+    none left out."""
+    plan = proc.stderr[proc.stderr.index("Plan of this run"):]
+    rows = {m.group(1): int(m.group(2)) for m in re.finditer(r"^  (\w+) +\d+ +(\d+)", plan, re.M)}
+    stats = proc.stdout[proc.stdout.index("Job stats:"):] if "Job stats:" in proc.stdout else ""
+    listed = {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)\s*$", stats, re.M)}
+    return {r: n for r, n in rows.items() if n}, {r: n for r, n in listed.items() if r != "total"}
+
+
+@pytest.mark.slow
+def test_the_plans_to_run_are_the_jobs_snakemake_runs(tmp_path):
+    """The demo's config (its sweep and extra model too), finished: nothing to run, by the plan and by
+    Snakemake. After a fine-tuning learning rate changes (SQuAD's: a new setting), and after a model's export
+    is lost, the plan's 'to run' per rule equals the jobs Snakemake runs: every job downstream included (the
+    selections, the submissions, the analyses, the report and `all`)."""
+    cfg = demo_config(tmp_path)
+    shipped = yaml.safe_load((REPO / "examples/demo/config.yaml").read_text())["finetune"]
+    cfg["finetune"].update(extra_models=shipped["extra_models"], sweep=shipped["sweep"])
+    finished_by_hand(tmp_path, cfg)
+    proc = run_snakemake(tmp_path, cfg, "-n")
+    assert "Nothing to be done" in proc.stdout + proc.stderr and plan_and_jobs(proc) == ({}, {})
+    cfg["finetune"]["hparams"]["squad"]["lr"] *= 3
+    planned, listed = plan_and_jobs(run_snakemake(tmp_path, cfg, "-n"))
+    models = len(experiment.finetune_models(cfg))  # (every model but mlm_nsp+scl fine-tunes SQuAD)
+    assert planned == listed == {"finetune": models, "select_setting": models, "submissions": models, "report": 1,
+                                 "all": 1}
+    (tmp_path / "results/models/tacl.json").unlink()
+    planned, listed = plan_and_jobs(run_snakemake(tmp_path, cfg, "-n"))
+    assert planned == listed and listed["export_model"] == 1 and listed["similarity"] == 1, (planned, listed)
 
 
 def finetune_args(demo_data, out, *seeds):
@@ -210,13 +275,53 @@ def test_checkpoints_removed_after_export_and_a_rerun_that_needs_them_says_so(de
         assert proc.returncode == 2 and "its checkpoints were removed after the model was exported" in proc.stderr
 
 
-def test_tacl_plan_passes_snakemakes_arguments(monkeypatch):
+def test_tacl_plan_passes_snakemakes_arguments(tmp_path, monkeypatch, capsys):
+    """Snakemake's arguments after the dry run's own (a target may come first); a config file that is not
+    YAML is named with its line before Snakemake starts."""
     from tacl import cli
+    from tacl.workplan import configfiles
 
     seen = []
-    monkeypatch.setattr(subprocess, "call", lambda cmd: seen.append(cmd) or 0)
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: seen.append(cmd) or subprocess.CompletedProcess(cmd, 0,
+                                                                                                          "", ""))
     assert cli.main(["plan", "--profile", "slurm", "--configfile", "my.yaml"]) == 0
-    assert seen[0][-5:] == ["all", "--profile", "slurm", "--configfile", "my.yaml"] and "--dry-run" in seen[0]
+    assert seen[0][-5:] == ["--dry-run", "--profile", "slurm", "--configfile", "my.yaml"]
+    assert configfiles(["a", "--configfile", "x.yaml", "y.yaml", "-n", "--configfiles=z.yaml"]) == [
+        "x.yaml", "y.yaml", "z.yaml"]
+    bad = tmp_path / "my.yaml"
+    bad.write_text("results_dir: results/x\npretrain:\n  lr: [1.0e-4\n  steps: 10\n")
+    assert cli.main(["plan", "--configfile", str(bad)]) == 1 and len(seen) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"{bad}, line 4, column 8: not valid YAML: ") and "from line 3" in err
+
+
+@pytest.mark.slow
+def test_tacl_plan_prints_the_plan_alone_and_names_each_unset_variable_once(tmp_path, monkeypatch):
+    """`tacl plan --profile profiles/slurm` on the demo's config: the plan table and its assumptions, none of
+    Snakemake's job blocks; with the profile's variables unset, each is named once, with the rules that use
+    it, and the plan still comes first."""
+    config = tmp_path / "demo.yaml"
+    config.write_text(yaml.safe_dump(demo_config(tmp_path)))
+    args = ["plan", "--profile", str(REPO / "profiles/slurm"), "--directory", str(tmp_path), "--snakefile",
+            str(REPO / "workflow/Snakefile"), "--configfile", str(config), "--replace-workflow-config"]
+    slurm = {"TACL_SLURM_ACCOUNT": "p123", "TACL_SLURM_CPU_PARTITION": "cpu", "TACL_SLURM_GPU_PARTITION": "gpu"}
+    proc = run_tacl(*args, env=slurm)
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("Plan of this run") and "  assumed: device: cpu, so no job asks for a GPU" in proc.stdout
+    said = ("Plan of this run", "  ", "From the schema's defaults", "SLURM preflight: partitions not checked")
+    assert all(line.startswith(said) for line in lines)
+    blocks = re.findall(r"^(?:local)?(?:rule|checkpoint) \w+:$", proc.stdout + proc.stderr, re.M)
+    assert len(lines) < 40 and blocks == [] and "Job stats" not in proc.stdout + proc.stderr
+    for name in slurm:
+        monkeypatch.delenv(name, raising=False)
+    proc = run_tacl(*args, check=False)
+    assert proc.returncode == 1 and proc.stdout.startswith("Plan of this run"), proc.stderr[-3000:]
+    assert "SLURM preflight: this dry run stops here." in proc.stderr
+    named = {name: [line for line in proc.stderr.splitlines() if name in line] for name in slurm}
+    assert all(len(found) == 1 for found in named.values()), named
+    assert named["TACL_SLURM_ACCOUNT"][0].startswith(
+        "  rules clean, shard, pretrain_chunk, export_model, finetune, similarity: slurm_account is ")
+    assert named["TACL_SLURM_GPU_PARTITION"][0].startswith("  rules pretrain_chunk, finetune, similarity: ")
 
 
 def test_keys_left_to_the_schema_defaults_that_config_yaml_sets_otherwise_are_named():

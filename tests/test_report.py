@@ -300,3 +300,66 @@ def test_status_tells_a_stopped_fine_tune_job_from_a_running_one(tmp_path, monke
     text = capsys.readouterr().out
     assert re.search(r"^tacl +rte +1/2 +0 +1 +0 *$", text, re.M), text
     assert f"stopped: tacl/rte/{S} (SLURM job 77: no answer" in text
+
+
+def test_the_demos_report_says_why_its_figures_sit_at_chance_and_when_two_objectives_coincide(tmp_path):
+    """A results tree shaped like the demo's (its models and tasks, from its config): the tiny models at QNLI's
+    chance, MiniLM above it, every SQuAD 2.0 F1 below the no-answer row, tacl_attn's numbers equal to tacl's
+    with its token weights near uniform. The report says why the SQuAD figures sit at chance (the training
+    questions counted), names the models at GLUE's chance row (not MiniLM), says that tacl_attn and tacl
+    coincide and why, and its differences name only the objectives that ran. Legends stay off the data."""
+    import yaml
+    from snakemake.utils import validate
+
+    from conftest import DEMO_CONFIG, REPO
+    from tacl import experiment
+    from tacl.report.compose import glue_figure
+    from tacl.report.curves import curves_figure, pretraining_runs
+
+    cfg = yaml.safe_load(DEMO_CONFIG.read_text())
+    validate(cfg, str(REPO / "workflow/schemas/config.schema.yaml"), set_default=True)
+    models, tasks = experiment.tabled_models(cfg), cfg["finetune"]["tasks"]
+    assert "tacl_attn" in models and "tacl_batch" not in models and tasks == ["qnli", "squad_v2"]
+    for model in models:
+        acc = 0.655 if model == "minilm" else 0.468
+        write_run(tmp_path, model, "qnli", 0, "glue", {"dev": {"accuracy": acc, "main": acc}})
+        if "+" not in model:
+            f1 = {"tacl": 11.2, "tacl_attn": 11.2}.get(model, 9.0 + len(model) / 10)
+            write_run(tmp_path, model, "squad_v2", 0, "squad", {"dev": {"exact": 0.0, "f1": f1}})
+    data = tmp_path / "finetune_data"
+    data.mkdir()
+    (data / "qnli.json").write_text(json.dumps({"splits": {"train": 800, "dev": 400}, "baseline": {
+        "name": "majority class", "dev": {"dev": {"accuracy": 0.532}}}}))
+    (data / "squad_v2.json").write_text(json.dumps({"splits": {"train": 30, "dev": 16}, "baseline": {
+        "name": "no answer to any question", "dev": {"dev": {"exact": 18.75, "f1": 18.75}}}}))
+    for objective in experiment.trained_objectives(cfg):
+        run = tmp_path / "pretrain" / objective / "run"
+        run.mkdir(parents=True)
+        lines = [{"step": s, "lr": 1e-3, "loss": 9.0 - s / 100, "mlm": 8.0 - s / 100,
+                  **({"tacl_weight_ess": 0.9995} if objective == "tacl_attn" else {})} for s in (125, 250)]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+    expected = [{"model": m, "task": t, "setting": S, "seed": 0} for m, t in experiment.model_tasks(cfg)]
+    build_report(str(tmp_path), models, tasks, expected, [], str(tmp_path / "report"))
+    md = (tmp_path / "report" / "report.md").read_text()
+    tiny = ", ".join(m for m in models if m != "minilm")
+    assert f"At or below the chance row on every GLUE task here: {tiny}." in md
+    assert "No model clears the no-answer row (F1 18.8)" in md and "Expected at this size: 30 training questions" in md
+    assert "the models pretrained here trained for 250 steps" in md
+    assert ("tacl_attn and tacl coincide: every fine-tuning number here is the same for both: its token weights "
+            "were near uniform (their effective share of the masked tokens, tacl_weight_ess in its metrics, was "
+            "1.000") in md
+    assert "tacl_batch" not in md and "tacl_attn minus tacl" in md
+    assert "tacl_weight_ess" not in pd.read_csv(tmp_path / "report" / "training_curves.csv").series.unique()
+
+    summary = summarise(collect(tmp_path))
+    chance = {"qnli": {"dev": {"dev": {"accuracy": 0.532}}}}
+    for fig in (glue_figure(summary, models, ["qnli"], chance), curves_figure(pretraining_runs(tmp_path))):
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        legends = [(ax, ax.get_legend()) for ax in fig.axes if ax.get_legend() is not None]
+        assert legends
+        for ax, legend in legends:
+            box = legend.get_window_extent(renderer)
+            beside = [other for other in fig.axes if other.bbox.bounds == ax.bbox.bounds]  # (lr's twin axis)
+            assert not box.overlaps(ax.get_window_extent(renderer)), "a legend on the data"
+            assert not any(box.overlaps(other.yaxis.get_tightbbox(renderer)) for other in beside if other is not ax)

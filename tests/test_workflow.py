@@ -147,6 +147,51 @@ def test_bad_config_stops_snakemake_with_the_key(tmp_path):
     assert "data.num_shard: unknown key (did you mean 'num_shards'?)" in proc.stdout + proc.stderr
 
 
+def test_missing_inputs_stop_a_dry_run_before_any_job(tmp_path):
+    """The demo's config with a corpus pattern and a SQuAD file that are not there: the dry run fails after
+    the plan, one line each naming the key and the path, and writes nothing."""
+    cfg = demo_config(tmp_path)
+    cfg["data"]["source"]["paths"] = [str(tmp_path / "wikipedia" / "wiki_*")]
+    cfg["finetune"]["squad_source"]["v2_0_dev"] = str(tmp_path / "squad" / "dev-v2.0.json")
+    proc = run_snakemake(tmp_path, cfg, "-n", check=False)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("Plan of this run") and proc.stderr.rstrip().endswith(
+        "inputs not found (checked before any job ran):\n"
+        f"  data.source.paths: {tmp_path}/wikipedia/wiki_*: no file matches\n"
+        f"  finetune.squad_source.v2_0_dev: {tmp_path}/squad/dev-v2.0.json: not found, for task squad_v2"), \
+        proc.stderr[-2000:]
+    assert "Job stats" not in proc.stdout and not (tmp_path / "results").exists()
+
+
+def test_a_yaml_error_names_the_file_and_the_line(tmp_path):
+    """config.yaml that is not YAML (here the working directory's, as --directory makes it): the file, the
+    line and what is wrong, in one line, where Snakemake's own message names neither."""
+    (tmp_path / "config.yaml").write_text("results_dir: results/x\npretrain:\n  lr: 1.0e-4\n   steps: 10\n")
+    proc = run_snakemake(tmp_path, None, "-n", check=False)
+    assert proc.returncode == 1
+    assert (proc.stdout + proc.stderr).strip() == ("config.yaml, line 4, column 9: not valid YAML: mapping values "
+                                                   "are not allowed here")
+
+
+def test_a_run_started_outside_the_repository_root_stops_in_one_line(tmp_path):
+    """A dry run of the demo from workflow/ with ../ paths would plan it under workflow/results/: it stops at
+    once, in one line that says where to run it, and writes nothing. --directory chooses another folder on
+    purpose (as every test here does)."""
+    import subprocess
+    import sys
+
+    from tacl.config import working_directory_error
+
+    cmd = [sys.executable, "-m", "snakemake", "--profile", "../profiles/local", "--configfile",
+           "../examples/demo/config.yaml", "--replace-workflow-config", "-n"]
+    proc = subprocess.run(cmd, cwd=REPO / "workflow", capture_output=True, text=True, timeout=300)
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if not line.startswith("Using profile")]
+    assert proc.returncode == 1 and lines == [working_directory_error(REPO / "workflow", REPO, False)]
+    assert lines[0].startswith(f"run the workflow from the repository root: cd {REPO} ")
+    assert not (REPO / "workflow" / "results").exists() and not (REPO / "workflow" / ".snakemake").exists()
+    assert working_directory_error(REPO, REPO, False) is None and working_directory_error(tmp_path, REPO, True) is None
+
+
 def with_defaults(cfg: dict) -> dict:
     """The config as the Snakefile sees it after the schema's defaults."""
     from snakemake.utils import validate
@@ -380,7 +425,8 @@ def test_chunk_cap_fails_loudly_and_the_same_command_goes_on(tmp_path):
 @pytest.mark.slow
 def test_failed_task_sweep_extension_and_intermediate_start(tmp_path):
     """The fine-tuning protocol on a small DAG (the start model itself, QNLI, MNLI, RTE from fixtures, SQuAD
-    2.0). squad_v2 points at a missing file: its jobs fail, the others run, and the tables are still written
+    2.0). squad_v2 points at a damaged file (a missing one stops the run before any job: tacl.inputs): its
+    jobs fail, the others run, and the tables are still written
     from what finished, listing the missing runs. RTE starts from the selected MNLI fine-tune. Rerunning
     after the fix, with a second QNLI learning rate in the sweep, does only the missing and the new work;
     the tables then show the selected settings, every setting's mean, the chance rows (equal to a count
@@ -397,14 +443,15 @@ def test_failed_task_sweep_extension_and_intermediate_start(tmp_path):
     cfg["finetune"]["hparams"]["squad"].update(epochs=1)
     cfg["finetune"]["glue_source"]["data_dir"] = str(glue_dir)
     good_dev = REPO / "examples/demo/squad/dev-v2.0.json"
+    (tmp_path / "damaged-dev-v2.0.json").write_text('{"version": "v2.0", "data": [')
     cfg["finetune"]["squad_source"].update(v2_0_train=str(REPO / "examples/demo/squad/train-v2.0.json"),
-                                           v2_0_dev=str(tmp_path / "missing-dev-v2.0.json"))
+                                           v2_0_dev=str(tmp_path / "damaged-dev-v2.0.json"))
     cfg["analysis"]["similarity_sentences"] = 20
     proc = run_snakemake(tmp_path, cfg, "--cores", "2", "--keep-going", check=False)
     assert proc.returncode != 0
     log = proc.stdout + proc.stderr
     failed = (tmp_path / "results/logs/finetune/prepare-squad_v2.log").read_text()
-    assert "missing-dev-v2.0.json: SQuAD file not found" in failed
+    assert "damaged-dev-v2.0.json: not valid JSON" in failed
     assert "tables from the finished runs" in log
     results = tmp_path / "results"
     report = results / "report" / "report.md"

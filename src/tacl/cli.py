@@ -26,8 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
     for name in STAGES:
         importlib.import_module(f"tacl.{name}.cli").register(stages)
     importlib.import_module("tacl.device").register(stages)  # `tacl doctor`
-    importlib.import_module("tacl.plan").register(stages)  # `tacl plan`
+    importlib.import_module("tacl.workplan").register(stages)  # `tacl plan`
     importlib.import_module("tacl.config").register(stages)  # `tacl config reference`
+    importlib.import_module("tacl.figures").register(stages)  # `tacl figures`
     return parser
 
 

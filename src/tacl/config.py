@@ -70,6 +70,39 @@ def defaults_unlike(unset: list[str], config: dict[str, Any], reference: dict[st
     return lines
 
 
+def yaml_error(path: str | Path) -> str | None:
+    """A config file that does not read as YAML, in one line naming the file and the line (Snakemake's own
+    message names neither); None for a file that reads, or that is not there (Snakemake names that)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError:
+        return None
+    try:
+        yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark, opened = getattr(e, "problem_mark", None), getattr(e, "context_mark", None)
+        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        what = " ".join(str(getattr(e, "problem", None) or e).split())
+        context = getattr(e, "context", None) or ""
+        if context and opened is not None and (mark is None or opened.line != mark.line):
+            context += f" from line {opened.line + 1}"
+        return f"{path}{where}: not valid YAML: {what}" + (f" ({context})" if context else "")
+    return None
+
+
+def working_directory_error(cwd: str | Path, repo: str | Path, chosen: bool) -> str | None:
+    """Where a run started, in one line, when it is not where the config's relative paths (config.yaml,
+    `results_dir`, the demo's data) are meant from: the repository root. None there, or where the working
+    directory was chosen on purpose (`chosen`: Snakemake's --directory, whose relative paths then start
+    there)."""
+    here, root = Path(cwd).resolve(), Path(repo).resolve()
+    if chosen or here == root:
+        return None
+    return (f"run the workflow from the repository root: cd {root} (it started in {here}, where config.yaml and "
+            "the config's relative paths such as results_dir would not be found or would land; --directory DIR "
+            "runs it in another folder on purpose)")
+
+
 # the workflow's schema, in the checkout this package is imported from
 SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
 

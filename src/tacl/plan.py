@@ -346,6 +346,11 @@ def hours(minutes: float) -> str:
     return f"{minutes / 60:.1f} h"
 
 
+def gpu_hours(jobs: list[Job]) -> tuple[float, float]:
+    """The GPU-hours the jobs ask for and are expected to take on the GPU the runtimes are sized for."""
+    return sum(j.requested_min * j.gpus for j in jobs) / 60, sum(j.expected_min * j.gpus for j in jobs) / 60
+
+
 def format_plan(jobs: list[Job], chain: list[tuple[str, float]], disk: Disk, assumptions: list[str],
                 gpu_names: dict[str, tuple[float, str]]) -> str:
     """The plan as the start of a run prints it. `chain`: the longest chain of jobs, (rule, expected minutes);
@@ -365,8 +370,7 @@ def format_plan(jobs: list[Job], chain: list[tuple[str, float]], disk: Disk, ass
 
     for rule, group in rules.items():
         wheres = sorted({j.where for j in group})
-        asked = sum(j.requested_min * j.gpus for j in group) / 60
-        expected = sum(j.expected_min * j.gpus for j in group) / 60
+        asked, expected = gpu_hours(group)
         figures = f"{asked:>12.1f} {expected:>9.1f}" if "gpu" in wheres else f"{'':>12} {'':>9}"
         lines.append(f"  {rule:<18} {count(len(group), group):>6} {count(sum(not j.done for j in group), group):>7} "
                      f"{figures}  {', '.join(where_words[w] for w in wheres)}")
@@ -377,9 +381,8 @@ def format_plan(jobs: list[Job], chain: list[tuple[str, float]], disk: Disk, ass
     if more:
         lines.append("  >=: pretraining chunks estimated to end on their deadline (pretrain.chunk.runtime_minutes): "
                      "the chain takes as many as the speed it reaches needs")
-    requested = sum(j.requested_min * j.gpus for j in jobs) / 60
-    expected = sum(j.expected_min * j.gpus for j in jobs) / 60
-    todo_req = sum(j.requested_min * j.gpus for j in jobs if not j.done) / 60
+    requested, expected = gpu_hours(jobs)
+    todo_req = gpu_hours([j for j in jobs if not j.done])[0]
     ratio = f"{requested / expected:.1f}x" if expected else "-"
     if gpu_names:
         lines.append(f"  GPU-hours requested: {requested:.1f} ({todo_req:.1f} still to run); expected: "
@@ -402,20 +405,3 @@ def _runs(chain: list[tuple[str, float]]) -> list[str]:
         else:
             out.append([rule, 1])
     return [f"{r} x{n}" if n > 1 else r for r, n in out]
-
-
-def register(stages: Any) -> None:
-    """`tacl plan [SNAKEMAKE ARGS]`: the plan of the workflow in the working directory, as a dry run prints it."""
-    c = stages.add_parser("plan", help="what a run will cost: jobs, GPU-hours, the longest chain, disk (a dry run)")
-    c.add_argument("snakemake_args", nargs="*",
-                   help="Snakemake's own arguments, e.g. --profile profiles/slurm --configfile my.yaml")
-    c.set_defaults(func=_plan)
-
-
-def _plan(a: Any) -> int:
-    """A quiet dry run of the workflow in the working directory: it prints the plan (and the reruns, and the
-    scheduler's checks) before its job list, which --quiet leaves out."""
-    import subprocess
-    import sys
-
-    return subprocess.call([sys.executable, "-m", "snakemake", "--dry-run", "--quiet", "all", *a.snakemake_args])

@@ -78,7 +78,9 @@ def finished_jobs(config: dict[str, Any], layout: Layout) -> list[Finished]:
     them now (the same values the workflow passes the jobs)."""
     d, ft, start = config["data"], config["finetune"], layout.start
     clean, manifest = f"{layout.data}/clean.json", layout.manifest
+    raw = f"{layout.data}/raw.json"
     jobs = [
+        Finished("download_corpus", raw, "source", raw, dict(d["source"])),
         Finished("clean", clean, "given", clean,
                  clean_given(d["max_lines"], d["heldout_fraction"], d["sentence_splitter"])),
         Finished("shard", manifest, "config", manifest,
@@ -92,6 +94,8 @@ def finished_jobs(config: dict[str, Any], layout: Layout) -> list[Finished]:
         if o != "none":
             run, result = f"{layout.pretrain_run(o)}/run.json", pretrain_settings(config, o).result()
             jobs.append(Finished("pretrain_chunk", run, "result", layout.chunk_marker(o, 0), result, o, again))
+    jobs += [Finished("prepare_task", layout.task_data(t), "source", layout.task_data(t), task_source(config, t), t)
+             for t in ft["tasks"]]
     for r in expected_runs(config):
         hparams = setting_hparams(config, r["task"], r["setting"])
         given = finetune_given(task_source(config, r["task"]), hparams, ft["precision"], ft["preset"])

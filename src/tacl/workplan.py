@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from tacl import plan
@@ -59,103 +61,133 @@ def planned_chunks(sizing: Sizing, objective: str, fresh: bool) -> list[Chunk]:
     return chunks + [(layout.chunk_marker(objective, k), *c) for k, c in enumerate(estimated, start=present)]
 
 
-class _Needs:
-    """What each job's output is made from: the finished jobs (their rerun tags, tacl.reruns) it depends on."""
+def recorded_seeds(marker: str) -> set[str] | None:
+    """The seed folders a setting's marker (seeds.json) says its job trained, or None without a marker."""
+    try:
+        runs = json.loads(Path(marker).read_text())["runs"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return {Path(r).parent.name for r in runs}
 
-    def __init__(self, config: dict[str, Any]):
-        self.config = config
-        self.trained = trained_objectives(config)
-        self.data, self.init = {"clean:", "shard:"}, {"init_model:"}
 
-    def model(self, model: str) -> set[str]:
-        base = model.split("+")[0]
-        if base in self.trained:
-            return self.data | self.init | {f"pretrain_chunk:{base}"}
-        return self.init if base == "none" else set()
+def recorded_settings(selection: str) -> set[str] | None:
+    """The settings a selection (selected.json) chose among, or None without one."""
+    try:
+        return set(json.loads(Path(selection).read_text())["settings"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
-    def setting(self, m: str, t: str, setting: str) -> set[str]:
-        source = start_source(self.config, t)
-        before = self.selection(m.split("+")[0], source) if source else set()
-        seeds = {f"finetune:{m}/{t}/{setting}/seed{s}" for s in task_seeds(self.config, t)}
-        return self.model(m) | before | seeds
 
-    def selection(self, m: str, t: str) -> set[str]:
-        return set().union(*(self.setting(m, t, setting) for setting in settings_of(self.config, t)))
+class _Jobs:
+    """The jobs of plan_jobs, made in the order the workflow runs them: a job is to run where its output is not
+    there, where its own settings changed (`tags` among the rerun tags), where its record names other inputs
+    than the config gives it now (`stale`: Snakemake's input trigger), or where a job it depends on (`after`,
+    those jobs' outputs) is to run, as Snakemake then runs it again."""
 
-    def similarity(self, m: str) -> set[str]:
-        return self.model(m) | {"clean:", f"similarity:{m}"}
+    def __init__(self, sizing: Sizing, local: set[str], changed: set[str]):
+        self.local, self.changed, self.start = local, changed, sizing.plan["startup_minutes"]
+        self.done: dict[str, bool] = {}
+        self.jobs: list[plan.Job] = []
+
+    def add(self, name: str, output: str, gpus: int = 0, requested: float = 0, compute: float = 0.0, key: str = "",
+            finetune: bool = False, tags: Iterable[str] = (), after: Iterable[str] = (), stale: bool = False,
+            open_ended: bool = False) -> None:
+        where = "login" if name in self.local else ("gpu" if gpus else "cpu")
+        overhead = self.start if gpus else 0.0
+        done = (os.path.exists(output) and not stale and not self.changed & set(tags)
+                and all(self.done.get(u, True) for u in after))
+        self.done[output] = done
+        self.jobs.append(plan.Job(name, where, gpus, requested, compute, done, key, overhead, finetune,
+                                  open_ended and not done))
+
+    def all_done(self, outputs: Iterable[str]) -> bool:
+        return all(self.done.get(u, True) for u in outputs)
 
 
 def plan_jobs(sizing: Sizing, local: Iterable[str], changed: set[str]) -> list[plan.Job]:
     """Every job of the whole experiment (tacl.plan.Job), with what it asks for and is expected to take: the
     same functions as the rules' resources. Pretraining chunks: those there, then as many as the rest of the
-    work needs as estimated. `local`: the rules that run on this machine; `changed`: the rerun tags."""
-    config, layout, local = sizing.config, sizing.layout, set(local)
-    start = sizing.plan["startup_minutes"]
-
-    def job(name: str, output: str, gpus: int = 0, requested: float = 0, compute: float = 0.0, key: str = "",
-            finetune: bool = False, needs: Iterable[str] = (), open_ended: bool = False) -> plan.Job:
-        where = "login" if name in local else ("gpu" if gpus else "cpu")
-        overhead = start if gpus else 0.0
-        done = os.path.exists(output) and not changed & set(needs)
-        return plan.Job(name, where, gpus, requested, compute, done, key, overhead, finetune, open_ended and not done)
-
-    need, data = _Needs(config), layout.data
-    p = config["pretrain"]
-    jobs = [job("download_corpus", f"{data}/raw.json"), job("fetch_tokenizer", f"{data}/tokenizer")]
-    jobs += [job("clean", f"{data}/corpus.txt", needs={"clean:"})]
-    shards = [f"{k:05d}" for k in range(config["data"]["num_shards"])]
-    jobs += [job("shard", f"{data}/shards/shard-{k}.bin", needs=need.data) for k in shards]
-    jobs += [job("gather_shards", layout.manifest, needs=need.data)]
-    jobs += [job("init_model", layout.start, needs=need.init)]
+    work needs as estimated. `local`: the rules that run on this machine; `changed`: the rerun tags. A job is
+    to run where Snakemake would run it (_Jobs): with everything downstream of a change."""
+    config, layout = sizing.config, sizing.layout
+    out = _Jobs(sizing, set(local), changed)
+    data, p = layout.data, config["pretrain"]
+    raw, tokenizer, corpus = f"{data}/raw.json", f"{data}/tokenizer", f"{data}/corpus.txt"
+    out.add("download_corpus", raw, tags={"download_corpus:"})
+    out.add("fetch_tokenizer", tokenizer)
+    out.add("clean", corpus, tags={"clean:"}, after=[raw])
+    shards = [f"{data}/shards/shard-{k:05d}.bin" for k in range(config["data"]["num_shards"])]
+    for shard in shards:
+        out.add("shard", shard, tags={"shard:"}, after=[corpus, tokenizer])
+    out.add("gather_shards", layout.manifest, after=shards + [corpus])
+    out.add("init_model", layout.start, tags={"init_model:"}, after=[tokenizer])
     if "none" in p["objectives"]:
-        jobs.append(job("export_start", layout.model_summary("none"), needs=need.init))
-    jobs += [job("extra_model", layout.model(m)) for m in extra_models(config)]
+        out.add("export_start", layout.model_summary("none"), after=[layout.start])
+    extras = extra_models(config)
+    for m in extras:
+        out.add("extra_model", layout.model(m), key=m)
     gpus = gpus_per_node(config, "pretrain_chunk") * p["nodes"]
-    for o in need.trained:
-        needs = need.model(o)
-        for marker, asked, work, ends in planned_chunks(sizing, o, fresh=bool(changed & needs)):
-            open_ended = ends == "deadline"
-            jobs.append(job("pretrain_chunk", marker, gpus, asked, work, o, needs=needs, open_ended=open_ended))
-        jobs.append(job("export_model", layout.model_summary(o), needs=needs))
-    jobs += [job("prepare_task", layout.task_data(t)) for t in config["finetune"]["tasks"]]
+    for o in trained_objectives(config):
+        upstream, previous = [layout.manifest, layout.start], []
+        fresh = f"pretrain_chunk:{o}" in changed or not out.all_done(upstream)
+        for marker, asked, work, ends in planned_chunks(sizing, o, fresh=fresh):
+            out.add("pretrain_chunk", marker, gpus, asked, work, o, tags={f"pretrain_chunk:{o}"},
+                    after=upstream + previous, open_ended=ends == "deadline")
+            previous = [marker]
+        out.add("export_model", layout.model_summary(o), after=previous + [layout.start])
+
+    def model(m: str) -> str:
+        """The job that makes model m (a contrastive MODEL+FORM fine-tunes MODEL): its export or extra_model."""
+        base = m.split("+")[0]
+        return layout.model(base) if base in extras else layout.model_summary(base)
+
+    for t in config["finetune"]["tasks"]:
+        out.add("prepare_task", layout.task_data(t), key=t, tags={f"prepare_task:{t}"})
     gpu = gpus_per_node(config, "finetune")
     for m, t in model_tasks(config):
+        source = start_source(config, t)
+        before = [layout.task_data(t), model(m)] + ([layout.selection_file(m.split("+")[0], source)] if source else [])
+        seeds = {f"seed{s}" for s in task_seeds(config, t)}
+        markers = []
         for setting in settings_of(config, t):
-            asked = sizing.finetune_runtime(m, t, setting)
-            work = sizing.finetune_expected(m, t, setting)
-            needs = need.setting(m, t, setting)
-            output = layout.seeds_marker(m, t, setting)
-            jobs.append(job("finetune", output, gpu, asked, work, f"{m}/{t}", True, needs))
-        jobs.append(job("select_setting", layout.selection_file(m, t), needs=need.selection(m, t)))
+            marker = layout.seeds_marker(m, t, setting)
+            tags = {f"finetune:{m}/{t}/{setting}/{seed}" for seed in seeds}
+            stale = recorded_seeds(marker) not in (None, seeds)  # (seeds added or dropped: the job runs again)
+            out.add("finetune", marker, gpu, sizing.finetune_runtime(m, t, setting),
+                    sizing.finetune_expected(m, t, setting), f"{m}/{t}", True, tags, before, stale)
+            markers.append(marker)
+        selection = layout.selection_file(m, t)
+        chosen_among = recorded_settings(selection)
+        out.add("select_setting", selection, after=markers,
+                stale=chosen_among is not None and chosen_among != set(settings_of(config, t)))
     for m in tabled_models(config):
-        needs = set().union(*(need.selection(m, t) for t in tasks_of(config, m)))
-        jobs.append(job("submissions", layout.submissions(m), needs=needs))
-    return jobs + _analysis_jobs(sizing, job, need)
+        out.add("submissions", layout.submissions(m), after=[layout.selection_file(m, t) for t in tasks_of(config, m)])
+    _analysis_jobs(sizing, out, model)
+    out.jobs.append(plan.Job("all", "login", done=all(j.done for j in out.jobs)))
+    return out.jobs
 
 
-def _analysis_jobs(sizing: Sizing, job: Any, need: _Needs) -> list[plan.Job]:
-    """The analyses and the report, at the end of plan_jobs (`job` makes one of its jobs)."""
+def _analysis_jobs(sizing: Sizing, out: _Jobs, model: Any) -> None:
+    """The analyses and the report, at the end of plan_jobs (`model`: the job that makes a model)."""
     config, layout = sizing.config, sizing.layout
-    jobs = []
+    heldout = [f"{layout.data}/corpus.txt"]  # (clean writes the held-out sentences beside the corpus)
     if embeddings_enabled(config):
-        jobs.append(job("embeddings_data", layout.embeddings_data))
+        out.add("embeddings_data", layout.embeddings_data)
+        heldout.append(layout.embeddings_data)
     gpu = gpus_per_node(config, "similarity")
     for m in finetune_models(config):
         asked, work = sizing.similarity_runtime(), sizing.similarity_expected()
-        jobs.append(job("similarity", layout.similarity(m), gpu, asked, work, m, True, need.similarity(m)))
-    analysed = set().union(*(need.similarity(m) for m in finetune_models(config)))
-    tuned = set().union(*(need.selection(m, t) for m, t in model_tasks(config)))
-    jobs.append(job("similarity_plot", layout.similarity_png, needs=analysed))
-    jobs.append(job("report", f"{layout.report}/{REPORT_RECORD}", needs=analysed | tuned))
-    jobs.append(plan.Job("all", "login"))
-    return jobs
+        out.add("similarity", layout.similarity(m), gpu, asked, work, m, True, {f"similarity:{m}"},
+                [model(m)] + heldout)
+    analysed = [layout.similarity(m) for m in finetune_models(config)]
+    out.add("similarity_plot", layout.similarity_png, after=analysed)
+    tuned = [layout.seeds_marker(m, t, s) for m, t in model_tasks(config) for s in settings_of(config, t)]
+    out.add("report", f"{layout.report}/{REPORT_RECORD}", after=tuned + analysed + [layout.similarity_png])
 
 
-def plan_text(sizing: Sizing, local: Iterable[str], changed: set[str]) -> str:
-    """The plan printed before anything runs (tacl.plan.format_plan)."""
+def plan_text(sizing: Sizing, jobs: list[plan.Job]) -> str:
+    """The plan printed before anything runs (tacl.plan.format_plan) of the jobs plan_jobs lists."""
     config, shape, gpu = sizing.config, sizing.shape, sizing.gpu
-    jobs = plan_jobs(sizing, local, changed)
     chain = plan.longest_chain(jobs, config["finetune"]["start_from"])
     data = sizing.data_summary()
     assumptions = [f"start model ({shape.source}): {shape.encoder / 1e6:.3g} M encoder parameters"]
@@ -175,8 +207,17 @@ def plan_text(sizing: Sizing, local: Iterable[str], changed: set[str]) -> str:
         f"{g.finetune_mfu:g} fine-tuning (plan.gpus; {g.source})"
         for g in plan.gpus_of(p).values()
     ]
-    expected = {k: (plan.expected_gpu_hours(jobs, gpu, g), g.name) for k, g in plan.gpus_of(p).items()}
-    return plan.format_plan(jobs, chain, _disk(sizing, data), assumptions, expected)
+    return plan.format_plan(jobs, chain, _disk(sizing, data), assumptions, expected_on_each_gpu(sizing, jobs))
+
+
+def expected_on_each_gpu(sizing: Sizing, jobs: list[plan.Job]) -> dict[str, tuple[float, str]]:
+    """The jobs' expected GPU-hours on each GPU of plan.gpus, {key: (hours, name)} (tacl.plan.format_plan)."""
+    return {k: (plan.expected_gpu_hours(jobs, sizing.gpu, g), g.name) for k, g in plan.gpus_of(sizing.plan).items()}
+
+
+def disk(sizing: Sizing) -> plan.Disk:
+    """The disk the run holds at its peak (the plan's last line)."""
+    return _disk(sizing, sizing.data_summary())
 
 
 def _disk(sizing: Sizing, data: dict[str, Any] | None) -> plan.Disk:
@@ -195,3 +236,80 @@ def _disk(sizing: Sizing, data: dict[str, Any] | None) -> plan.Disk:
         models,
         kept * models,
     )
+
+
+# -- what a run says before it starts, and `tacl plan` ---------------------------------------------------
+
+PLAN_OUT = "TACL_PLAN_OUT"  # set by `tacl plan`: the file that the start of the run's messages go to
+
+
+def announce(text: str | None) -> None:
+    """A message of the start of a run (the plan, the keys left to the schema's defaults, the reruns, the
+    scheduler checks' notes) on stderr, or, under `tacl plan`, into its file (PLAN_OUT), which it prints
+    alone, without Snakemake's job list."""
+    if not text:
+        return
+    out = os.environ.get(PLAN_OUT)
+    if out:
+        with open(out, "a") as f:
+            f.write(text.rstrip("\n") + "\n")
+    else:
+        print(text, file=sys.stderr)
+
+
+def configfiles(args: list[str]) -> list[str]:
+    """The files a Snakemake command line gives with --configfile / --configfiles (several may follow one)."""
+    files, taking = [], False
+    for a in args:
+        if a.split("=")[0] in ("--configfile", "--configfiles"):
+            taking = "=" not in a
+            files += [a.split("=", 1)[1]] if "=" in a else []
+        elif a.startswith("-"):
+            taking = False
+        elif taking:
+            files.append(a)
+    return files
+
+
+# Snakemake's lines around its own messages, left out of `tacl plan`'s output when a dry run fails
+NOISE = ("Using profile ", "Building DAG of jobs", "Config file config.yaml is extended by")
+
+
+def register(stages: Any) -> None:
+    """`tacl plan [SNAKEMAKE ARGS]`: the plan of the workflow in the working directory, from a dry run."""
+    c = stages.add_parser("plan", help="what a run will cost: jobs, GPU-hours, the longest chain, disk (a dry run)")
+    c.add_argument("snakemake_args", nargs="*",
+                   help="Snakemake's own arguments, e.g. --profile profiles/slurm --configfile my.yaml")
+    c.set_defaults(func=_plan)
+
+
+def plan_command(args: list[str]) -> list[str]:
+    """The quiet dry run behind `tacl plan` (Snakemake's arguments after ours: a target may come first)."""
+    return [sys.executable, "-m", "snakemake", "--quiet", "rules", "progress", "host", "reason", "--dry-run", *args]
+
+
+def _plan(a: Any) -> int:
+    """The plan and its assumptions (with the reruns and the keys left to the schema's defaults) on stdout,
+    from a dry run of the workflow in the working directory, whose job list is left out; where the dry run
+    fails (a config error, a profile variable left unset, an input not found), its messages on stderr. A
+    config file that is not YAML is named with its line before Snakemake starts."""
+    import subprocess
+    import tempfile
+
+    from tacl.config import yaml_error
+
+    for path in configfiles(a.snakemake_args):
+        problem = yaml_error(path)
+        if problem:
+            print(problem, file=sys.stderr)
+            return 1
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp, "plan.txt")
+        proc = subprocess.run(plan_command(a.snakemake_args), capture_output=True, text=True,
+                              env={**os.environ, PLAN_OUT: str(out)})
+        said = out.read_text() if out.is_file() else ""
+    print(said, end="", flush=True)
+    if proc.returncode:
+        lines = (proc.stdout + proc.stderr).splitlines()
+        print("\n".join(line for line in lines if not line.startswith(NOISE)), file=sys.stderr)
+    return proc.returncode

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from tacl import RESULT_VERSIONS, experiment, handlers
 from tacl.cluster.hooks import data_summary, preflight, scheduler, scheduler_of_profile
+from tacl.inputs import input_errors
 from tacl.io import InputError
 from tacl.layout import Layout
 from tacl.objectives.registry import OBJECTIVE_PATTERN
@@ -17,7 +18,7 @@ from tacl.pretrain.chain import chunks_present, final_marker
 from tacl.report.expected import RECORD as REPORT_RECORD, write_expected as write_expected_of
 from tacl.reruns import finished_jobs as finished_of, rerun_tags, summary as rerun_text
 from tacl.sizing import Sizing
-from tacl.workplan import plan_text as plan_text_of
+from tacl.workplan import announce, plan_jobs, plan_text as plan_text_of
 from tacl.workstation import machine_gpus
 
 # Every job runs `python -m tacl` from this checkout's src/ (installed or not, venv or --sdm conda).
@@ -345,29 +346,41 @@ def finished_jobs():
     return finished_of(config, L)
 
 
+@cache
+def planned_jobs():
+    """Every job of the experiment and whether it is to run (tacl.workplan): the local rules run on this
+    machine; made once, for the plan and the inputs' check."""
+    return plan_jobs(SIZING, workflow._localrules, rerun_tags(finished_jobs()))
+
+
 def plan_text():
-    """The plan printed before anything runs (tacl.workplan): the local rules run on this machine."""
-    return plan_text_of(SIZING, workflow._localrules, rerun_tags(finished_jobs()))
+    """The plan printed before anything runs (tacl.workplan)."""
+    return plan_text_of(SIZING, planned_jobs())
 
 
 def print_plan():
-    print(plan_text(), file=sys.stderr)
+    announce(plan_text())
 
 
 def defaults_summary():
     """Before anything runs: the keys that took the schema's default where config.yaml (the paper's
     experiment) gives another value; with a file merged over config.yaml (no --replace-workflow-config), none.
     """
-    text = experiment.defaults_message(UNSET_KEYS, config, Path(workflow.basedir).parent / "config.yaml")
-    if text:
-        print(text, file=sys.stderr)
+    announce(experiment.defaults_message(UNSET_KEYS, config, Path(workflow.basedir).parent / "config.yaml"))
 
 
 def rerun_summary():
     """Before anything runs (dry runs too): the finished work this run does again, and why (tacl.reruns)."""
-    text = rerun_text(finished_jobs())
-    if text:
-        print(text, file=sys.stderr)
+    announce(rerun_text(finished_jobs()))
+
+
+def check_inputs():
+    """Before any job (dry runs too), after the plan: the files and models the config names that a job still
+    to run (planned_jobs) would not find (tacl.inputs), one line each, naming the key and the path."""
+    missing = input_errors(config, planned_jobs())
+    if missing:  # (without Snakemake's traceback)
+        print("inputs not found (checked before any job ran):\n  " + "\n  ".join(missing), file=sys.stderr)
+        sys.exit(1)
 
 
 def print_summary():

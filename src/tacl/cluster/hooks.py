@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from typing import Any
 
 from snakemake.exceptions import WorkflowError
 
 from tacl.cluster.preflight import (JobRequest, PbsRequest, cluster_node_states, cluster_partitions,
                                     cluster_queues, launcher_problem, pbs_problems, problems)
+from tacl.workplan import announce
 
 
 def scheduler(workflow: Any) -> str | None:
@@ -145,9 +145,9 @@ def slurm_problems(workflow: Any, pretrain: dict[str, Any], config_runtimes: dic
     partitions = cluster_partitions()
     node_states = cluster_node_states() if partitions is not None else None
     if partitions is None:
-        print("SLURM preflight: partitions not checked, `scontrol show partition` did not answer", file=sys.stderr)
+        announce("SLURM preflight: partitions not checked, `scontrol show partition` did not answer")
     elif node_states is None:
-        print("SLURM preflight: nodes not checked, `sinfo` did not answer", file=sys.stderr)
+        announce("SLURM preflight: nodes not checked, `sinfo` did not answer")
     return found + problems(requests, partitions, node_states)
 
 
@@ -177,7 +177,7 @@ def preflight(workflow: Any, pretrain: dict[str, Any], config_runtimes: dict[str
     else:
         queues = cluster_queues()
         if queues is None:
-            print("PBS preflight: queues not checked, `qstat -Qf` did not answer", file=sys.stderr)
+            announce("PBS preflight: queues not checked, `qstat -Qf` did not answer")
         found += pbs_problems(pbs_requests(workflow, config_runtimes, gpus), queues,
                               pretrain["ranks_per_node"] if chunks else None)
     if found:

@@ -121,10 +121,32 @@ def variable_problems(r: JobRequest) -> list[str]:
     return found
 
 
+def by_rule(found: list[str]) -> list[str]:
+    """The problems of several rules that say the same (a profile variable left unset, a partition that does
+    not exist), once, naming the rules: `rules clean, shard: ...`; the others as they are, in order."""
+    rules: dict[str, list[str]] = {}
+    for line in found:
+        rule, sep, what = line.partition(": ")
+        key = what if rule.startswith("rule ") and sep else line
+        rules.setdefault(key, []).append(rule[len("rule "):] if key == what else "")
+    out = []
+    for what, names in rules.items():
+        if not any(names):
+            out.append(what)
+        else:
+            out.append(f"{'rule' if len(names) == 1 else 'rules'} {', '.join(names)}: {what}")
+    return out
+
+
 def problems(requests: list[JobRequest], partitions: dict[str, Partition] | None,
              node_states: dict[str, dict[str, str]] | None = None) -> list[str]:
     """`partitions` None (scontrol did not answer): only the profile's variables are checked; `node_states`
-    (cluster_node_states) None: the nodes are not checked."""
+    (cluster_node_states) None: the nodes are not checked. What several rules share is said once (by_rule)."""
+    return by_rule(_problems(requests, partitions, node_states))
+
+
+def _problems(requests: list[JobRequest], partitions: dict[str, Partition] | None,
+              node_states: dict[str, dict[str, str]] | None) -> list[str]:
     found = [p for r in requests for p in variable_problems(r)]
     if partitions is None:
         return found
@@ -222,7 +244,12 @@ def cluster_queues() -> dict[str, Queue] | None:
 def pbs_problems(requests: list[PbsRequest], queues: dict[str, Queue] | None,
                  ranks_per_node: int | None) -> list[str]:
     """`queues` None: qstat did not answer, only what needs no server is checked; `ranks_per_node` None: no
-    pretraining chunk is to run, its GPUs per node are not checked."""
+    pretraining chunk is to run, its GPUs per node are not checked. What several rules share is said once."""
+    return by_rule(_pbs_problems(requests, queues, ranks_per_node))
+
+
+def _pbs_problems(requests: list[PbsRequest], queues: dict[str, Queue] | None,
+                  ranks_per_node: int | None) -> list[str]:
     found = []
     for r in requests:
         if r.rule == "pretrain_chunk" and ranks_per_node and r.ngpus and r.ngpus != ranks_per_node:

@@ -17,6 +17,8 @@ TASKS = {"cola": "glue", "sst2": "glue", "mrpc": "glue", "stsb": "glue", "qqp": 
 GLUE_TASKS = tuple(t for t, family in TASKS.items() if family == "glue")
 GLUE_REGRESSION = ("stsb",)  # the GLUE task with a score, not a class (no contrastive fine-tuning, no clustering)
 GLUE_CLASSIFICATION = tuple(t for t in GLUE_TASKS if t not in GLUE_REGRESSION)
+# CoNLL-2003's files in `finetune.conll_source.data_dir`, by split (tacl.finetune.ner reads them)
+CONLL_FILES = {"train": "train.txt", "dev": "valid.txt", "test": "test.txt"}
 # The forms of contrastive fine-tuning (tacl.finetune.contrastive computes them), each a model's own rows,
 # MODEL+FORM: the command line's choices and the rules' wildcard constraint (finetune.smk) come from here; the
 # schema's enum is checked equal to it (tests/test_registry.py). Here, not in tacl.finetune.contrastive, which

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tacl.finetune import TASKS
+from tacl.finetune import CONLL_FILES, TASKS
 from tacl.io import InputError, write_json_atomic
 
 SQUAD_TASKS = {"squad_v1": "1.1", "squad_v2": "2.0"}
@@ -39,11 +39,11 @@ def prepare(task: str, source: dict[str, Any], out_json: str) -> dict[str, Any]:
         for split in ("train", "dev"):
             sizes[split] = len(load_examples(SQUAD_TASKS[task], split, source))
     else:
-        from tacl.finetune.ner import SPLITS, read_conll
+        from tacl.finetune.ner import read_conll
 
         if not source.get("data_dir"):
             raise InputError("finetune.conll_source.data_dir: no CoNLL-2003 folder given")
-        for split, name in SPLITS.items():
+        for split, name in CONLL_FILES.items():
             sizes[split] = len(read_conll(Path(source["data_dir"]) / name))
     empty = [s for s, n in sizes.items() if n == 0]
     if empty:
@@ -51,6 +51,29 @@ def prepare(task: str, source: dict[str, Any], out_json: str) -> dict[str, Any]:
     record = {"task": task, "family": fam, "source": source, "splits": sizes, "baseline": baseline(task, source)}
     write_json_atomic(out_json, record)
     return record
+
+
+def local_files(task: str, source: dict[str, Any], splits: tuple[str, ...] | None = None
+                ) -> list[tuple[str, str | None]]:
+    """The files `prepare` reads for a task from a local source, as (the source's key that names them, the
+    path, or None where that key is not set): GLUE's train and dev splits (or `splits`; test files are
+    optional), SQuAD's train and dev JSON, CoNLL's three files. None for a Hugging Face source."""
+    fam = family(task)
+    if fam == "glue":
+        if source.get("kind", "tsv") == "hf":
+            return []
+        from tacl.finetune import glue
+
+        spec, root = glue.TASKS[task], source.get("data_dir")
+        return [("data_dir", str(Path(root, spec.dir_name, f"{split}.tsv")) if root else None)
+                for split in splits or ("train", *spec.dev_splits)]
+    if fam == "squad":
+        if source.get("kind", "hf") == "hf":
+            return []
+        keys = [f"v{SQUAD_TASKS[task].replace('.', '_')}_{split}" for split in splits or ("train", "dev")]
+        return [(key, source.get(key)) for key in keys]
+    root = source.get("data_dir")
+    return [("data_dir", str(Path(root, name)) if root else None) for name in CONLL_FILES.values()]
 
 
 def baseline(task: str, source: dict[str, Any]) -> dict[str, Any] | None:

@@ -10,14 +10,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from tacl.finetune import FAMILY_HPARAMS
+from tacl.finetune import CONLL_FILES, FAMILY_HPARAMS
 from tacl.finetune.common import Run, hyperparameters, load_task_model, predict, train
 from tacl.finetune.resume import Checkpointing
 from tacl.finetune.sequence import subset
 from tacl.hub import resolve_pretrained
 from tacl.io import InputError, write_json_atomic
 
-SPLITS = {"train": "train.txt", "dev": "valid.txt", "test": "test.txt"}
+SPLITS = CONLL_FILES
 
 
 def read_conll(path: str | Path) -> list[tuple[list[str], list[str]]]:

@@ -12,12 +12,13 @@ from typing import Any
 import pandas as pd
 
 from tacl.io import write_text_atomic
-from tacl.report.curves import write_curves
+from tacl.objectives.registry import REGISTRY
+from tacl.report.curves import Run, pretraining_runs, write_curves
 from tacl.report.document import Document, markdown, save_png, table_text
-from tacl.report.tables import (GLUE_AVERAGE_LABELS, GLUE_COLUMNS, HEADLINE, baselines, cls_table, collect,
+from tacl.report.tables import (CONTROLS, GLUE_AVERAGE_LABELS, GLUE_COLUMNS, HEADLINE, cls_table, collect,
                                 differences_table, embeddings_table, glue_reference_table, glue_table, ner_table,
-                                read_result, reference_numbers, selected, selections, similarity_table, squad_table,
-                                status_table, summarise, summary_row, sweep_table)
+                                prepared, read_result, reference_numbers, selected, selections, similarity_table,
+                                squad_table, status_table, summarise, summary_row, sweep_table)
 
 EMBEDDINGS_OFF = ("Not run: `analysis.embeddings.enabled: false` in the config. Set it to true to evaluate "
                   "sentence embeddings (STS-B dev and `analysis.embeddings.cluster_task` dev from "
@@ -62,7 +63,7 @@ def glue_figure(summary: pd.DataFrame, models: list[str], tasks: list[str],
     ax.set_xticks(np.arange(len(cols)) + 0.4 - width / 2, [c[0] for c in cols])
     ax.set_ylabel("dev score (x100; MCC, F1, Spearman or accuracy)")
     ax.set_title("GLUE dev, mean and std over seeds")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)  # beside the bars
     fig.tight_layout()
     return fig
 
@@ -81,6 +82,9 @@ class Results:
     missing: list[str]
     damaged: list[str]  # result files that do not read back: named, left out
     several: bool  # some (model, task) ran more than one fine-tuning setting
+    models: list[str]
+    runs: list[Run]  # the pretraining runs' metric lines (tacl.report.curves)
+    prepared: dict[str, dict[str, Any]]  # each task's preparation record: split sizes, chance
 
 
 def compute(results_dir: str, models: list[str], tasks: list[str], expected: list[dict[str, Any]],
@@ -92,7 +96,8 @@ def compute(results_dir: str, models: list[str], tasks: list[str], expected: lis
     long = selected(every, chosen)  # the headline tables and the differences: the selected settings
     summary = summarise(long)
     refs = reference_numbers()
-    chance = baselines(results_dir, tasks, damaged)
+    tasks_prepared = prepared(results_dir, tasks, damaged)
+    chance = {t: r["baseline"] for t, r in tasks_prepared.items() if r.get("baseline")}
     similarity = [p for p in similarity if read_result(p, damaged, ("model",)) is not None]
     embeddings = [p for p in embeddings or [] if read_result(p, damaged, ("model",)) is not None]
     glue_tasks = [t for t in tasks if t in {c[1] for c in GLUE_COLUMNS}]
@@ -111,7 +116,8 @@ def compute(results_dir: str, models: list[str], tasks: list[str], expected: lis
     if "conll2003" in tasks:
         tables["ner"] = ner_table(summary, long, models)
     several = sweep.groupby(["model", "task"]).size().max() > 1 if not sweep.empty else False
-    return Results(every, long, summary, chance, tasks, glue_tasks, tables, missing, damaged, several)
+    return Results(every, long, summary, chance, tasks, glue_tasks, tables, missing, damaged, several, models,
+                   pretraining_runs(results_dir, models), tasks_prepared)
 
 
 def build_report(results_dir: str, models: list[str], tasks: list[str], expected: list[dict[str, Any]],
@@ -130,7 +136,7 @@ def build_report(results_dir: str, models: list[str], tasks: list[str], expected
     if not embeddings_enabled:
         write_text_atomic(out / "embeddings.md", EMBEDDINGS_OFF + "\n")
     save_png(glue_figure(r.summary, models, r.glue_tasks, r.chance), out / "glue_dev.png")
-    write_curves(results_dir, out, models)
+    write_curves(out, r.runs)
     write_text_atomic(out / "report.md", doc.markdown())
     write_text_atomic(out / "report.html", doc.html())
     long = r.long
@@ -182,6 +188,9 @@ def _glue(doc: Document, r: Results, out: Path) -> None:
                       " '(from MNLI)': those runs started from the model's selected MNLI fine-tune, its best "
                       "seed (finetune.start_from), not from the pretrained model."
                       if (r.long.start != "").any() else ""))
+    note = glue_chance_note(r)
+    if note:
+        doc.paragraph(note)
     doc.figure("GLUE dev", out / "glue_dev.png", "Dashed: the chance row's score on that task.")
     doc.heading("Published GLUE numbers (test server: not comparable one-to-one with dev scores)")
     doc.table(r.tables["glue_published"])
@@ -198,15 +207,114 @@ def _squad(doc: Document, r: Results) -> None:
                   "QA example's default that the reference ran, scored by the official definitions; this is "
                   "what the paper reports. The best EM/F1 at the threshold tuned on dev itself can only be "
                   "higher and are not comparable with published numbers.")
+    note = squad_chance_note(r)
+    if note:
+        doc.paragraph(note)
+
+
+# A score within this of the chance row (display scale, x100) counts as at chance
+AT_CHANCE = 0.05
+
+
+def _mean(r: Results, model: str, task: str, split: str, metric: str) -> float | None:
+    row = summary_row(r.summary, model, task, split, metric)
+    return None if row is None else float(row["mean"])
+
+
+def glue_chance_note(r: Results) -> str | None:
+    """The models at or below the chance row on every GLUE task they ran, named, with what that means."""
+    at_chance = []
+    for model in r.models:
+        scores = []
+        for _, task, split, metric, _ in HEADLINE:
+            level = r.chance.get(task, {}).get("dev", {}).get(split, {}).get(metric)
+            mean = _mean(r, model, task, split, metric) if task in r.glue_tasks else None
+            if level is not None and mean is not None:
+                scores.append(mean <= 100 * level + AT_CHANCE)
+        if scores and all(scores):
+            at_chance.append(model)
+    if not at_chance:
+        return None
+    return (f"At or below the chance row on every GLUE task here: {', '.join(at_chance)}. Such a model predicts "
+            "one label for (nearly) every dev example, the majority's or another (its share is then the score): "
+            "it learned nothing of the task, and its row says nothing of its objective. Differences between "
+            "objectives mean something once their models clear the chance row; a small model pretrained for few "
+            "steps (the demo's) does not.")
+
+
+def squad_chance_note(r: Results) -> str | None:
+    """Where no model's SQuAD 2.0 F1 clears the no-answer row: why, with the size of the fine-tunes."""
+    level = r.chance.get("squad_v2", {}).get("dev", {}).get("dev", {}).get("f1")
+    scores = [f1 for m in r.models if (f1 := _mean(r, m, "squad_v2", "dev", "f1")) is not None]
+    if level is None or not scores or any(f1 > level + AT_CHANCE for f1 in scores):
+        return None
+    train = r.prepared.get("squad_v2", {}).get("splits", {}).get("train")
+    steps = max((m["step"] for run in r.runs for m in run.metrics), default=None)
+    text = (f"No model clears the no-answer row (F1 {level:.1f}): every SQuAD 2.0 F1 is at or below it, so the "
+            "fine-tunes learned nothing of the task here. At null threshold 0 a model that has not learned when "
+            "to abstain answers every question with a span, losing the unanswerable ones, and its EM is 0 where "
+            "none of its spans matches a gold answer exactly.")
+    if train and train < SQUAD_FEW:
+        return (text + f" Expected at this size: {train} training questions are too few for any model, a real "
+                "encoder included, to learn where answers lie" +
+                (f", and the models pretrained here trained for {steps} steps" if steps else "") +
+                ". A paper-scale run fine-tunes on the full SQuAD 2.0 train set (about 130,000 questions).")
+    return text + (f" With {train} training questions" if train else " With a full train set") + (
+        " that points to the fine-tune or the models themselves: read the fine-tunes' logs (their losses) and "
+        "the pretraining curves above.")
+
+
+SQUAD_FEW = 10_000  # training questions below which no model is expected to learn SQuAD 2.0
+
+
+CONTROL_WORDS = {"mlm_nsp": "mlm_nsp, as much continued pretraining without the contrastive loss",
+                 "none": "none, the start model"}
+
+
+def variants(models: list[str]) -> dict[str, str]:
+    """{variant: the objective it varies} of the models here whose objective varies another one here."""
+    return {m: REGISTRY[m].variant_of for m in models if m in REGISTRY and REGISTRY[m].variant_of in models}
+
+
+def differences_text(models: list[str]) -> str:
+    """How to read the differences table, naming only the controls and variants among `models`."""
+    controls = [CONTROL_WORDS[c] for c in CONTROLS if c in models]
+    pairs = ", ".join(f"{m} minus {base}" for m, base in variants(models).items())
+    return ((f"Each model minus the control ({'; '.join(controls)})" if controls else "Each model")
+            + (f", and each variant of an objective minus that objective ({pairs})" if pairs else "")
+            + ", on the headline number of each task: mean over fine-tuning seeds, 95% t interval, paired by "
+            "seed where both ran the same seeds (Welch otherwise). 'yes' = the interval excludes 0.")
+
+
+def coincide_notes(r: Results) -> list[str]:
+    """A variant whose every number (each task, split and metric, mean over seeds) equals its objective's to the
+    tables' last digit: said, with why where its run measured it (tacl_attn's token weights near uniform: the
+    share of the masked tokens they effectively count, `tacl_weight_ess`, near 1)."""
+    notes = []
+    keys = ["task", "split", "metric"]
+    for model, base in variants(r.models).items():
+        both = r.summary[r.summary.model == model].merge(r.summary[r.summary.model == base], on=keys)
+        if both.empty or (both.mean_x - both.mean_y).abs().max() >= AT_CHANCE:
+            continue
+        run = next((run for run in r.runs if run.objective == model), None)
+        shares = [m["tacl_weight_ess"] for m in run.metrics if "tacl_weight_ess" in m] if run else []
+        share = sum(shares) / len(shares) if shares else None
+        why = ""
+        if share is not None and share >= 0.95:
+            why = (f": its token weights were near uniform (their effective share of the masked tokens, "
+                   f"tacl_weight_ess in its metrics, was {share:.3f}, where 1 weighs all alike), so it trained as "
+                   f"{base} does; at this model size the teacher's attention spreads nearly evenly over the tokens")
+        notes.append(f"{model} and {base} coincide: every fine-tuning number here is the same for both{why}. "
+                     "The differences between the two compare nothing here.")
+    return notes
 
 
 def _differences(doc: Document, r: Results) -> None:
     doc.heading("Differences beyond seed noise")
     doc.table(r.tables["differences"])
-    doc.paragraph("Each model minus the control (mlm_nsp: as much continued pretraining without the contrastive "
-                  "loss; none: the start model), and a variant of TaCL (tacl_batch, tacl_attn) minus tacl itself, "
-                  "on the headline number of each task: mean over fine-tuning seeds, 95% t interval, paired by "
-                  "seed where both ran the same seeds (Welch otherwise). 'yes' = the interval excludes 0.")
+    doc.paragraph(differences_text(r.models))
+    for note in coincide_notes(r):
+        doc.paragraph(note)
 
 
 def _similarity(doc: Document, r: Results, similarity_png: str | None, cls_png: str | None) -> None:

@@ -15,8 +15,10 @@ from tacl.io import write_text_atomic
 from tacl.report.document import save_png
 from tacl.pretrain.metrics import read_lines
 
-# what a metric line holds besides the losses (accuracies end in _acc)
+# what a metric line holds besides the losses (accuracies end in _acc, shares such as tacl_attn's effective
+# share of its token weights in _ess)
 NOT_LOSSES = {"step", "samples", "tokens", "lr", "tokens_per_s", "elapsed_s"}
+NOT_LOSS_ENDINGS = ("_acc", "_ess")
 
 
 @dataclass
@@ -31,7 +33,7 @@ class Run:
         seen: dict[str, None] = {}
         for m in self.metrics:
             for key, value in m.items():
-                if key not in NOT_LOSSES and not key.endswith("_acc") and isinstance(value, (int, float)):
+                if key not in NOT_LOSSES and not key.endswith(NOT_LOSS_ENDINGS) and isinstance(value, (int, float)):
                     seen.setdefault(key)
         return sorted(seen, key=lambda k: (k != "loss", list(seen).index(k)))
 
@@ -86,15 +88,16 @@ def curves_figure(runs: list[Run]) -> Any:
         lr.set_ylabel("learning rate", color="grey")
         handles = ax.get_legend_handles_labels()
         more = lr.get_legend_handles_labels()
-        ax.legend(handles[0] + more[0], handles[1] + more[1], fontsize=7, loc="upper right")
+        # beside the panel, right of the lr axis, off the curves (the PNG is cut to what it holds)
+        ax.legend(handles[0] + more[0], handles[1] + more[1], fontsize=7, loc="upper left",
+                  bbox_to_anchor=(1.17, 1.0), borderaxespad=0.0)
     axes[-1, 0].set_xlabel("optimizer step")
     fig.tight_layout()
     return fig
 
 
-def write_curves(results_dir: str | Path, out_dir: str | Path, order: list[str] | None = None) -> list[Run]:
-    """training_curves.png and training_curves.csv in out_dir."""
-    runs = pretraining_runs(results_dir, order)
+def write_curves(out_dir: str | Path, runs: list[Run]) -> list[Run]:
+    """training_curves.png and training_curves.csv in out_dir, of the runs (pretraining_runs)."""
     write_text_atomic(Path(out_dir) / "training_curves.csv", curves_table(runs).to_csv(index=False))
     save_png(curves_figure(runs), Path(out_dir) / "training_curves.png", dpi=110)
     return runs

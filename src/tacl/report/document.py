@@ -33,11 +33,12 @@ def markdown(df: pd.DataFrame) -> str:
 
 
 def save_png(fig: Any, out_png: str | Path, dpi: int = 120) -> None:
-    """A matplotlib figure as PNG (atomically), then closed."""
+    """A matplotlib figure as PNG (atomically), cut to what it holds (a legend beside the axes included), then
+    closed."""
     import matplotlib.pyplot as plt
 
     with atomic_path(out_png) as tmp:
-        fig.savefig(tmp, format="png", dpi=dpi)
+        fig.savefig(tmp, format="png", dpi=dpi, bbox_inches="tight")
     plt.close(fig)
 
 

@@ -158,16 +158,21 @@ def sweep_table(long: pd.DataFrame, chosen: dict[tuple[str, str], dict[str, Any]
     return pd.DataFrame(rows, columns=["model", "task", "setting", "dev", "mean ± std", "seeds", "selected"])
 
 
-def baselines(results_dir: str | Path, tasks: list[str],
-              damaged: list[str] | None = None) -> dict[str, dict[str, Any]]:
-    """task -> chance as `tacl finetune prepare` scored it from the task's own files (finetune_data)."""
+def prepared(results_dir: str | Path, tasks: list[str], damaged: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    """task -> what `tacl finetune prepare` recorded of it (finetune_data: split sizes, chance), where it has."""
     out = {}
     for task in tasks:
         path = Path(results_dir, "finetune_data", f"{task}.json")
         record = (read_result(path, damaged) or {}) if path.is_file() else {}
-        if record.get("baseline"):
-            out[task] = record["baseline"]
+        if record:
+            out[task] = record
     return out
+
+
+def baselines(results_dir: str | Path, tasks: list[str],
+              damaged: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    """task -> chance as `tacl finetune prepare` scored it from the task's own files (finetune_data)."""
+    return {task: r["baseline"] for task, r in prepared(results_dir, tasks, damaged).items() if r.get("baseline")}
 
 
 def summarise(long: pd.DataFrame) -> pd.DataFrame:
