@@ -22,7 +22,7 @@ from tacl.data.shards import ShardSet
 from tacl.objectives import GroupDraws, objective_draws
 from tacl.objectives.registry import OBJECTIVES
 
-GLOBAL, GROUP, STEP = 8, 2, 4
+GLOBAL, GROUP, STEP = 8, 2, 8  # (step 8: micro-batches of width 40 and 64 at micro-batch 2, 64 at 8)
 
 
 @pytest.fixture(scope="module")

@@ -324,6 +324,11 @@ def test_demo_end_to_end_survives_a_kill(tmp_path, monkeypatch):
     finally:
         os.killpg(first.pid, signal.SIGKILL)
         first.wait()
+    # the killed trainers are gone from /proc only once reaped: `tacl status` reads them as killed from then on
+    pids = [json.loads(lock.read_text())["pid"] for lock in results.glob("pretrain/*/run/LOCK")]
+    deadline = time.time() + 30
+    while any(os.path.exists(f"/proc/{pid}") for pid in pids) and time.time() < deadline:
+        time.sleep(0.1)
     killed_runs = {p.parents[2].name for p in results.glob("pretrain/*/run/checkpoints/latest")}
     # `tacl status` now: a run killed mid-chunk (its LOCK names a process that is gone), its figures against its files
     from conftest import run_tacl

@@ -100,7 +100,8 @@ def test_workstation_profile_dry_run_and_its_errors(tmp_path, monkeypatch):
         assert resources and all("gpu=1" in j for j in resources), rule
     assert not [j for j in jobs if "rule clean:" in j and "gpu=" in j]
 
-    cfg = demo_config(tmp_path, device="auto", **{"pretrain.ranks_per_node": 4, "pretrain.micro_batch": 2})
+    cfg = demo_config(tmp_path, device="auto", **{"pretrain.ranks_per_node": 4, "pretrain.micro_batch": 2,
+                                                  "pretrain.negatives_group": 2})
     proc = run_snakemake(tmp_path, cfg, "--profile", profile, "-n", check=False)
     assert proc.returncode != 0
     assert ("pretrain.ranks_per_node: 4 ranks, one GPU each, but this machine's jobs share 2 GPU(s) (0,1; config "

@@ -12,7 +12,8 @@ a full disk, a copy cut short, a scratch purge) is set aside as `<tag>.damaged-<
 from the newest intact one, with `latest` rewritten to name it.
 
 Another number of ranks: the batches do not depend on the world size (a micro-batch is a function of
-(seed, step, index)), and neither do dropout and TACO draws (seeded per micro-batch), so a run can go on
+(seed, step, index)), and neither do dropout (seeded per micro-batch) and the objectives' draws (seeded per
+group of the step), so a run can go on
 with M ranks from a checkpoint N ranks wrote. ZeRO 0 loads as it is (every rank holds the whole optimizer
 state). ZeRO 1 and 2 partition the optimizer state by rank: the checkpoint is converted once to DeepSpeed's
 universal format (`<tag>/universal/<tag>`, by rank 0, under a temporary name), which loads on any number
@@ -91,8 +92,8 @@ def set_cuda_rng_states(states: list[torch.Tensor], saved_device: int | None, lo
     than were saved (torchrun with 4 visible per process, then srun with 1 per task) gets the state of the GPU
     it trained on (`saved_device`; in checkpoints that did not record it, the GPU its local rank picked) on
     the GPU it trains on now; the other saved states have no device here and are left, as the log says. (Dropout
-    and TACO draws are seeded per micro-batch, so the trajectory does not depend on these states; restoring
-    them keeps any other CUDA draw where it was.)"""
+    and the objectives' draws are seeded per micro-batch and per group, so the trajectory does not depend on
+    these states; restoring them keeps any other CUDA draw where it was.)"""
     visible = torch.cuda.device_count()
     if len(states) <= visible:
         torch.cuda.set_rng_state_all(states)
