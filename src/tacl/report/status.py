@@ -39,8 +39,8 @@ from typing import Any
 import yaml
 
 from tacl.finetune import JOB
-from tacl.io import InputError, read_json
-from tacl.pretrain.lock import alive_here, lock_owner
+from tacl.io import InputError, alive_here, read_json
+from tacl.pretrain.lock import lock_owner
 from tacl.pretrain.metrics import read_lines
 from tacl.report.expected import read_expected
 from tacl.scheduler import (PBS_ALIVE, SLURM_ALIVE, parse_walltime, qstat_job, slurm_accounting_state,
