@@ -602,8 +602,24 @@ def test_export_loads_for_fine_tuning(demo_data, reference, tmp_path):
     marker.write_text(json.dumps({"objective": "tacl", "done": True, "step": 12, "steps": 12, "samples": 96,
                                   "tokens": 5000, "wall_s": 3.0}))
     out = tmp_path / "model"
-    run_tacl("pretrain", "export", "--start-model", str(demo_data["start"]), "--run-dir", str(reference["tacl"]),
-             "--marker", str(marker), "--out", str(out), "--summary", str(tmp_path / "summary.json"))
+    # an export killed halfway on another node, one killed between its renames before temporaries named their
+    # host, and one a live process on this host writes: the export removes the first two, saying so
+    killed, old = tmp_path / ".model.tmp-gpu-node-17-4242", tmp_path / ".model.old-4243"
+    writer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    live = tmp_path / f".model.tmp-{os.uname().nodename}-{writer.pid}"
+    for folder in (killed, old, live):
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"x" * 1500)
+    try:
+        proc = run_tacl("pretrain", "export", "--start-model", str(demo_data["start"]), "--run-dir",
+                        str(reference["tacl"]), "--marker", str(marker), "--out", str(out), "--summary",
+                        str(tmp_path / "summary.json"))
+        assert (f"{tmp_path}: removed what earlier writers of model left unfinished: .model.old-4243 (1.5 kB), "
+                ".model.tmp-gpu-node-17-4242 (1.5 kB) (3.0 kB in all)") in proc.stderr
+        assert not killed.exists() and not old.exists() and live.is_dir()
+    finally:
+        writer.kill()
+        writer.wait()
     clf = AutoModelForSequenceClassification.from_pretrained(out, num_labels=2)
     trained = final_weights(reference["tacl"])
     assert torch.equal(clf.bert.encoder.layer[0].attention.self.query.weight,
