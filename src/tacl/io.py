@@ -137,7 +137,8 @@ def size_text(n: float) -> str:
 def remove_leftovers(paths: Iterable[Path], where: str | os.PathLike, what: str,
                      logger: logging.Logger = log) -> int:
     """Remove `paths` (files or folders that killed processes left unfinished) with one warning that names each,
-    relative to `where`, with its size; returns the bytes freed (0, and no line, when there is nothing)."""
+    relative to `where`, with its size (and what could not be removed); returns the bytes freed (0, and no line,
+    when there is nothing)."""
     sizes = [(Path(p), disk_bytes(p)) for p in paths]
     if not sizes:
         return 0
@@ -145,10 +146,17 @@ def remove_leftovers(paths: Iterable[Path], where: str | os.PathLike, what: str,
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p, ignore_errors=True)
         else:
-            p.unlink(missing_ok=True)
-    total = sum(b for _, b in sizes)
-    logger.warning("%s: removed what %s left unfinished: %s (%s in all)", where, what,
-                   ", ".join(f"{os.path.relpath(p, where)} ({size_text(b)})" for p, b in sizes), size_text(total))
+            with contextlib.suppress(OSError):
+                p.unlink()
+
+    def named(entries: list[tuple[Path, int]]) -> str:
+        return ", ".join(f"{os.path.relpath(p, where)} ({size_text(b)})" for p, b in entries)
+
+    gone = [(p, b) for p, b in sizes if not os.path.lexists(p)]
+    left = [(p, b) for p, b in sizes if os.path.lexists(p)]
+    total = sum(b for _, b in gone)
+    logger.warning("%s: removed what %s left unfinished: %s (%s in all)%s", where, what, named(gone) or "nothing",
+                   size_text(total), f"; could not remove {named(left)}" if left else "")
     return total
 
 
