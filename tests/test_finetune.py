@@ -192,18 +192,24 @@ def test_a_seed_is_kept_only_if_its_files_read_back(tmp_path, caplog):
     assert not marker.exists() and not (tmp_path / "seed1" / RESULT_FILES).exists()
 
 
-def test_a_seed_stopped_midway_resumes_to_the_uninterrupted_seeds_metrics(tmp_path, demo_data, monkeypatch):
+def test_a_seed_stopped_midway_resumes_to_the_uninterrupted_seeds_metrics(tmp_path, demo_data, monkeypatch,
+                                                                          caplog):
     """A GLUE seed (tiny model, 24 rows, batch 8, 2 epochs: 6 steps, grouped batches) stopped by the step cap
     at step 2 (mid epoch 1, a save every step before it), then by SIGUSR1 at step 5 (mid epoch 2), then run
     to the end, through run_seeds as a job runs it: the same dev metrics, final loss, padding and
     fine-tuned weights as the seed trained in one go, bit for bit; the checkpoint is gone once the metrics
-    are written."""
+    are written. Before the last job, a checkpoint and a model left unfinished by a killed job: kept while
+    the job the folder names runs, removed by the next job (`claim`, as the command does), saying so."""
     import os
     import signal
+    import socket
+    import subprocess
+    import sys
 
-    from tacl.finetune import CHECKPOINT, Stopped, common
+    from tacl.finetune import CHECKPOINT, JOB, Stopped, common
     from tacl.finetune.resume import Checkpointing
-    from tacl.finetune.seeds import run_seeds
+    from tacl.finetune.seeds import claim, run_seeds
+    from tacl.io import size_text
     from tacl.finetune.sequence import finetune_glue
 
     glue = tmp_path / "glue" / "QNLI"  # (train and dev only: no test predictions to make)
@@ -240,6 +246,34 @@ def test_a_seed_stopped_midway_resumes_to_the_uninterrupted_seeds_metrics(tmp_pa
         job(stopped, Checkpointing(minutes=None))
     assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL, "the handler is put back after training"
     monkeypatch.setattr(common, "train_step", step)
+    # a job killed while it saved the checkpoint and wrote the model (on another node) left both unfinished:
+    # while the job its folder names still runs they are left alone; the next job of the setting removes them
+    seed = stopped / "seed0"
+    saved = (seed / CHECKPOINT).read_bytes()
+    (seed / f".{CHECKPOINT}.tmp-gpu-node-17-4242").write_bytes(saved[: len(saved) // 2])
+    (seed / ".model.tmp-gpu-node-17-4242").mkdir()
+    (seed / ".model.tmp-gpu-node-17-4242" / "config.json").write_text("{}")
+    left = [(f"seed0/.{CHECKPOINT}.tmp-gpu-node-17-4242", len(saved) // 2), ("seed0/.model.tmp-gpu-node-17-4242", 2)]
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (stopped / JOB).write_text(json.dumps({"host": socket.gethostname(), "pid": holder.pid}))
+        with caplog.at_level("WARNING", logger="tacl.finetune"):
+            claim(stopped)
+        assert f"left as it is: the job that ran here before, process {holder.pid} on host" in caplog.text
+        assert all((stopped / p).exists() for p, _ in left)
+    finally:
+        holder.kill()
+        holder.wait()
+    (stopped / JOB).write_text(json.dumps({"host": socket.gethostname(), "pid": holder.pid}))
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="tacl.finetune"):
+        claim(stopped)
+    (line,) = caplog.messages
+    named = ", ".join(f"{p} ({size_text(n)})" for p, n in left)
+    total = size_text(sum(n for _, n in left))
+    assert line == f"{stopped}: removed what killed jobs left unfinished: {named} ({total} in all)"
+    assert not any((stopped / p).exists() for p, _ in left)
+    assert json.loads((stopped / JOB).read_text())["pid"] == os.getpid()
     job(stopped, Checkpointing(minutes=None))
     folders = (tmp_path / "once" / "seed0", stopped / "seed0")
     once, resumed = (json.loads((d / "metrics.json").read_text()) for d in folders)

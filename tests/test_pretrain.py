@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conftest import run_params, run_tacl
-from tacl.io import InputError, read_json
+from tacl.io import InputError, disk_bytes, read_json, size_text
 from tacl.pretrain import checkpoint
 from tacl.pretrain.lock import RunLock
 from tacl.pretrain.metrics import read_events, read_metrics
@@ -83,15 +83,48 @@ def reference(demo_data, tmp_path_factory):
     return References(demo_data, tmp_path_factory)
 
 
+def leave_killed_saves(run: Path) -> list[tuple[str, int]]:
+    """What chunks killed inside their writes leave in `run` (its latest checkpoint is step 5): a save killed in
+    `.incoming/` after its model file appeared (cut short) and one after its RNG file appeared, a universal
+    conversion killed halfway, and run.json cut short under its temporary name by another host's process.
+    Returns each path (relative to `run`) with its bytes."""
+    root = run / "checkpoints"
+    model, rng = (root / "step00000005" / name for name in ("mp_rank_00_model_states.pt", "rng_rank00000.pt"))
+    for tag, files in (("step00000006", [model]), ("step00000007", [model, rng])):
+        (root / ".incoming" / tag).mkdir(parents=True)
+        for file in files:
+            (root / ".incoming" / tag / file.name).write_bytes(file.read_bytes()[: file.stat().st_size * 2 // 3])
+    universal = root / "step00000005" / "universal" / "step00000005.incoming"
+    (universal / "zero").mkdir(parents=True)
+    (universal / "zero" / "optimizer_state.pt").write_bytes(b"x" * 3000)
+    (run / ".run.json.tmp-gpu-node-17-4242").write_text((run / "run.json").read_text()[:100])
+    left = [root / ".incoming" / "step00000006", root / ".incoming" / "step00000007", universal,
+            run / ".run.json.tmp-gpu-node-17-4242"]
+    return [(str(p.relative_to(run)), disk_bytes(p)) for p in left]
+
+
+def removed_line(run: Path, left: list[tuple[str, int]]) -> str:
+    """The chunk's warning that names what it removed."""
+    return (f"{run}: removed what killed saves and writes left unfinished: "
+            + ", ".join(f"{p} ({size_text(n)})" for p, n in left) + f" ({size_text(sum(n for _, n in left))} in all)")
+
+
 @pytest.mark.parametrize("objective", RESUMED)
 def test_resume_is_bit_exact(demo_data, reference, tmp_path, objective):
-    """(coco_lm: its auxiliary model and copy head resume too; only the main model is exported.)"""
+    """(coco_lm: its auxiliary model and copy head resume too; only the main model is exported.) Between the
+    first two chunks, saves killed inside `.incoming/` (and a conversion and a write killed halfway) are left
+    behind: the second chunk removes them, saying so in one line with their sizes, and the run stays exact."""
     run = tmp_path / "run"
     markers = []
     for chunk, max_steps in enumerate([5, 4, 100]):
         marker = tmp_path / f"chunk-{chunk}.json"
-        train(demo_data, run, settings(objective), "--max-steps", str(max_steps), "--marker", str(marker),
-              "--chunk", str(chunk))
+        left = leave_killed_saves(run) if chunk == 1 else []
+        proc = train(demo_data, run, settings(objective), "--max-steps", str(max_steps), "--marker", str(marker),
+                     "--chunk", str(chunk))
+        if left:
+            (line,) = [x for x in proc.stderr.splitlines() if "left unfinished" in x]
+            assert "WARNING" in line and line.endswith(removed_line(run, left)), line
+            assert not any((run / p).exists() for p, _ in left) and (run / "run.json").is_file()
         markers.append(json.loads(marker.read_text()))
     assert [m["step"] for m in markers] == [5, 9, 12]
     assert [m["done"] for m in markers] == [False, False, True]
@@ -203,6 +236,7 @@ def test_sigkill_leaves_the_previous_checkpoint_loadable(demo_data, tmp_path):
             assert final_state
     train(demo_data, run, s)
     assert_same_weights(final_weights(run), final_weights(uninterrupted))
+    assert list((run / "checkpoints" / ".incoming").iterdir()) == [], "what the kills left unfinished is gone"
 
 
 def test_damaged_checkpoints_are_set_aside_and_the_run_resumes_exactly(demo_data, reference, tmp_path):
@@ -358,15 +392,20 @@ def test_resume_on_fewer_visible_gpus_restores_this_ranks_cuda_rng(tmp_path, mon
 
 
 def test_locked_run_directory_refuses_a_second_trainer(demo_data, tmp_path):
+    """A live holder's lock stops a second trainer, which leaves the holder's save in `.incoming/` alone; once
+    the holder is gone, the next trainer takes the lock over and removes that save (now left unfinished)."""
     run = tmp_path / "run"
+    saving = run / "checkpoints" / ".incoming" / "step00000001"
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        run.mkdir()
+        saving.mkdir(parents=True)
+        (saving / "mp_rank_00_model_states.pt").write_bytes(b"x" * 5000)
         (run / "LOCK").write_text(json.dumps({"host": os.uname().nodename, "pid": holder.pid}))
         proc = train(demo_data, run, settings("mlm_nsp", steps=2), check=False)
         assert proc.returncode == 2
         assert f"{run / 'LOCK'}: run directory is locked by another trainer" in proc.stderr
-        assert not (run / "checkpoints").exists()
+        assert (saving / "mp_rank_00_model_states.pt").read_bytes() == b"x" * 5000 and "removed" not in proc.stderr
+        assert not (run / "checkpoints" / "latest").exists()
     finally:
         holder.kill()
         holder.wait()
@@ -374,6 +413,8 @@ def test_locked_run_directory_refuses_a_second_trainer(demo_data, tmp_path):
     proc = train(demo_data, run, settings("mlm_nsp", steps=2))
     assert f"{run / 'LOCK'}: took over the stale lock of process {holder.pid} on host " in proc.stderr
     assert not (run / "LOCK").exists()
+    assert removed_line(run, [("checkpoints/.incoming/step00000001", 5000)]) in proc.stderr
+    assert not saving.exists() and checkpoint.latest_tag(run) == "step00000002"
 
 
 def test_run_lock_unit(tmp_path):
@@ -586,8 +627,24 @@ def test_export_loads_for_fine_tuning(demo_data, reference, tmp_path):
     marker.write_text(json.dumps({"objective": "tacl", "done": True, "step": 12, "steps": 12, "samples": 96,
                                   "tokens": 5000, "wall_s": 3.0}))
     out = tmp_path / "model"
-    run_tacl("pretrain", "export", "--start-model", str(demo_data["start"]), "--run-dir", str(reference["tacl"]),
-             "--marker", str(marker), "--out", str(out), "--summary", str(tmp_path / "summary.json"))
+    # an export killed halfway on another node, one killed between its renames before temporaries named their
+    # host, and one a live process on this host writes: the export removes the first two, saying so
+    killed, old = tmp_path / ".model.tmp-gpu-node-17-4242", tmp_path / ".model.old-4243"
+    writer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    live = tmp_path / f".model.tmp-{os.uname().nodename}-{writer.pid}"
+    for folder in (killed, old, live):
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"x" * 1500)
+    try:
+        proc = run_tacl("pretrain", "export", "--start-model", str(demo_data["start"]), "--run-dir",
+                        str(reference["tacl"]), "--marker", str(marker), "--out", str(out), "--summary",
+                        str(tmp_path / "summary.json"))
+        assert (f"{tmp_path}: removed what earlier writers of model left unfinished: .model.old-4243 (1.5 kB), "
+                ".model.tmp-gpu-node-17-4242 (1.5 kB) (3.0 kB in all)") in proc.stderr
+        assert not killed.exists() and not old.exists() and live.is_dir()
+    finally:
+        writer.kill()
+        writer.wait()
     clf = AutoModelForSequenceClassification.from_pretrained(out, num_labels=2)
     trained = final_weights(reference["tacl"])
     assert torch.equal(clf.bert.encoder.layer[0].attention.self.query.weight,

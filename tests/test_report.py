@@ -363,3 +363,68 @@ def test_the_demos_report_says_why_its_figures_sit_at_chance_and_when_two_object
             beside = [other for other in fig.axes if other.bbox.bounds == ax.bbox.bounds]  # (lr's twin axis)
             assert not box.overlaps(ax.get_window_extent(renderer)), "a legend on the data"
             assert not any(box.overlaps(other.yaxis.get_tightbbox(renderer)) for other in beside if other is not ax)
+
+
+def test_status_shows_the_disk_a_run_holds_with_what_killed_processes_left(tmp_path, capsys):
+    """`tacl status`: each pretraining run's disk in all, and in it what killed processes left unfinished (a
+    save in .incoming/, a conversion's <tag>.incoming, files under a temporary name) and what is set aside
+    (damaged, superseded), said as being written while the run's chunk runs and as left over once it is gone;
+    a fine-tune's checkpoint under a temporary name elsewhere; the results directory's folders. The chunk that
+    takes the lock (clear_leftovers) removes the run directory's unfinished ones and nothing else."""
+    import os
+    import socket
+
+    from tacl.cli import main
+    from tacl.io import disk_bytes
+    from tacl.pretrain.rundir import clear_leftovers
+    from tacl.report.status import status
+
+    folder = tmp_path / "pretrain" / "tacl"
+    run, root = folder / "run", folder / "run" / "checkpoints"
+
+    def put(path, n):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x" * n)
+
+    put(root / "step00000004" / "mp_rank_00_model_states.pt", 3_000_000)
+    (root / "latest").write_text("step00000004\n")
+    unfinished = {"run/checkpoints/.incoming/step00000006": 1_500_000,
+                  "run/checkpoints/step00000004/universal/step00000004.incoming": 200_000,
+                  "run/.run.json.tmp-gpu-node-17-4242": 1000, ".chunk-1.json.tmp-gpu-node-17-4242": 100}
+    aside = {"run/checkpoints/step00000002.damaged-20261126T101010": 2_000_000, "superseded/0123abcd": 500_000}
+    for path, n in {**unfinished, **aside}.items():
+        put(folder / path / "m.pt" if ".tmp-" not in path else folder / path, n)
+    elsewhere = tmp_path / "finetune" / "tacl" / "rte" / S / "seed0" / ".checkpoint.pt.tmp-gpu-node-3-77"
+    put(elsewhere, 4_000_000)
+    (folder / "chunk-0.json").write_text(json.dumps({"chunk": 0, "reason": "deadline", "step": 4, "steps": 10,
+                                                     "done": False, "steps_this_chunk": 4, "wall_s": 9.0}))
+    (run / "LOCK").write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
+
+    def disk():
+        (p,) = status(tmp_path)["pretrain"]
+        return p["state"], p["disk"]
+
+    state, held = disk()
+    assert state == "running" and held["bytes"] == disk_bytes(folder) > 3_000_000 + sum(unfinished.values()) + \
+        sum(aside.values())
+    assert {e["path"]: e["bytes"] for e in held["unfinished"]} == unfinished
+    assert {e["path"]: e["bytes"] for e in held["set_aside"]} == aside
+    found = status(tmp_path)["disk"]
+    assert found["temporaries"] == [{"path": str(elsewhere.relative_to(tmp_path)), "bytes": 4_000_000}]
+    assert found["parts"] == {"pretrain": held["bytes"], "finetune": 4_000_000}
+    assert main(["status", str(tmp_path)]) in (0, None)
+    text = capsys.readouterr().out
+    assert re.search(r"^tacl +running +4/10 .* step00000004 +7.2 MB *$", text, re.M), text
+    assert ("tacl: 1.7 MB unfinished (being written now, or left by a killed process: the run's next chunk removes "
+            "what is left): run/checkpoints/.incoming/step00000006 (1.5 MB), ") in text
+    assert "tacl: 2.5 MB set aside (kept until you delete them): run/checkpoints/step00000002.damaged-" in text
+    assert f"disk: 11 MB in {tmp_path} (pretrain 7.2 MB, finetune 4.0 MB)" in text
+    assert f"): {elsewhere.relative_to(tmp_path)} (4.0 MB)" in text
+    (run / "LOCK").unlink()
+    assert main(["status", str(tmp_path)]) in (0, None)
+    assert "tacl: 1.7 MB unfinished (left by a killed process: the run's next chunk removes them): " in \
+        capsys.readouterr().out
+    assert clear_leftovers(run) == sum(n for p, n in unfinished.items() if p.startswith("run/"))
+    state, held = disk()
+    assert [e["path"] for e in held["unfinished"]] == [".chunk-1.json.tmp-gpu-node-17-4242"]  # (its chunk's)
+    assert {e["path"]: e["bytes"] for e in held["set_aside"]} == aside and (root / "step00000004").is_dir()

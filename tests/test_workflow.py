@@ -13,6 +13,7 @@ from conftest import (REPO, demo_config, fresh_clone, run_snakemake, start_snake
                       write_nli_fixture)
 from tacl.config import config_errors, load_schema
 from tacl.finetune.sweep import number
+from tacl.io import disk_bytes
 
 SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
 NO_NETWORK = {"HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "1"}
@@ -641,8 +642,13 @@ def test_status_of_the_finished_demo(finished_demo):
     assert {(r["model"], r["done"], r["expected"]) for r in status["finetune"]} == {
         ("none", 2, 2), ("coco_lm", 2, 2), ("coco_lm+scl", 2, 2)}
     assert status["failed_logs"] == [] and status["hours"]["gpu_hours"] == 0.0
+    assert run["disk"]["unfinished"] == run["disk"]["set_aside"] == status["disk"]["temporaries"] == []
+    assert run["disk"]["bytes"] == disk_bytes(results / "pretrain" / "coco_lm") > 0
+    assert status["disk"]["parts"]["pretrain"] >= run["disk"]["bytes"]
+    assert status["disk"]["bytes"] == disk_bytes(results)
     text = run_tacl("status", str(results)).stdout
-    assert re.search(r"^coco_lm +done +12/12 +[\d,]+ +- +2 \(max_steps, target\) +step00000012 *$", text, re.M), text
+    assert re.search(r"^coco_lm +done +12/12 +[\d,]+ +- +2 \(max_steps, target\) +step00000012 +[\d.]+ [kMG]B *$", text,
+                     re.M), text
     assert re.search(r"^coco_lm\+scl +qnli +2/2 +0 +0 +0 *$", text, re.M), text
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from tacl.config import SCHEMA
-from tacl.io import InputError, write_text_atomic
+from tacl.io import InputError, size_text, write_text_atomic
 
 REPO = SCHEMA.parents[2]  # the checkout this package is imported from
 MEASURED = REPO / "docs" / "figures.yaml"
@@ -60,7 +60,7 @@ def paper_plan(config_path: Path = REPO / "config.yaml") -> str:
             f"against {first[0]:.1f} expected on {first[1]}" +
             (f" ({', '.join(f'{h:.1f} on {name}' for h, name in others)})" if others else "") +
             f": pretraining {rules['pretrain_chunk']:.1f} of them, fine-tuning {rules['finetune']:.1f}; "
-            f"{plan.gb(peak.total)} of disk at the peak")
+            f"{size_text(peak.total)} of disk at the peak")
 
 
 def paper_rates(config_path: Path = REPO / "config.yaml") -> str:

@@ -5,10 +5,19 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
+import re
 import shutil
+import socket
 from pathlib import Path
 from typing import Any, Iterable, Iterator
+
+log = logging.getLogger("tacl.io")
+# What atomic_path writes beside PATH, named after the writer's host and pid: `.NAME.tmp-HOST-PID` (the new file or
+# folder being written) and, while a folder replaces another, `.NAME.old-HOST-PID` (the one it replaces); before
+# 2026-11-27 they were named `.NAME.tmp-PID` / `.NAME.old-PID`, without the host (matched too, host None).
+TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(?:tmp|old)-(?:(?P<host>.+)-)?(?P<pid>\d+)$")
 
 
 class InputError(RuntimeError):
@@ -20,20 +29,25 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path next to `path` (write a file or a directory there); it is renamed onto
     `path` only if the block succeeds.
 
-    A killed or failing writer leaves at most a hidden `.NAME.tmp-PID` behind, never a half-written
-    `path`; an existing `path` stays as it was until the rename.
+    A failing writer leaves nothing, a killed one at most a hidden `.NAME.tmp-HOST-PID` (or, killed between the
+    two renames that replace a folder, `.NAME.old-HOST-PID` with `path` missing), never a half-written `path`;
+    an existing `path` stays as it was until the rename. What killed writers of `path` left is removed here,
+    before this one writes (`temporaries`: not those of a process that still runs on this host), with one log
+    line naming each and its size.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    mark = f"{socket.gethostname()}-{os.getpid()}"
+    tmp = path.with_name(f".{path.name}.tmp-{mark}")
     _remove(tmp)
+    remove_leftovers(temporaries(path), path.parent, f"earlier writers of {path.name}")
     try:
         yield tmp
         if tmp.is_file():
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
         if tmp.is_dir() and path.is_dir():  # a directory cannot be replaced in one step
-            old = path.with_name(f".{path.name}.old-{os.getpid()}")
+            old = path.with_name(f".{path.name}.old-{mark}")
             os.replace(path, old)
             os.replace(tmp, path)
             _remove(old)
@@ -48,6 +62,102 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path)
     elif path.exists() or path.is_symlink():
         path.unlink()
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` runs on this host."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def alive_here(owner: dict) -> bool | None:
+    """Whether the process a record names ({"host", "pid"}: a lock's, a job's) still runs, asked of this host
+    only (no scheduler): None when it ran on another host (or the record names none)."""
+    if owner.get("host") != socket.gethostname() or not owner.get("pid"):
+        return None
+    return pid_alive(int(owner["pid"]))
+
+
+def _being_written(name: str) -> bool:
+    """Whether the atomic_path temporary `name` is one a process that still runs on this host writes."""
+    m = TEMPORARY.match(name)
+    return bool(m) and alive_here({"host": m["host"], "pid": m["pid"]}) is True
+
+
+def temporaries(path: str | os.PathLike) -> list[Path]:
+    """What killed writers of `path` (atomic_path) left beside it: its `.NAME.tmp-*` and `.NAME.old-*`, but not
+    those of a process that still runs on this host. One on another host is taken as left over: a path has one
+    writer at a time (the workflow's job that makes it, or the run's lock holder), and the one asking is it."""
+    path = Path(path)
+    try:
+        names = sorted(os.listdir(path.parent))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return [path.with_name(n) for n in names if n.startswith(f".{path.name}.") and (m := TEMPORARY.match(n))
+            and m["name"] == path.name and not _being_written(n)]
+
+
+def temporaries_under(folder: str | os.PathLike) -> list[Path]:
+    """Every atomic_path temporary under `folder` (at any depth, not looking inside one) that no process still
+    running on this host writes: what killed writers left, for the one that owns the folder (`temporaries`)."""
+    found = []
+    for root, dirs, files in os.walk(folder):
+        found += [Path(root, n) for n in sorted(dirs + files) if TEMPORARY.match(n) and not _being_written(n)]
+        dirs[:] = sorted(d for d in dirs if not TEMPORARY.match(d))
+    return found
+
+
+def disk_bytes(path: str | os.PathLike) -> int:
+    """The bytes of the file at `path`, or of every file under the folder (links to folders not followed); 0 when
+    nothing is there."""
+    path = Path(path)
+    if path.is_file():
+        return path.stat().st_size
+    total = 0
+    for root, dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):  # (removed while we walk: a save finished, a pruned checkpoint)
+                total += os.stat(os.path.join(root, name)).st_size
+    return total
+
+
+def size_text(n: float) -> str:
+    """Bytes as a person reads them: 12.3 GB, 0.4 GB, 44 MB, 2.5 MB, 12 kB, 300 bytes."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size or (unit == "GB" and n >= 1e8):
+            return f"{n / size:.{1 if unit == 'GB' or n < 10 * size else 0}f} {unit}"
+    return f"{n:.0f} bytes"
+
+
+def remove_leftovers(paths: Iterable[Path], where: str | os.PathLike, what: str,
+                     logger: logging.Logger = log) -> int:
+    """Remove `paths` (files or folders that killed processes left unfinished) with one warning that names each,
+    relative to `where`, with its size (and what could not be removed); returns the bytes freed (0, and no line,
+    when there is nothing)."""
+    sizes = [(Path(p), disk_bytes(p)) for p in paths]
+    if not sizes:
+        return 0
+    for p, _ in sizes:
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                p.unlink()
+
+    def named(entries: list[tuple[Path, int]]) -> str:
+        return ", ".join(f"{os.path.relpath(p, where)} ({size_text(b)})" for p, b in entries)
+
+    gone = [(p, b) for p, b in sizes if not os.path.lexists(p)]
+    left = [(p, b) for p, b in sizes if os.path.lexists(p)]
+    total = sum(b for _, b in gone)
+    logger.warning("%s: removed what %s left unfinished: %s (%s in all)%s", where, what, named(gone) or "nothing",
+                   size_text(total), f"; could not remove {named(left)}" if left else "")
+    return total
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tacl.io import disk_bytes, size_text
+
 # Train / dev+test examples of each task as published (GLUE, SQuAD: the features, i.e. windows of 384 tokens;
 # CoNLL-2003: sentences), and a typical mean length in WordPiece tokens with [CLS]/[SEP] (bert-base-uncased).
 TASK_SIZES = {
@@ -318,8 +320,7 @@ def corpus_tokens(max_lines: int, source: dict[str, Any] | None = None) -> float
     patterns = (source or {}).get("paths") or []
     found = [[Path(p) for p in glob.glob(pattern)] for pattern in patterns]
     if patterns and all(found):
-        size = sum(f.stat().st_size for paths in found for p in paths
-                   for f in ([p] if p.is_file() else p.rglob("*")) if f.is_file())
+        size = sum(disk_bytes(p) for paths in found for p in paths)
         return min(size / 4.5, capped) if capped else size / 4.5
     return capped or 30.0 * 20_000_000
 
@@ -327,8 +328,9 @@ def corpus_tokens(max_lines: int, source: dict[str, Any] | None = None) -> float
 def disk_at_peak(shape: Shape, tokens: float, runs: int, keep: int, bf16: bool, zero_stage: int, exported: int,
                  kept_finetunes: int) -> Disk:
     """What the run holds on disk at its peak, every pretraining run in flight at once: the cleaned corpus
-    and its shards, keep + 1 checkpoints per run (the newest is written before the oldest goes), the exported
-    models and the fine-tuned weights that other tasks start from (finetune.start_from)."""
+    and its shards, keep + 1 checkpoints per run (the newest is written before the oldest goes; a save that a
+    killed chunk left unfinished is removed when the next chunk starts, before it saves, so never more), the
+    exported models and the fine-tuned weights that other tasks start from (finetune.start_from)."""
     parts = {"corpus and shards": tokens * (4.3 + (2 if shape.vocab < 65536 else 4) + 0.1)}
     if runs:
         parts[f"checkpoints ({runs} x {keep + 1})"] = runs * (keep + 1) * checkpoint_bytes(shape, bf16, zero_stage)
@@ -336,10 +338,6 @@ def disk_at_peak(shape: Shape, tokens: float, runs: int, keep: int, bf16: bool, 
     if kept_finetunes:
         parts["fine-tuned weights kept"] = kept_finetunes * (shape.total - shape.head) * 4
     return Disk(parts)
-
-
-def gb(n: float) -> str:
-    return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.0f} MB"
 
 
 def hours(minutes: float) -> str:
@@ -390,8 +388,8 @@ def format_plan(jobs: list[Job], chain: list[tuple[str, float]], disk: Disk, ass
                      + f"; requested / expected: {ratio}")
     work = f", {hours(sum(m for _, m in chain))} of GPU work on it" if gpu_names else ""
     lines.append(f"  longest chain: {len(chain)} jobs{work} (" + " -> ".join(_runs(chain)) + ")")
-    lines.append(f"  disk at the peak: {gb(disk.total)} (" + ", ".join(f"{k} {gb(v)}" for k, v in disk.parts.items())
-                 + ")")
+    lines.append(f"  disk at the peak: {size_text(disk.total)} ("
+                 + ", ".join(f"{k} {size_text(v)}" for k, v in disk.parts.items()) + ")")
     lines += [f"  assumed: {a}" for a in assumptions]
     return "\n".join(lines)
 

@@ -85,10 +85,8 @@ def _finetune(a: argparse.Namespace) -> None:
     from pathlib import Path
 
     from tacl.device import resolve_device
-    from tacl.finetune import EXIT_STOPPED, JOB, Stopped, finetune_given
-    from tacl.finetune.seeds import run_seeds, weights_fingerprint
-    from tacl.io import write_json_atomic
-    from tacl.pretrain.lock import owner_record
+    from tacl.finetune import EXIT_STOPPED, Stopped, finetune_given
+    from tacl.finetune.seeds import claim, run_seeds, weights_fingerprint
 
     resolve_device(a.device)  # a GPU asked for and none usable: stop before anything is written
     model, start_from = a.model, None
@@ -106,8 +104,8 @@ def _finetune(a: argparse.Namespace) -> None:
         print(json.dumps({k: result[k] for k in ("task", "seed", "dev", "wall_s")}))
         return result
 
-    # (which job runs this setting's seeds, for `tacl status`: running, or stopped at its time limit)
-    write_json_atomic(Path(a.out) / JOB, owner_record())
+    # (what killed jobs left unfinished goes; which job runs the seeds, for `tacl status`: running, or stopped)
+    claim(Path(a.out))
     try:
         if a.seeds is None:
             run_seeds([a.seed], lambda seed: Path(a.out), given, train_one)

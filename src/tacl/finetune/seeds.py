@@ -15,6 +15,10 @@ with their sha256 in RESULT_FILES; a later job keeps the seed only if every reco
 that hash (a seed finished before the record existed, commit f1ba1fb, 2026-11-26: if its JSON files
 parse, and the record is written then). Anything else trains the seed again, after one log line saying
 why; the marker never names a file that does not parse.
+
+A job killed while it writes leaves the file or folder unfinished under a temporary name (tacl.io.atomic_path:
+a seed's checkpoint.pt being saved, its model/ being written, its metrics.json): the next job of the setting
+removes them when it starts (`claim`), unless the job its folder names still runs.
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tacl.finetune import CHECKPOINT, GIVEN, JOB, Stopped
-from tacl.io import (InputError, changed_files, read_file_record, read_json, sha256_file, write_file_record,
-                     write_json_atomic)
+from tacl.io import (InputError, changed_files, read_file_record, read_json, remove_leftovers, sha256_file,
+                     temporaries_under, write_file_record, write_json_atomic)
+from tacl.pretrain.lock import holder, owner_record
 
 log = logging.getLogger("tacl.finetune")
 WEIGHTS = ("*.safetensors", "*.bin")
@@ -119,6 +124,25 @@ def why_not_done(out: Path, given: dict[str, Any]) -> str | None:
 
 def seed_done(out: Path, given: dict[str, Any]) -> bool:
     return why_not_done(out, given) is None
+
+
+def claim(folder: Path) -> None:
+    """Take a fine-tuning job's folder (the setting's, or the seed's with --seed) for this process: remove what
+    killed jobs left unfinished in it (tacl.io.temporaries_under), with one warning naming each and its size,
+    then record this job in JOB (for `tacl status`). While the job JOB names still runs (as the pretraining lock
+    tells it: tacl.pretrain.lock.holder), nothing is removed, saying so: its files may be being written."""
+    folder = Path(folder)
+    try:
+        before = json.loads((folder / JOB).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        before = None
+    alive, who = holder(before) if isinstance(before, dict) and before else (False, "")
+    if alive:
+        log.warning("%s: what is written there under a temporary name is left as it is: the job that ran here "
+                    "before, %s", folder, who)
+    else:
+        remove_leftovers(temporaries_under(folder), folder, "killed jobs", log)
+    write_json_atomic(folder / JOB, owner_record())
 
 
 def run_seeds(seeds: list[int], run_dir: Callable[[int], Path], given: dict[str, Any],

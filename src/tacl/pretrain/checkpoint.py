@@ -19,6 +19,9 @@ state). ZeRO 1 and 2 partition the optimizer state by rank: the checkpoint is co
 universal format (`<tag>/universal/<tag>`, by rank 0, under a temporary name), which loads on any number
 of ranks; on CPU the run then follows the uninterrupted M-rank run bit for bit. ZeRO 3 is refused (its
 converted checkpoint resumed measurably off the trajectory).
+
+A process killed while it writes leaves what it wrote unfinished: the next chunk removes it when it starts
+(tacl.pretrain.rundir.clear_leftovers).
 """
 
 from __future__ import annotations
@@ -38,12 +41,9 @@ import torch
 from tacl.device import rank_gpu
 from tacl.io import InputError, changed_files, read_file_record, write_file_record, write_text_atomic
 from tacl.pretrain.distributed import DistEnv, barrier
+from tacl.pretrain.rundir import CHECKPOINTS, DAMAGED, INCOMING, UNIVERSAL, checkpoint_dir  # noqa: F401 (CHECKPOINTS)
 
-CHECKPOINTS = "checkpoints"
-INCOMING = ".incoming"
-UNIVERSAL = "universal"
 MANIFEST = "manifest.json"
-DAMAGED = ".damaged-"  # a damaged checkpoint set aside: `<tag>.damaged-<time>` (not a tag: never pruned or loaded)
 _TAG = re.compile(r"^step(\d{8})$")
 _RNG = re.compile(r"^rng_rank(\d{5})\.pt$")
 log = logging.getLogger("tacl.pretrain")
@@ -55,10 +55,6 @@ def tag_for(step: int) -> str:
 
 def step_of(tag: str) -> int:
     return int(tag.removeprefix("step"))
-
-
-def checkpoint_dir(run_dir: str | os.PathLike) -> Path:
-    return Path(run_dir) / CHECKPOINTS
 
 
 def latest_tag(run_dir: str | os.PathLike) -> str | None:

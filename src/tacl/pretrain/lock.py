@@ -16,7 +16,7 @@ import socket
 import time
 from pathlib import Path
 
-from tacl.io import InputError
+from tacl.io import InputError, pid_alive
 from tacl.scheduler import job_state, show_job_command, state_runs
 
 LOCK = "LOCK"
@@ -32,16 +32,6 @@ def owner_record() -> dict:
     return owner
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def holder(owner: dict) -> tuple[bool, str]:
     """Is the lock's holder alive, and who is it: in words, with the command that shows a live one, or why a
     gone one counts as gone?"""
@@ -53,7 +43,7 @@ def holder(owner: dict) -> tuple[bool, str]:
         who = f"{scheduler.upper()} job {job} (host {host}, pid {pid}, since {owner.get('since')})"
         if os.environ.get(variable) == job:  # only one trainer runs per job
             return False, f"{who}: this job's own earlier run (the job was requeued)"
-        if host == socket.gethostname() and pid and not _pid_alive(int(pid)):
+        if host == socket.gethostname() and pid and not pid_alive(int(pid)):
             return False, f"{who}: its process no longer runs on this host"
         try:
             state = job_state(scheduler, job)
@@ -65,7 +55,7 @@ def holder(owner: dict) -> tuple[bool, str]:
         return True, f"{who}, still running: `{show_job_command(scheduler, job)}` shows it"
     who = f"process {pid} on host {host} (since {owner.get('since')})"
     if host == socket.gethostname() and pid:
-        if not _pid_alive(int(pid)):
+        if not pid_alive(int(pid)):
             return False, f"{who}: it no longer runs"
         return True, f"{who}, still running: `ps -p {pid}` shows it"
     return True, f"{who}, which no scheduler job names and this host ({socket.gethostname()}) cannot see"
@@ -80,14 +70,6 @@ def lock_owner(run_dir: str | os.PathLike) -> dict | None:
         return None
     except (OSError, json.JSONDecodeError):
         return {}
-
-
-def alive_here(owner: dict) -> bool | None:
-    """Whether the lock's process still runs, asked of this host only (no scheduler): None when it ran on
-    another host (or the lock names none)."""
-    if owner.get("host") != socket.gethostname() or not owner.get("pid"):
-        return None
-    return _pid_alive(int(owner["pid"]))
 
 
 class RunLock:

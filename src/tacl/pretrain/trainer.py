@@ -59,6 +59,7 @@ from tacl.pretrain.distributed import DistEnv, all_max, all_sum, barrier, broadc
 from tacl.pretrain.identity import adopt_run_dir, check_not_removed, check_zero_stage, manifests_after, run_identity
 from tacl.pretrain.lock import RunLock
 from tacl.pretrain.metrics import MetricsLog
+from tacl.pretrain.rundir import clear_leftovers
 from tacl.pretrain.model import load_student, load_teacher
 from tacl.pretrain.settings import TrainSettings
 
@@ -296,6 +297,7 @@ def _setup(args: ChunkArgs, env: DistEnv, lock: RunLock) -> Chunk:
             identity = run_identity(s, args.start_model, shards.manifest, bf16)
             lock.acquire()
             adopt_run_dir(run_dir, identity, lock, args.chunk, s.objective)
+            clear_leftovers(run_dir)  # (a save or a write that a killed chunk left unfinished)
             check_zero_stage(run_dir, s.zero_stage)
             check_not_removed(run_dir)
             after = manifests_after(run_dir)

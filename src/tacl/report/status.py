@@ -21,6 +21,14 @@ no scheduler and no Snakemake for it).
   STALE_LOG_MINUTES, it is taken as stopped (a running fine-tune writes a line every 200 steps and at
   every checkpoint, finetune.checkpoint_minutes, 30 by default). A stopped job's seed goes on from its
   checkpoint when the job runs again.
+- Disk: each pretraining run's folder in all (`pretrain/<objective>/`), and in it what killed processes left
+  unfinished (a save in `.incoming/`, a universal conversion's `<tag>.incoming`, a file written under a
+  temporary name: tacl.pretrain.rundir.leftovers), which the run's next chunk removes when it starts, and
+  what was set aside and is kept until deleted (damaged checkpoints, `superseded/` runs); the results
+  directory's folders, and every file or folder written under a temporary name elsewhere in it
+  (tacl.io.atomic_path: a fine-tune's checkpoint.pt being saved, an export, a report file), which a job still
+  writes or a killed one left (the next job that writes the same file, or the fine-tuning job of its setting,
+  removes it).
 - Hours of the finished jobs, from the Snakemake benchmark files (wall seconds `s`): all jobs, and GPU-hours,
   each job's seconds times the GPUs it had (a chunk: its ranks when it ran on GPUs, as its marker says; a
   fine-tuning job: one when its seeds' metrics.json say they ran on a GPU; a similarity job: one when the
@@ -39,8 +47,9 @@ from typing import Any
 import yaml
 
 from tacl.finetune import JOB
-from tacl.io import InputError, read_json
-from tacl.pretrain.lock import alive_here, lock_owner
+from tacl.io import InputError, alive_here, disk_bytes, read_json, size_text, temporaries_under
+from tacl.pretrain.lock import lock_owner
+from tacl.pretrain.rundir import DAMAGED, checkpoint_dir, leftovers
 from tacl.pretrain.metrics import read_lines
 from tacl.report.expected import read_expected
 from tacl.scheduler import (PBS_ALIVE, SLURM_ALIVE, parse_walltime, qstat_job, slurm_accounting_state,
@@ -90,6 +99,33 @@ def speed(lines: list[dict[str, Any]]) -> dict[str, Any] | None:
     return None
 
 
+def _sized(paths: list[Path], folder: Path) -> list[dict[str, Any]]:
+    return [{"path": str(p.relative_to(folder)), "bytes": disk_bytes(p)} for p in paths]
+
+
+def run_disk(folder: Path) -> dict[str, Any]:
+    """The disk a pretraining run holds (its folder, `pretrain/<objective>/`): bytes in all; what killed
+    processes left unfinished in it (`unfinished`: tacl.pretrain.rundir.leftovers, and a chunk marker written
+    under a temporary name), and what is set aside (`set_aside`: damaged checkpoints, runs of earlier result
+    settings), each path (relative to the folder) with its bytes."""
+    run = folder / "run"
+    unfinished = leftovers(run) + [p for p in temporaries_under(folder) if p.parent == folder]
+    aside = sorted(checkpoint_dir(run).glob(f"step*{DAMAGED}*"))
+    aside += sorted((folder / "superseded").iterdir()) if (folder / "superseded").is_dir() else []
+    return {"bytes": disk_bytes(folder), "unfinished": _sized(unfinished, folder), "set_aside": _sized(aside, folder)}
+
+
+def results_disk(root: Path, runs: list[Path]) -> dict[str, Any]:
+    """The disk the results directory holds: bytes in all and per folder in it, and what is written under a
+    temporary name outside the pretraining runs' folders `runs` (tacl.io.atomic_path: being written by a
+    running job, or left by a killed one)."""
+    parts = {p.name: disk_bytes(p) for p in root.iterdir()}
+    loose = [p for p in temporaries_under(root) if not any(p.is_relative_to(run) for run in runs)]
+    return {"bytes": sum(parts.values()), "temporaries": _sized(loose, root),
+            "parts": {name: n for name, n in sorted(parts.items(), key=lambda kv: (-kv[1], kv[0]))
+                      if n and (root / name).is_dir()}}
+
+
 def pretrain_status(results_dir: Path, objective: str) -> dict[str, Any]:
     folder = results_dir / "pretrain" / objective
     run = folder / "run"
@@ -121,7 +157,7 @@ def pretrain_status(results_dir: Path, objective: str) -> dict[str, Any]:
             "speed_from_steps": pace["from_steps"] if pace else None,
             "chunks": [{"chunk": m["chunk"], "reason": m["reason"], "step": m["step"],
                         "steps_this_chunk": m["steps_this_chunk"], "wall_s": m["wall_s"]} for m in markers],
-            "checkpoint": latest.read_text().strip() if latest.is_file() else None}
+            "checkpoint": latest.read_text().strip() if latest.is_file() else None, "disk": run_disk(folder)}
 
 
 def _tail(log: Path) -> str:
@@ -326,6 +362,7 @@ def status(results_dir: str | Path) -> dict[str, Any]:
         out["finetune"], out["failed_logs"] = finished_runs(root, damaged), []
     out["damaged"], out["finetune_jobs"] = damaged, jobs
     out["hours"] = hours(root)
+    out["disk"] = results_disk(root, [root / "pretrain" / o for o in objectives])
     return out
 
 
@@ -336,6 +373,40 @@ def duration(seconds: float | None) -> str:
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
+def _listed(entries: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{e['path']} ({size_text(e['bytes'])})" for e in entries)
+
+
+def _run_disk_lines(runs: list[dict[str, Any]]) -> list[str]:
+    """Per pretraining run, what killed processes left unfinished and what is set aside, with sizes."""
+    out = []
+    for p in runs:
+        unfinished, aside = p["disk"]["unfinished"], p["disk"]["set_aside"]
+        if unfinished:
+            if p["state"].startswith(("running", "locked")):
+                why = "being written now, or left by a killed process: the run's next chunk removes what is left"
+            elif p["state"] == "done":
+                why = "left by a killed process; the run is done, no chunk will remove them: delete them"
+            else:
+                why = "left by a killed process: the run's next chunk removes them"
+            out.append(f"{p['objective']}: {size_text(sum(e['bytes'] for e in unfinished))} unfinished ({why}): "
+                       f"{_listed(unfinished)}")
+        if aside:
+            out.append(f"{p['objective']}: {size_text(sum(e['bytes'] for e in aside))} set aside (kept until you "
+                       f"delete them): {_listed(aside)}")
+    return out + ([""] if out else [])
+
+
+def _disk_lines(disk: dict[str, Any], results_dir: str) -> list[str]:
+    parts = ", ".join(f"{name} {size_text(n)}" for name, n in disk["parts"].items())
+    out = [f"disk: {size_text(disk['bytes'])} in {results_dir}" + (f" ({parts})" if parts else "")]
+    if disk["temporaries"]:
+        out.append(f"written under a temporary name ({size_text(sum(e['bytes'] for e in disk['temporaries']))}; "
+                   "a running job's, or left by a killed one: the next job that writes the same file, or the "
+                   f"fine-tuning job of its setting, removes it): {_listed(disk['temporaries'])}")
+    return out
+
+
 def format_status(s: dict[str, Any]) -> str:
     from tabulate import tabulate
 
@@ -344,9 +415,10 @@ def format_status(s: dict[str, Any]) -> str:
         rows = [[p["objective"], p["state"], f"{p['step']}/{p['steps'] if p['steps'] is not None else '?'}",
                  f"{p['tokens_per_s']:,.0f}" if p["tokens_per_s"] is not None else "-", duration(p["seconds_left"]),
                  f"{len(p['chunks'])} ({', '.join(c['reason'] or '?' for c in p['chunks'])})" if p["chunks"] else "0",
-                 p["checkpoint"] or "-"] for p in s["pretrain"]]
+                 p["checkpoint"] or "-", size_text(p["disk"]["bytes"])] for p in s["pretrain"]]
         out += [tabulate(rows, ["pretraining", "state", "step", "tokens/s", "time left", "chunks (why each ended)",
-                                "checkpoint"], tablefmt="simple", disable_numparse=True), ""]
+                                "checkpoint", "disk"], tablefmt="simple", disable_numparse=True), ""]
+        out += _run_disk_lines(s["pretrain"])
     if s["finetune"] and s["expected_known"]:
         rows = [[f["model"], f["task"], f"{f['done']}/{f['expected']}", f["failed"], f["started"], f["missing"]]
                 for f in s["finetune"]]
@@ -362,6 +434,7 @@ def format_status(s: dict[str, Any]) -> str:
     damaged = s.get("damaged", [])
     out += [f"damaged (does not parse; not done, trained again when its job runs again): {path}"
             for path in damaged] + ([""] if damaged else [])
+    out += _disk_lines(s["disk"], s["results_dir"])
     h = s["hours"]
     out.append(f"finished jobs ({h['benchmark_files']} benchmark files): {h['gpu_hours']:.2f} GPU-hours, "
                f"{h['job_hours']:.2f} job-hours")
