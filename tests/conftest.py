@@ -116,6 +116,16 @@ def fresh_clone(where: Path) -> Path:
     return clone
 
 
+def silent_schedulers(where: Path) -> str:
+    """A PATH whose `scontrol`, `sinfo` and `qstat` fail: a login node whose scheduler does not answer, so that a
+    dry run's preflight does not ask the test cluster CI runs beside the tests."""
+    where.mkdir(parents=True, exist_ok=True)
+    for command in ("scontrol", "sinfo", "qstat"):
+        (where / command).write_text("#!/bin/sh\nexit 1\n")
+        (where / command).chmod(0o755)
+    return f"{where}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}"
+
+
 def write_nli_fixture(root: Path, rows: int = 48) -> Path:
     """A GLUE-layout folder with MNLI (train, dev_matched, dev_mismatched) and RTE (train, dev) built from the
     demo's QNLI sample, and QNLI itself (a link to the demo's): enough to run those tasks end to end (a

@@ -4,7 +4,7 @@ import os
 import subprocess
 import sys
 
-from conftest import REPO, fresh_clone
+from conftest import REPO, fresh_clone, silent_schedulers
 from tacl.cluster.profiles import install_profiles
 
 
@@ -39,13 +39,7 @@ def test_named_profiles_dry_run_from_a_fresh_clone(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("XDG_CONFIG_HOME", "TACL_SHARED_DATA")}
     # the variables the README has a user export; a login node whose scheduler does not answer (a dry run asks
     # it: here, stand-ins that fail, so that the test cluster of CI is not the one asked)
-    schedulers = tmp_path / "bin"
-    schedulers.mkdir()
-    for command in ("scontrol", "qstat"):
-        (schedulers / command).write_text("#!/bin/sh\nexit 1\n")
-        (schedulers / command).chmod(0o755)
-    env.update(HOME=str(home), PYTHONPATH=str(clone / "src"),
-               PATH=f"{schedulers}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}",
+    env.update(HOME=str(home), PYTHONPATH=str(clone / "src"), PATH=silent_schedulers(tmp_path / "bin"),
                TACL_SLURM_ACCOUNT="p123", TACL_SLURM_CPU_PARTITION="cpu", TACL_SLURM_GPU_PARTITION="gpu",
                TACL_PBS_CPU_QUEUE="cpu", TACL_PBS_GPU_QUEUE="gpu")
 
