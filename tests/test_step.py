@@ -301,6 +301,93 @@ def test_fine_tune_step_has_no_host_sync(demo_data, tokenizer):
         assert all(loss.dtype == torch.float32 and math.isfinite(float(loss)) for loss in losses)
 
 
+SENTENCES = ["a short one", "a somewhat longer sentence here", "and a third", "four", "five words in a row",
+             "the longest of these sentences, by a margin of several words and then a few more at its end", "seven",
+             "eight is short too", "nine"]
+
+
+@pytest.mark.parametrize("task", ["classification+scl", "regression", "qa", "tokens"])
+def test_bucketed_batches_give_exact_paddings_losses_and_predictions(demo_data, tokenizer, task):
+    """finetune.shapes buckets against exact: the same fine-tune (dropout off, fp32; 9 rows at batch 4 for an
+    epoch, so the last batch has one real row and three ignored ones) has the same training losses
+    and the same predictions within float rounding (and so the same argmax), for a classifier with the
+    supervised contrastive term, a regression, a QA model and a token classifier; the batches are of the
+    bucket widths and full, with more padding."""
+    from transformers import (AutoModelForQuestionAnswering, AutoModelForSequenceClassification,
+                              AutoModelForTokenClassification)
+
+    from tacl.finetune import common
+    from tacl.finetune.common import Run, load_task_model, predict, train
+    from tacl.finetune.contrastive import contrastive_loss
+
+    enc = tokenizer(SENTENCES, ["b"] * len(SENTENCES))
+    rows = [{k: enc[k][i] for k in ("input_ids", "token_type_ids", "attention_mask")} for i in range(9)]
+    n = [len(r["input_ids"]) for r in rows]
+    auto, kwargs, extra, outputs = AutoModelForSequenceClassification, {"num_labels": 2}, None, lambda o: (o.logits,)
+    if task == "classification+scl":
+        labels = {"labels": [i % 2 for i in range(9)]}
+        kwargs["problem_type"] = "single_label_classification"
+
+        def extra(model, batch, out):
+            return 0.9 * contrastive_loss("scl", out.hidden_states[-1][:, 0], batch["labels"], 0.3)
+    elif task == "regression":
+        labels = {"labels": [0.5 * i for i in range(9)]}
+        kwargs = {"num_labels": 1, "problem_type": "regression"}
+    elif task == "qa":
+        auto, kwargs, outputs = AutoModelForQuestionAnswering, {}, lambda o: (o.start_logits, o.end_logits)
+        labels = {"start_positions": [i % k for i, k in enumerate(n)], "end_positions": [k - 2 for k in n]}
+    else:
+        auto, kwargs = AutoModelForTokenClassification, {"num_labels": 3}
+        labels = {"labels": [[-100] + [(i + j) % 3 for j in range(k - 2)] + [-100] for i, k in enumerate(n)]}
+    train_rows = [{**r, **{k: v[i] for k, v in labels.items()}} for i, r in enumerate(rows)]
+    hp = {"lr": 1e-3, "weight_decay": 0.01, "warmup_ratio": 0.1, "grad_clip": 1.0, "batch": 4, "epochs": 1,
+          "max_len": 64, "group_by_length": False}
+    shapes, steps = [], []
+    pad_batch = common.pad_batch
+
+    def recorded(*args, **kw):
+        batch = pad_batch(*args, **kw)
+        shapes.append(tuple(batch["input_ids"].shape))
+        return batch
+
+    def fine_tune(buckets, monkeypatch):
+        run = Run(torch.device("cpu"), bf16=False, buckets=buckets)
+        model = load_task_model(auto, str(demo_data["start"]), 0, hidden_dropout_prob=0.0,
+                                attention_probs_dropout_prob=0.0, **kwargs)
+        shapes.clear()
+        with monkeypatch.context() as m:
+            m.setattr(common, "pad_batch", recorded)
+            m.setattr(common, "train_step", lambda *a, **k: steps.append(step(*a, **k)) or steps[-1])
+            record = train(model, train_rows, hp, 0, run, tokenizer.pad_token_id, extra_loss=extra,
+                           task_weight=0.1 if extra else 1.0)
+            trained = list(shapes)
+            predicted = predict(model, rows, run, tokenizer.pad_token_id, 2, outputs,
+                                per_token=task in ("qa", "tokens"), max_len=64)
+        return record, trained, list(shapes[len(trained):]), predicted
+
+    step = common.train_step
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(common, "EVAL_TOKENS", 128)  # (8 rows of 16 tokens, 4 of 32)
+        exact = fine_tune(False, monkeypatch)
+        exact_losses = [float(x) for x in steps]
+        steps.clear()
+        bucketed = fine_tune(True, monkeypatch)
+        bucketed_losses = [float(x) for x in steps]
+    assert len(exact_losses) == len(bucketed_losses) == 3
+    assert bucketed_losses == pytest.approx(exact_losses, rel=1e-4, abs=1e-6)
+    assert bucketed[0]["final_loss"] == pytest.approx(exact[0]["final_loss"], rel=1e-4)
+    assert bucketed[0]["padding"] > exact[0]["padding"]
+    assert {s[0] for s in exact[1]} == {4, 1} and len({s[1] for s in exact[1]}) > 2
+    assert set(bucketed[1]) <= {(4, 16), (4, 32)} and (4, 16) in bucketed[1] and (4, 32) in bucketed[1]
+    assert len(exact[2]) == 5 and bucketed[2] == [(4, 32), (8, 16)]
+    for ours, reference in zip(bucketed[3], exact[3]):
+        for a, b in zip(ours, reference):
+            if task == "qa":  # (span scores up to a constant: AdamW turns the qa_outputs bias's gradient, zero but
+                a, b = a - a.mean(), b - b.mean()  # for rounding, into a step that shifts every position alike)
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+            assert np.array_equal(a.argmax(-1), b.argmax(-1))
+
+
 @pytest.fixture
 def compiled_with(monkeypatch):
     """`pretrain.compile: true` compiled with this torch.compile backend (in a test: "aot_eager", dynamo's
