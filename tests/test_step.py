@@ -1,7 +1,7 @@
 """The training step as it runs on a GPU, checked on the CPU with the real DeepSpeed engine, in this process:
 no host-device synchronisation in `optimizer_step` (tests/sync_guard.py) for every objective, bf16 against
 fp32 at ZeRO 0 and 1 (optimizer class, losses, exported fp32 masters), DeepSpeed's throughput timer off, a
-non-finite gradient stopping the run at the step it happened, and a fine-tuning step without syncs.
+non-finite gradient stopping the run at the step it happened, and a fine-tuning loop without syncs.
 
 Tolerance of bf16 against fp32 (3 steps, tiny random BERT, lr 2e-3): MLM and NSP terms within 0.2% (measured
 at most 0.03%), every other loss term within 0.05 * max(1, |fp32|) (measured at most 0.009 on TaCL's 0.064,
@@ -272,33 +272,52 @@ def test_a_non_finite_gradient_at_zero_0_stops_at_the_next_log_or_save(demo_data
     assert not (Path(chunk.args.run_dir) / checkpoint.CHECKPOINTS).exists()
 
 
-def test_fine_tune_step_has_no_host_sync(demo_data, tokenizer):
-    """One fine-tuning step of a classifier with the supervised contrastive term, and of a QA model, in bf16
-    autocast, under the guard (after a first step, which creates AdamW's state)."""
+def loop_reads(stack) -> bool:
+    """The fine-tuning loop's reads that are not per step: the mean loss of a log line (every LOG_EVERY steps)
+    and of the training record (once, after the last step)."""
+    return any(f.name == "train" and f.filename.endswith(os.path.join("finetune", "common.py"))
+               and f.line.lstrip().startswith(("log.info(\"fine-tune step %d/%d: mean loss", "\"final_loss\""))
+               for f in stack)
+
+
+@pytest.mark.parametrize("shapes", ["exact", "buckets"])
+def test_fine_tune_loop_has_no_host_sync(demo_data, tokenizer, monkeypatch, shapes):
+    """The whole fine-tuning loop (`train`: batches made and copied, each step, the loss kept) of a classifier
+    with the supervised contrastive term, a regression and a QA model, in bf16 autocast, under the guard,
+    `torch.is_autocast_enabled()` answering as on CUDA (for the autocast in force; on the CPU it answers for
+    CUDA's): 5 rows at batch 2, 3 steps, a log line every 2: the only host reads are the log line's and the
+    record's, once each, whatever the number of steps; AdamW creates its state in the first step without one."""
     from transformers import AutoModelForQuestionAnswering, AutoModelForSequenceClassification
 
-    from tacl.finetune.common import Run, load_task_model, optimizer_and_schedule, pad_batch, to_device, train_step
+    from tacl.finetune import common
+    from tacl.finetune.common import Run, load_task_model, train
     from tacl.finetune.contrastive import contrastive_loss
 
-    run = Run(torch.device("cpu"), bf16=True)
-    hp = {"lr": 1e-3, "weight_decay": 0.01, "warmup_ratio": 0.1, "grad_clip": 1.0}
-    enc = tokenizer(["a short one", "a somewhat longer sentence here", "and a third", "four"], ["b"] * 4)
-    rows = [{k: enc[k][i] for k in ("input_ids", "token_type_ids", "attention_mask")} for i in range(4)]
+    is_autocast_enabled = torch.is_autocast_enabled
+    monkeypatch.setattr(torch, "is_autocast_enabled", lambda *a: is_autocast_enabled(*(a or ("cpu",))))
+    monkeypatch.setattr(common, "LOG_EVERY", 2)
+    run = Run(torch.device("cpu"), bf16=True, buckets=shapes == "buckets")
+    hp = {"lr": 1e-3, "weight_decay": 0.01, "warmup_ratio": 0.1, "grad_clip": 1.0, "batch": 2, "epochs": 1,
+          "max_len": 64}
+    enc = tokenizer(SENTENCES[:5], ["b"] * 5)
+    rows = [{k: enc[k][i] for k in ("input_ids", "token_type_ids", "attention_mask")} for i in range(5)]
 
     def extra(model, batch, outputs):
         return 0.9 * contrastive_loss("scl", outputs.hidden_states[-1][:, 0], batch["labels"], 0.3)
 
-    for auto, labels, extra_loss in ((AutoModelForSequenceClassification, {"labels": [0, 1, 0, 1]}, extra),
-                                     (AutoModelForQuestionAnswering, {"start_positions": [1, 2, 0, 1],
-                                                                      "end_positions": [2, 3, 0, 1]}, None)):
-        model = load_task_model(auto, str(demo_data["start"]), 0, **({"num_labels": 2} if extra_loss else {}))
-        opt, sched = optimizer_and_schedule(model, hp, 10)
-        batch = to_device(pad_batch([{**r, **{k: v[i] for k, v in labels.items()}} for i, r in enumerate(rows)],
-                                    tokenizer.pad_token_id), run.device)
-        losses = [train_step(model, batch, opt, sched, hp, run, extra_loss, 0.1)]
-        with SyncGuard("cpu"):
-            losses.append(train_step(model, batch, opt, sched, hp, run, extra_loss, 0.1))
-        assert all(loss.dtype == torch.float32 and math.isfinite(float(loss)) for loss in losses)
+    for auto, kwargs, labels, extra_loss in (
+            (AutoModelForSequenceClassification, {"num_labels": 2}, {"labels": [0, 1, 0, 1, 1]}, extra),
+            (AutoModelForSequenceClassification, {"num_labels": 1, "problem_type": "regression"},
+             {"labels": [0.5, 1.0, 2.0, 3.5, 4.0]}, None),
+            (AutoModelForQuestionAnswering, {}, {"start_positions": [1, 2, 0, 1, 3], "end_positions": [2, 3, 0, 1, 3]},
+             None)):
+        model = load_task_model(auto, str(demo_data["start"]), 0, **kwargs)
+        guard = SyncGuard("cpu", allow=loop_reads)
+        with guard:
+            record = train(model, [{**r, **{k: v[i] for k, v in labels.items()}} for i, r in enumerate(rows)], hp, 0,
+                           run, tokenizer.pad_token_id, extra_loss=extra_loss, task_weight=0.1 if extra_loss else 1.0)
+        assert record["steps"] == 3 and math.isfinite(record["final_loss"])
+        assert sorted(guard.allowed.values()) == [1, 1] and all("common.py" in k for k in guard.allowed), guard.allowed
 
 
 SENTENCES = ["a short one", "a somewhat longer sentence here", "and a third", "four", "five words in a row",
