@@ -578,3 +578,30 @@ def test_compiled_fine_tune_step_is_one_graph_and_a_failed_one_goes_on_eager(dem
     warnings = [r.getMessage() for r in caplog.records if "torch.compile failed" in r.getMessage()]
     assert len(warnings) == 1 and "RuntimeError: no working C compiler" in warnings[0]
     assert fallen == eager and model._compiled_call_impl is None
+
+
+def test_bucketed_shapes_compile_once_per_width_for_training_and_prediction(demo_data, tokenizer, compiled_with,
+                                                                          monkeypatch):
+    """finetune.compile with finetune.shapes buckets: a fine-tune whose batches fall in two widths (its last
+    batch filled with ignored rows) compiles one graph per width for training and one per width for
+    prediction, without a graph break, and nothing more when the same shapes come again."""
+    from transformers import AutoModelForSequenceClassification
+
+    from tacl.finetune import common
+
+    compile_model = common.compile_model
+    monkeypatch.setattr(common, "compile_model", lambda *a: compile_model(*a, backend="eager"))
+    counters = compiled_with("eager")
+    enc = tokenizer(SENTENCES, ["b"] * len(SENTENCES))
+    rows = [{**{k: enc[k][i] for k in ("input_ids", "token_type_ids", "attention_mask")}, "labels": i % 2}
+            for i in range(9)]
+    run = common.Run(torch.device("cpu"), bf16=False, compile=True, buckets=True)
+    model = common.load_task_model(AutoModelForSequenceClassification, str(demo_data["start"]), 0, num_labels=2,
+                                   problem_type="single_label_classification")
+    hp = {"lr": 1e-3, "weight_decay": 0.01, "warmup_ratio": 0.1, "grad_clip": 1.0, "batch": 4, "epochs": 2,
+          "max_len": 64, "group_by_length": False}
+    common.train(model, rows, hp, 0, run, tokenizer.pad_token_id)
+    assert dict(counters["graph_break"]) == {} and counters["frames"]["ok"] == 2, counters  # (widths 16 and 32)
+    for _ in range(2):
+        common.predict(model, rows, run, tokenizer.pad_token_id, 2, lambda o: (o.logits,), max_len=64)
+    assert dict(counters["graph_break"]) == {} and counters["frames"]["ok"] == 4, counters

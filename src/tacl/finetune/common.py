@@ -309,18 +309,19 @@ def train(model: torch.nn.Module, rows: list[dict[str, Any]], hp: dict[str, Any]
             "train_s": round(before_s + time.time() - started, 1), "resumed_at": resumed_at}
 
 
-def compile_model(model: torch.nn.Module, run: Run, max_len: int) -> None:
-    """torch.compile `model` in place. Exact shapes: dynamic shapes, one graph for every batch width and
-    another for prediction. Buckets: static shapes, one graph per width for training and one per width for
-    prediction (dynamo's recompile limit raised to that count)."""
+def compile_model(model: torch.nn.Module, run: Run, max_len: int, backend: str | None = None) -> None:
+    """torch.compile `model` in place (`backend`: torch.compile's, default inductor). Exact shapes: dynamic
+    shapes, one graph for every batch width and another for prediction. Buckets: static shapes, one graph
+    per width for training and one per width for prediction (dynamo's recompile limit raised to that count)."""
+    given = {"backend": backend} if backend else {}
     if not run.buckets:
-        model.compile(dynamic=True)
+        model.compile(dynamic=True, **given)
         return
     widths = len({bucket_width(n, max_len) for n in range(1, max_len + 1)})
     config = torch._dynamo.config
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
     setattr(config, name, max(getattr(config, name), 2 * widths + 2))
-    model.compile(dynamic=False)
+    model.compile(dynamic=False, **given)
 
 
 def _model_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], run: Run, hidden: bool
