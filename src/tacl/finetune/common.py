@@ -326,9 +326,9 @@ def compile_model(model: torch.nn.Module, run: Run, max_len: int, backend: str |
 
 def _model_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], run: Run, hidden: bool
                 ) -> tuple[Any, torch.Tensor]:
-    """The model's outputs and its loss. A regression under finetune.shapes buckets (ignored rows' labels
-    are NaN, `pad_batch`): the mean squared error over the real rows (the model's own loss would average
-    over every row)."""
+    """The model's outputs and its loss. Under finetune.shapes buckets, a QA model's is `_qa_loss`, and a
+    regression's (ignored rows' labels are NaN, `pad_batch`) the mean squared error over the real rows (the
+    model's own loss would average over every row)."""
     labels = batch.get("labels")
     if run.buckets and "start_positions" in batch:
         return _qa_loss(model, batch, hidden)
