@@ -47,3 +47,19 @@ def test_supervised_contrastive_form_matches_loops(batch):
     assert supervised_contrastive_loss(cls, labels, tau).item() == pytest.approx(sum(terms) / len(terms), rel=1e-6)
     alone = supervised_contrastive_loss(cls[:4], torch.tensor([0, 1, 2, 3]), tau)
     assert alone.item() == 0.0, "no anchor with a positive: nothing to learn from"
+
+
+@pytest.mark.parametrize("loss", [kl_contrastive_loss, supervised_contrastive_loss])
+def test_ignored_rows_are_in_neither_form(batch, loss):
+    """Rows labelled -100 (a batch padded to its full size with ignored rows) change neither the loss nor the
+    real rows' gradients, and get none themselves."""
+    cls, labels = batch
+    padded = torch.cat([cls, torch.randn(3, 5, dtype=torch.float64)]).requires_grad_()
+    real = cls.clone().requires_grad_()
+    ours = loss(padded, torch.cat([labels, torch.full((3,), -100)]), 0.3)
+    reference = loss(real, labels, 0.3)
+    assert ours.item() == pytest.approx(reference.item(), rel=1e-6)  # (both computed in fp32)
+    ours.backward()
+    reference.backward()
+    torch.testing.assert_close(padded.grad[:6], real.grad, rtol=1e-5, atol=1e-6)
+    assert padded.grad[6:].abs().max() == 0

@@ -284,3 +284,68 @@ def test_a_seed_stopped_midway_resumes_to_the_uninterrupted_seeds_metrics(tmp_pa
     weights = [(d / "model" / "model.safetensors").read_bytes() for d in folders]
     assert weights[0] == weights[1]
     assert not (stopped / "seed0" / CHECKPOINT).exists()
+
+
+def test_a_seed_is_trained_by_one_process_at_a_time(tmp_path, demo_data, caplog, capsys):
+    """A seed holds its lock while it trains: a second run of the same seed while the first trains (here from
+    inside the first one's training: the holder is this very process, alive) is refused in one line naming the
+    seed's folder and the holder, and touches nothing; the command says it in one line (exit status 2); a
+    lock whose holder is gone is taken over, with one warning saying whose it was."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from tacl.cli import main
+    from tacl.finetune.seeds import LOCK, RESULT_FILES, run_seeds
+
+    given = {"hparams": {"lr": 1e-4}, "model_sha256": "x"}
+    refusals, trained = [], []
+
+    def again(seed, out):  # what a second job started now on this seed meets
+        with pytest.raises(InputError) as refused:
+            run_seeds([seed], lambda s: out, given, lambda s, o: trained.append(("second", s)))
+        refusals.append(str(refused.value))
+
+    def train_one(seed, out):
+        trained.append(seed)
+        again(seed, out)
+        (out / "metrics.json").write_text(json.dumps({"seed": seed}))
+
+    run_seeds([0], lambda s: tmp_path / "seed0", given, train_one)
+    (message,) = refusals
+    assert message == (f"{tmp_path / 'seed0' / LOCK}: seed 0 is being trained by another process, process "
+                       f"{os.getpid()} on host {socket.gethostname()} (since {message.split('(since ')[1]}"), message
+    assert ", still running: `ps -p " in message and "\n" not in message
+    assert trained == [0] and not (tmp_path / "seed0" / LOCK).exists()
+    assert (tmp_path / "seed0" / RESULT_FILES).is_file(), "the first run finished the seed"
+    assert "LOCK" not in (tmp_path / "seed0" / RESULT_FILES).read_text()
+
+    # the command: one line, exit status 2, nothing of the seed touched (a holder that still runs)
+    source = {"kind": "tsv", "data_dir": str(REPO / "examples/demo/glue")}
+    out = tmp_path / "setting"
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    argv = ["finetune", "glue", "--model", str(demo_data["start"]), "--task", "qnli", "--seeds", "0",
+            "--source", json.dumps(source), "--hparams", json.dumps({"max_train_examples": 8, "batch": 4,
+                                                                     "epochs": 1, "max_eval_examples": 8,
+                                                                     "max_len": 32}),
+            "--device", "cpu", "--out", str(out), "--marker", str(tmp_path / "seeds.json")]
+    try:
+        (out / "seed0").mkdir(parents=True)
+        (out / "seed0" / LOCK).write_text(json.dumps({"host": socket.gethostname(), "pid": holder.pid}))
+        capsys.readouterr()
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].startswith(f"tacl: error: {out / 'seed0' / LOCK}: seed 0 is being trained by another "
+                                  f"process, process {holder.pid} on host "), err
+        assert sorted(p.name for p in (out / "seed0").iterdir()) == [LOCK] and not (tmp_path / "seeds.json").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    # the holder is gone: the next job takes its lock over, saying so, and trains the seed
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="tacl.finetune"):
+        assert main(argv) == 0
+    assert (f"{out / 'seed0' / LOCK}: took over the stale lock of process {holder.pid} on host "
+            f"{socket.gethostname()}") in caplog.text
+    assert (out / "seed0" / "metrics.json").is_file() and not (out / "seed0" / LOCK).exists()

@@ -1,7 +1,7 @@
 """The training step as it runs on a GPU, checked on the CPU with the real DeepSpeed engine, in this process:
 no host-device synchronisation in `optimizer_step` (tests/sync_guard.py) for every objective, bf16 against
 fp32 at ZeRO 0 and 1 (optimizer class, losses, exported fp32 masters), DeepSpeed's throughput timer off, a
-non-finite gradient stopping the run at the step it happened, and a fine-tuning step without syncs.
+non-finite gradient stopping the run at the step it happened, and a fine-tuning loop without syncs.
 
 Tolerance of bf16 against fp32 (3 steps, tiny random BERT, lr 2e-3): MLM and NSP terms within 0.2% (measured
 at most 0.03%), every other loss term within 0.05 * max(1, |fp32|) (measured at most 0.009 on TaCL's 0.064,
@@ -272,33 +272,139 @@ def test_a_non_finite_gradient_at_zero_0_stops_at_the_next_log_or_save(demo_data
     assert not (Path(chunk.args.run_dir) / checkpoint.CHECKPOINTS).exists()
 
 
-def test_fine_tune_step_has_no_host_sync(demo_data, tokenizer):
-    """One fine-tuning step of a classifier with the supervised contrastive term, and of a QA model, in bf16
-    autocast, under the guard (after a first step, which creates AdamW's state)."""
+def loop_reads(stack) -> bool:
+    """The fine-tuning loop's reads that are not per step: the mean loss of a log line (every LOG_EVERY steps)
+    and of the training record (once, after the last step)."""
+    return any(f.name == "train" and f.filename.endswith(os.path.join("finetune", "common.py"))
+               and f.line.lstrip().startswith(("log.info(\"fine-tune step %d/%d: mean loss", "\"final_loss\""))
+               for f in stack)
+
+
+@pytest.mark.parametrize("shapes", ["exact", "buckets"])
+def test_fine_tune_loop_has_no_host_sync(demo_data, tokenizer, monkeypatch, shapes):
+    """The whole fine-tuning loop (`train`: batches made and copied, each step, the loss kept) of a classifier
+    with the supervised contrastive term, a regression and a QA model, in bf16 autocast, under the guard,
+    `torch.is_autocast_enabled()` answering as on CUDA (for the autocast in force; on the CPU it answers for
+    CUDA's): 5 rows at batch 2, 3 steps, a log line every 2: the only host reads are the log line's and the
+    record's, once each, whatever the number of steps; AdamW creates its state in the first step without one."""
     from transformers import AutoModelForQuestionAnswering, AutoModelForSequenceClassification
 
-    from tacl.finetune.common import Run, load_task_model, optimizer_and_schedule, pad_batch, to_device, train_step
+    from tacl.finetune import common
+    from tacl.finetune.common import Run, load_task_model, train
     from tacl.finetune.contrastive import contrastive_loss
 
-    run = Run(torch.device("cpu"), bf16=True)
-    hp = {"lr": 1e-3, "weight_decay": 0.01, "warmup_ratio": 0.1, "grad_clip": 1.0}
-    enc = tokenizer(["a short one", "a somewhat longer sentence here", "and a third", "four"], ["b"] * 4)
-    rows = [{k: enc[k][i] for k in ("input_ids", "token_type_ids", "attention_mask")} for i in range(4)]
+    is_autocast_enabled = torch.is_autocast_enabled
+    monkeypatch.setattr(torch, "is_autocast_enabled", lambda *a: is_autocast_enabled(*(a or ("cpu",))))
+    monkeypatch.setattr(common, "LOG_EVERY", 2)
+    run = Run(torch.device("cpu"), bf16=True, buckets=shapes == "buckets")
+    hp = {"lr": 1e-3, "weight_decay": 0.01, "warmup_ratio": 0.1, "grad_clip": 1.0, "batch": 2, "epochs": 1,
+          "max_len": 64}
+    enc = tokenizer(SENTENCES[:5], ["b"] * 5)
+    rows = [{k: enc[k][i] for k in ("input_ids", "token_type_ids", "attention_mask")} for i in range(5)]
 
     def extra(model, batch, outputs):
         return 0.9 * contrastive_loss("scl", outputs.hidden_states[-1][:, 0], batch["labels"], 0.3)
 
-    for auto, labels, extra_loss in ((AutoModelForSequenceClassification, {"labels": [0, 1, 0, 1]}, extra),
-                                     (AutoModelForQuestionAnswering, {"start_positions": [1, 2, 0, 1],
-                                                                      "end_positions": [2, 3, 0, 1]}, None)):
-        model = load_task_model(auto, str(demo_data["start"]), 0, **({"num_labels": 2} if extra_loss else {}))
-        opt, sched = optimizer_and_schedule(model, hp, 10)
-        batch = to_device(pad_batch([{**r, **{k: v[i] for k, v in labels.items()}} for i, r in enumerate(rows)],
-                                    tokenizer.pad_token_id), run.device)
-        losses = [train_step(model, batch, opt, sched, hp, run, extra_loss, 0.1)]
-        with SyncGuard("cpu"):
-            losses.append(train_step(model, batch, opt, sched, hp, run, extra_loss, 0.1))
-        assert all(loss.dtype == torch.float32 and math.isfinite(float(loss)) for loss in losses)
+    for auto, kwargs, labels, extra_loss in (
+            (AutoModelForSequenceClassification, {"num_labels": 2}, {"labels": [0, 1, 0, 1, 1]}, extra),
+            (AutoModelForSequenceClassification, {"num_labels": 1, "problem_type": "regression"},
+             {"labels": [0.5, 1.0, 2.0, 3.5, 4.0]}, None),
+            (AutoModelForQuestionAnswering, {}, {"start_positions": [1, 2, 0, 1, 3], "end_positions": [2, 3, 0, 1, 3]},
+             None)):
+        model = load_task_model(auto, str(demo_data["start"]), 0, **kwargs)
+        guard = SyncGuard("cpu", allow=loop_reads)
+        with guard:
+            record = train(model, [{**r, **{k: v[i] for k, v in labels.items()}} for i, r in enumerate(rows)], hp, 0,
+                           run, tokenizer.pad_token_id, extra_loss=extra_loss, task_weight=0.1 if extra_loss else 1.0)
+        assert record["steps"] == 3 and math.isfinite(record["final_loss"])
+        assert sorted(guard.allowed.values()) == [1, 1] and all("common.py" in k for k in guard.allowed), guard.allowed
+
+
+SENTENCES = ["a short one", "a somewhat longer sentence here", "and a third", "four", "five words in a row",
+             "the longest of these sentences, by a margin of several words and then a few more at its end", "seven",
+             "eight is short too", "nine"]
+
+
+@pytest.mark.parametrize("task", ["classification+scl", "regression", "qa", "tokens"])
+def test_bucketed_batches_give_exact_paddings_losses_and_predictions(demo_data, tokenizer, task):
+    """finetune.shapes buckets against exact: the same fine-tune (dropout off, fp32; 9 rows at batch 4 for an
+    epoch, so the last batch has one real row and three ignored ones) has the same training losses
+    and the same predictions within float rounding (and so the same argmax), for a classifier with the
+    supervised contrastive term, a regression, a QA model and a token classifier; the batches are of the
+    bucket widths and full, with more padding."""
+    from transformers import (AutoModelForQuestionAnswering, AutoModelForSequenceClassification,
+                              AutoModelForTokenClassification)
+
+    from tacl.finetune import common
+    from tacl.finetune.common import Run, load_task_model, predict, train
+    from tacl.finetune.contrastive import contrastive_loss
+
+    enc = tokenizer(SENTENCES, ["b"] * len(SENTENCES))
+    rows = [{k: enc[k][i] for k in ("input_ids", "token_type_ids", "attention_mask")} for i in range(9)]
+    n = [len(r["input_ids"]) for r in rows]
+    auto, kwargs, extra, outputs = AutoModelForSequenceClassification, {"num_labels": 2}, None, lambda o: (o.logits,)
+    if task == "classification+scl":
+        labels = {"labels": [i % 2 for i in range(9)]}
+        kwargs["problem_type"] = "single_label_classification"
+
+        def extra(model, batch, out):
+            return 0.9 * contrastive_loss("scl", out.hidden_states[-1][:, 0], batch["labels"], 0.3)
+    elif task == "regression":
+        labels = {"labels": [0.5 * i for i in range(9)]}
+        kwargs = {"num_labels": 1, "problem_type": "regression"}
+    elif task == "qa":
+        auto, kwargs, outputs = AutoModelForQuestionAnswering, {}, lambda o: (o.start_logits, o.end_logits)
+        labels = {"start_positions": [i % k for i, k in enumerate(n)], "end_positions": [k - 2 for k in n]}
+    else:
+        auto, kwargs = AutoModelForTokenClassification, {"num_labels": 3}
+        labels = {"labels": [[-100] + [(i + j) % 3 for j in range(k - 2)] + [-100] for i, k in enumerate(n)]}
+    train_rows = [{**r, **{k: v[i] for k, v in labels.items()}} for i, r in enumerate(rows)]
+    hp = {"lr": 1e-3, "weight_decay": 0.01, "warmup_ratio": 0.1, "grad_clip": 1.0, "batch": 4, "epochs": 1,
+          "max_len": 64, "group_by_length": False}
+    shapes, steps = [], []
+    pad_batch = common.pad_batch
+
+    def recorded(*args, **kw):
+        batch = pad_batch(*args, **kw)
+        shapes.append(tuple(batch["input_ids"].shape))
+        return batch
+
+    def fine_tune(buckets, monkeypatch):
+        run = Run(torch.device("cpu"), bf16=False, buckets=buckets)
+        model = load_task_model(auto, str(demo_data["start"]), 0, hidden_dropout_prob=0.0,
+                                attention_probs_dropout_prob=0.0, **kwargs)
+        shapes.clear()
+        with monkeypatch.context() as m:
+            m.setattr(common, "pad_batch", recorded)
+            m.setattr(common, "train_step", lambda *a, **k: steps.append(step(*a, **k)) or steps[-1])
+            record = train(model, train_rows, hp, 0, run, tokenizer.pad_token_id, extra_loss=extra,
+                           task_weight=0.1 if extra else 1.0)
+            trained = list(shapes)
+            predicted = predict(model, rows, run, tokenizer.pad_token_id, 2, outputs,
+                                per_token=task in ("qa", "tokens"), max_len=64)
+        return record, trained, list(shapes[len(trained):]), predicted
+
+    step = common.train_step
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(common, "EVAL_TOKENS", 128)  # (8 rows of 16 tokens, 4 of 32)
+        exact = fine_tune(False, monkeypatch)
+        exact_losses = [float(x) for x in steps]
+        steps.clear()
+        bucketed = fine_tune(True, monkeypatch)
+        bucketed_losses = [float(x) for x in steps]
+    assert len(exact_losses) == len(bucketed_losses) == 3
+    assert bucketed_losses == pytest.approx(exact_losses, rel=1e-4, abs=1e-6)
+    assert bucketed[0]["final_loss"] == pytest.approx(exact[0]["final_loss"], rel=1e-4)
+    assert bucketed[0]["padding"] > exact[0]["padding"]
+    assert {s[0] for s in exact[1]} == {4, 1} and len({s[1] for s in exact[1]}) > 2
+    assert set(bucketed[1]) <= {(4, 16), (4, 32)} and (4, 16) in bucketed[1] and (4, 32) in bucketed[1]
+    assert len(exact[2]) == 5 and bucketed[2] == [(4, 32), (8, 16)]
+    for ours, reference in zip(bucketed[3], exact[3]):
+        for a, b in zip(ours, reference):
+            if task == "qa":  # (span scores up to a constant: AdamW turns the qa_outputs bias's gradient, zero but
+                a, b = a - a.mean(), b - b.mean()  # for rounding, into a step that shifts every position alike)
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+            assert np.array_equal(a.argmax(-1), b.argmax(-1))
 
 
 @pytest.fixture
@@ -472,3 +578,30 @@ def test_compiled_fine_tune_step_is_one_graph_and_a_failed_one_goes_on_eager(dem
     warnings = [r.getMessage() for r in caplog.records if "torch.compile failed" in r.getMessage()]
     assert len(warnings) == 1 and "RuntimeError: no working C compiler" in warnings[0]
     assert fallen == eager and model._compiled_call_impl is None
+
+
+def test_bucketed_shapes_compile_once_per_width_for_training_and_prediction(demo_data, tokenizer, compiled_with,
+                                                                          monkeypatch):
+    """finetune.compile with finetune.shapes buckets: a fine-tune whose batches fall in two widths (its last
+    batch filled with ignored rows) compiles one graph per width for training and one per width for
+    prediction, without a graph break, and nothing more when the same shapes come again."""
+    from transformers import AutoModelForSequenceClassification
+
+    from tacl.finetune import common
+
+    compile_model = common.compile_model
+    monkeypatch.setattr(common, "compile_model", lambda *a: compile_model(*a, backend="eager"))
+    counters = compiled_with("eager")
+    enc = tokenizer(SENTENCES, ["b"] * len(SENTENCES))
+    rows = [{**{k: enc[k][i] for k in ("input_ids", "token_type_ids", "attention_mask")}, "labels": i % 2}
+            for i in range(9)]
+    run = common.Run(torch.device("cpu"), bf16=False, compile=True, buckets=True)
+    model = common.load_task_model(AutoModelForSequenceClassification, str(demo_data["start"]), 0, num_labels=2,
+                                   problem_type="single_label_classification")
+    hp = {"lr": 1e-3, "weight_decay": 0.01, "warmup_ratio": 0.1, "grad_clip": 1.0, "batch": 4, "epochs": 2,
+          "max_len": 64, "group_by_length": False}
+    common.train(model, rows, hp, 0, run, tokenizer.pad_token_id)
+    assert dict(counters["graph_break"]) == {} and counters["frames"]["ok"] == 2, counters  # (widths 16 and 32)
+    for _ in range(2):
+        common.predict(model, rows, run, tokenizer.pad_token_id, 2, lambda o: (o.logits,), max_len=64)
+    assert dict(counters["graph_break"]) == {} and counters["frames"]["ok"] == 4, counters

@@ -23,7 +23,8 @@ from tacl.pretrain.settings import CHUNK_OPERATIONAL_KEYS, OPERATIONAL_KEYS
 # tacl.pretrain.settings; the rest lay jobs out (ranks, nodes, chunk times) or name places.
 OPERATIONAL_CONFIG_KEYS = tuple(sorted(
     {"results_dir", "resources_dir", "conda_env", "device", "gpus", "data.clean_workers",
-     "finetune.runtime_minutes", "finetune.compile", "finetune.checkpoint_minutes",
+     "finetune.runtime_minutes", "finetune.compile", "finetune.shapes",
+     "finetune.checkpoint_minutes",
      "pretrain.remove_checkpoints", "plan.gpu", "plan.gpus", "plan.safety", "plan.startup_minutes",
      "plan.min_runtime_minutes"}
     | {f"pretrain.{k}" for k in OPERATIONAL_KEYS if k != "device"}

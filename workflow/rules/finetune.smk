@@ -54,6 +54,7 @@ rule finetune:
         cache=operational(DATASETS_CACHE),
         device=operational(config["device"]),
         compile=operational(str(config["finetune"]["compile"]).lower()),
+        shapes=operational(config["finetune"]["shapes"]),
         checkpoint=operational(config["finetune"]["checkpoint_minutes"]),
         family=lambda w: task_family(w.task),
         seeds=lambda w: " ".join(str(s) for s in task_seeds(w.task)),
@@ -70,7 +71,7 @@ rule finetune:
         "python -m tacl finetune {params.family} {params.start} --task {wildcards.task}"
         " --seeds {params.seeds} --source {params.source:q} --cache-dir {params.cache}"
         " --hparams {params.hparams:q} --precision {params.precision} --device {params.device}"
-        " --compile {params.compile} --checkpoint-minutes {params.checkpoint}"
+        " --compile {params.compile} --shapes {params.shapes} --checkpoint-minutes {params.checkpoint}"
         " --preset {params.preset} {params.contrastive}"
         " {params.keep} --out {params.out} --marker {output} > {log} 2>&1"
 

@@ -60,6 +60,9 @@ def register(stages: argparse._SubParsersAction) -> None:
                        help="cuda: stop at once unless a GPU is usable (the config's `device`)")
         c.add_argument("--compile", default="auto", choices=["auto", "true", "false"],
                        help="torch.compile the model (finetune.compile; auto: on a GPU)")
+        c.add_argument("--shapes", default="auto", choices=["auto", "exact", "buckets"],
+                       help="batches padded to their longest row (exact) or to a few fixed widths and full "
+                            "rows (buckets) (finetune.shapes; auto: buckets where compiled)")
         c.add_argument("--checkpoint-minutes", type=float, default=30.0,
                        help="save the seed's state in its folder this often, and on SIGUSR1/SIGUSR2/SIGTERM "
                             "(then stop, exit status 3); a seed with a checkpoint goes on from it "
@@ -133,17 +136,17 @@ def _train(a: argparse.Namespace, model: str, start_from, source: dict, hp: dict
 
         return finetune_glue(model, a.task, source, hp, seed, out, a.precision, a.device, a.preset,
                              a.contrastive, start_from, a.save_model, compile=_compile(a),
-                             checkpointing=checkpointing)
+                             checkpointing=checkpointing, shapes=a.shapes)
     if a.command == "squad":
         from tacl.finetune.data import SQUAD_TASKS
         from tacl.finetune.qa import finetune_squad
 
         return finetune_squad(model, SQUAD_TASKS[a.task], source, hp, seed, out, a.precision, a.device, a.preset,
-                              compile=_compile(a), checkpointing=checkpointing)
+                              compile=_compile(a), checkpointing=checkpointing, shapes=a.shapes)
     from tacl.finetune.ner import finetune_ner
 
     return finetune_ner(model, source["data_dir"], hp, seed, out, a.precision, a.device, a.preset,
-                        compile=_compile(a), checkpointing=checkpointing)
+                        compile=_compile(a), checkpointing=checkpointing, shapes=a.shapes)
 
 
 def _compile(a: argparse.Namespace) -> bool | str:

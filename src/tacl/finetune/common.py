@@ -1,6 +1,7 @@
 """The fine-tuning loop shared by GLUE, SQuAD and NER: AdamW with linear warmup and decay, batches grouped
-by length and padded to their longest row, bf16 autocast on GPU, gradient clipping, seeded data order; and
-batched prediction.
+by length and padded to their longest row (or, finetune.shapes buckets, to a few fixed widths and the full
+batch size: `bucket_width`, `pad_batch`), bf16 autocast on GPU, gradient clipping, seeded data order; and
+batched prediction (`prediction_batches`).
 
 Length grouping (`group_by_length`, off by default, see below; `epoch_batches`): random batches of GLUE
 and SQuAD rows are 33-67% padding (SST-2, STS-B, MRPC, RTE, QNLI, WNLI at batch 32, the MiniLM tokenizer); each epoch's
@@ -54,6 +55,12 @@ log = logging.getLogger("tacl.finetune")
 DEFAULT_HPARAMS = FAMILY_HPARAMS["glue"]
 LOG_EVERY = 200  # steps between log lines with the mean training loss (the only time it is read)
 MEGABATCH = 50  # batches per megabatch of length grouping (as Hugging Face's LengthGroupedSampler)
+# finetune.shapes: buckets (`bucket_width`): a batch is padded to the next power of two from BUCKET_FLOOR
+# tokens, capped at max_len, and to the full number of rows; prediction batches hold about EVAL_TOKENS
+# tokens (at least eval_batch rows)
+BUCKET_FLOOR = 16
+EVAL_TOKENS = 32768
+SHAPES = ("auto", "exact", "buckets")
 TASK_HEADS = ("classifier", "qa_outputs")  # the Hugging Face task models' heads, run in fp32
 
 
@@ -73,16 +80,21 @@ class Run:
     device: torch.device
     bf16: bool
     compile: bool = False  # torch.compile the model (finetune.compile, resolved)
+    buckets: bool = False  # batches of a few fixed shapes (finetune.shapes, resolved; `bucket_width`)
 
     @classmethod
-    def detect(cls, precision: str = "auto", device: str = "auto", compile: bool | str = "auto") -> "Run":
+    def detect(cls, precision: str = "auto", device: str = "auto", compile: bool | str = "auto",
+               shapes: str = "auto") -> "Run":
         """`device` as in the config (auto | cuda | cpu): a job that asked for a GPU and sees none stops
         here with tacl.device.DeviceError, before any data is tokenized or any model is built. `compile`:
-        finetune.compile (auto: on a GPU)."""
+        finetune.compile (auto: on a GPU); `shapes`: finetune.shapes (auto: buckets where compiled)."""
+        if shapes not in SHAPES:
+            raise InputError(f"finetune.shapes: {shapes!r} is not one of {', '.join(SHAPES)}")
         where = resolve_device(device)
         bf16 = computes_bf16(precision, where.type)
         fast_fp32_matmul(where)
-        return cls(where, bf16, compiles(compile, where, "finetune"))
+        compiled = compiles(compile, where, "finetune")
+        return cls(where, bf16, compiled, shapes == "buckets" or (shapes == "auto" and compiled))
 
     def describe(self) -> dict[str, Any]:
         """What metrics.json records about the run's device (GPU model and count, torch, CUDA, NCCL)."""
@@ -128,20 +140,41 @@ def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str,
     return {**batch, "attention_mask": sdpa_mask(batch["attention_mask"])}
 
 
-def pad_batch(rows: Sequence[dict[str, list[int]]], pad_id: int, label_pad: int = -100) -> dict[str, torch.Tensor]:
-    """Pad a list of tokenized rows to the longest; labels are padded with -100 when they are sequences,
-    stacked as they are when scalars."""
-    length = max(len(r["input_ids"]) for r in rows)
+def bucket_width(length: int, max_len: int) -> int:
+    """The width a batch whose longest row has `length` tokens is padded to under finetune.shapes buckets:
+    the next power of two from BUCKET_FLOOR, capped at max_len (never under `length`). GLUE's max_len 128
+    gives 4 widths (16, 32, 64, 128), SQuAD's 384 gives 6 (16 ... 256, 384)."""
+    width = BUCKET_FLOOR
+    while width < length:
+        width *= 2
+    return max(length, min(width, max_len))
+
+
+def pad_batch(rows: Sequence[dict[str, list[int]]], pad_id: int, label_pad: int = -100, width: int | None = None,
+              size: int | None = None) -> dict[str, torch.Tensor]:
+    """Pad a list of tokenized rows to the longest (or to `width`); labels are padded with -100 when they
+    are sequences, stacked as they are when scalars. `size`: that many rows, the ones added ignored rows
+    that add nothing to a loss: one attended padding token (a row with none would make NaN in attention),
+    labels -100 (a regression's NaN: `_model_loss` leaves them out), start and end positions at `width`
+    (what a Hugging Face QA model's loss ignores)."""
+    length = max(len(r["input_ids"]) for r in rows) if width is None else width
+    n = len(rows) if size is None else size
     out: dict[str, torch.Tensor] = {}
     for key in rows[0]:
         values = [r[key] for r in rows]
         if isinstance(values[0], (list, tuple)):
             fill = pad_id if key == "input_ids" else (label_pad if key == "labels" else 0)
-            arr = np.full((len(rows), length), fill, dtype=np.int64)
+            arr = np.full((n, length), fill, dtype=np.int64)
             for i, v in enumerate(values):
                 arr[i, : len(v)] = v
+            if key == "attention_mask":
+                arr[len(rows):, 0] = 1
             out[key] = torch.from_numpy(arr)
         else:
+            if n > len(rows):
+                regression = key == "labels" and isinstance(values[0], float)
+                ignored = length if key in ("start_positions", "end_positions") else label_pad
+                values = values + [float("nan") if regression else ignored] * (n - len(rows))
             out[key] = torch.tensor(values)
     return out
 
@@ -195,8 +228,8 @@ def train(model: torch.nn.Module, rows: list[dict[str, Any]], hp: dict[str, Any]
 
     seed_everything(seed)
     model.to(run.device).train()
-    if run.compile:  # in place (parameter names stay); one graph for every batch width, another for prediction
-        model.compile(dynamic=True)
+    if run.compile:  # in place (parameter names stay)
+        compile_model(model, run, hp["max_len"])
     batch_size = hp["batch"]
     steps_per_epoch = -(-len(rows) // batch_size)
     total = steps_per_epoch * hp["epochs"]
@@ -233,8 +266,13 @@ def train(model: torch.nn.Module, rows: list[dict[str, Any]], hp: dict[str, Any]
             for b, indices in enumerate(batches):
                 if epoch == first_epoch and b < done_in_epoch:
                     continue  # (done before the checkpoint)
-                positions += len(indices) * int(lengths[indices].max())
-                batch = to_device(pad_batch([rows[j] for j in indices], pad_id), run.device)
+                width = int(lengths[indices].max())
+                size = len(indices)
+                if run.buckets:  # (every batch full, of one of a few widths)
+                    width, size = bucket_width(width, hp["max_len"]), batch_size
+                positions += size * width
+                batch = to_device(pad_batch([rows[j] for j in indices], pad_id, width=width, size=size),
+                                  run.device)
                 loss = train_step(model, batch, opt, sched, hp, run, extra_loss, task_weight)
                 recent.append(loss)
                 interval += loss
@@ -271,11 +309,59 @@ def train(model: torch.nn.Module, rows: list[dict[str, Any]], hp: dict[str, Any]
             "train_s": round(before_s + time.time() - started, 1), "resumed_at": resumed_at}
 
 
+def compile_model(model: torch.nn.Module, run: Run, max_len: int, backend: str | None = None) -> None:
+    """torch.compile `model` in place (`backend`: torch.compile's, default inductor). Exact shapes: dynamic
+    shapes, one graph for every batch width and another for prediction. Buckets: static shapes, one graph
+    per width for training and one per width for prediction (dynamo's recompile limit raised to that count)."""
+    given = {"backend": backend} if backend else {}
+    if not run.buckets:
+        model.compile(dynamic=True, **given)
+        return
+    widths = len({bucket_width(n, max_len) for n in range(1, max_len + 1)})
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, name, max(getattr(config, name), 2 * widths + 2))
+    model.compile(dynamic=False, **given)
+
+
+def _model_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], run: Run, hidden: bool
+                ) -> tuple[Any, torch.Tensor]:
+    """The model's outputs and its loss. Under finetune.shapes buckets, a QA model's is `_qa_loss`, and a
+    regression's (ignored rows' labels are NaN, `pad_batch`) the mean squared error over the real rows (the
+    model's own loss would average over every row)."""
+    labels = batch.get("labels")
+    if run.buckets and "start_positions" in batch:
+        return _qa_loss(model, batch, hidden)
+    if not run.buckets or labels is None or not labels.is_floating_point():
+        outputs = model(**batch, output_hidden_states=hidden)
+        return outputs, outputs.loss
+    outputs = model(**{k: v for k, v in batch.items() if k != "labels"}, output_hidden_states=hidden)
+    real = ~labels.isnan()
+    error = (outputs.logits.float().view(-1) - labels.nan_to_num().view(-1)) * real
+    return outputs, (error * error).sum() / real.sum().clamp(min=1)
+
+
+def _qa_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], hidden: bool) -> tuple[Any, torch.Tensor]:
+    """A Hugging Face QA model's loss (the mean of the start and end cross-entropies over the rows, positions
+    at the width ignored) under finetune.shapes buckets: its softmax runs over every position of the padded
+    width, so the positions past the batch's longest row (the ones bucketing adds) are left out, and the loss
+    is exact padding's."""
+    positions = {k: batch[k] for k in ("start_positions", "end_positions")}
+    outputs = model(**{k: v for k, v in batch.items() if k not in positions}, output_hidden_states=hidden)
+    width = outputs.start_logits.shape[1]
+    added = ~batch["attention_mask"].reshape(len(outputs.start_logits), width).any(0)  # (no row attends there)
+    loss = 0.0
+    for logits, key in ((outputs.start_logits, "start_positions"), (outputs.end_logits, "end_positions")):
+        loss = loss + torch.nn.functional.cross_entropy(logits.float().masked_fill(added, float("-inf")),
+                                                        positions[key].clamp(0, width), ignore_index=width)
+    return outputs, loss / 2
+
+
 def _loss_and_backward(model: torch.nn.Module, batch: dict[str, torch.Tensor], run: Run,
                        extra_loss: Callable | None, task_weight: float) -> torch.Tensor:
     with torch.autocast(run.device.type, dtype=torch.bfloat16, enabled=run.bf16):
-        outputs = model(**batch, output_hidden_states=extra_loss is not None)
-        loss = outputs.loss * task_weight
+        outputs, loss = _model_loss(model, batch, run, extra_loss is not None)
+        loss = loss * task_weight
         if extra_loss is not None:
             loss = loss + extra_loss(model, batch, outputs)
     loss.backward()
@@ -314,17 +400,19 @@ def train_step(model: torch.nn.Module, batch: dict[str, torch.Tensor], opt: torc
 
 @torch.no_grad()
 def predict(model: torch.nn.Module, rows: list[dict[str, Any]], run: Run, pad_id: int, batch_size: int,
-            outputs_of: Callable[[Any], Sequence[torch.Tensor]], per_token: bool = False) -> list[list[np.ndarray]]:
+            outputs_of: Callable[[Any], Sequence[torch.Tensor]], per_token: bool = False,
+            max_len: int | None = None) -> list[list[np.ndarray]]:
     """Run the model over `rows` (in batches of rows of similar length: longest first, little padding).
     `outputs_of(model_output)` picks tensors of shape [B, ...]; for each, one float32 array per row comes
-    back, in the rows' order; `per_token` outputs ([B, L, ...]) are cut to the row's own length."""
+    back, in the rows' order; `per_token` outputs ([B, L, ...]) are cut to the row's own length. Under
+    finetune.shapes buckets (`prediction_batches`), batches of `max_len`'s bucket widths (default: the
+    longest row's)."""
     model.to(run.device).eval()
-    order = np.argsort([-len(r["input_ids"]) for r in rows], kind="stable")
+    lengths = np.array([len(r["input_ids"]) for r in rows])
     kept: list[list[Any]] = []
-    for i in range(0, len(rows), batch_size):
-        chunk = order[i : i + batch_size]
-        batch = to_device(pad_batch([{k: v for k, v in rows[j].items() if k != "labels"} for j in chunk], pad_id),
-                          run.device)
+    for chunk, width, size in prediction_batches(lengths, batch_size, run.buckets, max_len):
+        batch = to_device(pad_batch([{k: v for k, v in rows[j].items() if k != "labels"} for j in chunk], pad_id,
+                                    width=width, size=size), run.device)
         with torch.autocast(run.device.type, dtype=torch.bfloat16, enabled=run.bf16):
             out = outputs_of(model(**batch))
         for k, t in enumerate(out):
@@ -334,3 +422,25 @@ def predict(model: torch.nn.Module, rows: list[dict[str, Any]], run: Run, pad_id
             for a, j in enumerate(chunk):
                 kept[k][j] = arr[a, : len(rows[j]["input_ids"])] if per_token else arr[a]
     return kept
+
+
+def prediction_batches(lengths: np.ndarray, batch_size: int, buckets: bool = False, max_len: int | None = None
+                       ) -> list[tuple[np.ndarray, int | None, int | None]]:
+    """Prediction's batches, longest rows first, as (indices, width, rows) for `pad_batch` (None, None: the
+    longest row's width, the batch's own rows). Buckets: each batch's rows share one `bucket_width` and it
+    holds max(batch_size, EVAL_TOKENS // width) rows (the last of a width filled with ignored rows): one
+    shape per width, and large batches where rows are short."""
+    order = np.argsort(-lengths, kind="stable")
+    if not buckets:
+        return [(order[i : i + batch_size], None, None) for i in range(0, len(order), batch_size)]
+    cap = int(max_len or lengths.max(initial=1))
+    widths = np.array([bucket_width(int(n), cap) for n in lengths[order]])
+    out = []
+    i = 0
+    while i < len(order):
+        width = int(widths[i])
+        size = max(batch_size, EVAL_TOKENS // width)
+        end = min(i + size, i + int((widths[i:] == width).sum()))
+        out.append((order[i:end], width, size))
+        i = end
+    return out

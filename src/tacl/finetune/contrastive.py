@@ -8,6 +8,9 @@ temperature `contrastive_tau` among the fine-tuning hyperparameters (0.9 and 0.3
   class are positives, every other example of the batch is in the denominator:
   -1/(N_i - 1) sum_{j != i, y_j = y_i} log( exp(s_ij / tau) / sum_{k != i} exp(s_ik / tau) ), averaged over the
   anchors that have a positive.
+
+A row labelled below 0 (an ignored row that pads a batch to its full size, tacl.finetune.common.pad_batch)
+is in neither form: not an anchor, not in any denominator.
 """
 
 from __future__ import annotations
@@ -30,19 +33,23 @@ def _similarities(cls: torch.Tensor, tau: float) -> torch.Tensor:
 
 @in_fp32
 def kl_contrastive_loss(cls: torch.Tensor, labels: torch.Tensor, tau: float) -> torch.Tensor:
-    same = (labels[:, None] == labels[None, :]).float()
-    target = same / same.sum(1, keepdim=True)
-    log_p = F.log_softmax(_similarities(cls, tau), dim=1)
-    return (target * (torch.log(target.clamp(min=1e-12)) - log_p)).sum(1).mean()
+    real = labels >= 0
+    same = ((labels[:, None] == labels[None, :]) & real[:, None] & real[None, :]).float()
+    target = same / same.sum(1, keepdim=True).clamp(min=1)
+    ignored = ~real[None, :]
+    log_p = F.log_softmax(_similarities(cls, tau).masked_fill(ignored, float("-inf")), dim=1).masked_fill(ignored, 0)
+    per_row = (target * (torch.log(target.clamp(min=1e-12)) - log_p)).sum(1)
+    return (per_row * real).sum() / real.sum().clamp(min=1)
 
 
 @in_fp32
 def supervised_contrastive_loss(cls: torch.Tensor, labels: torch.Tensor, tau: float) -> torch.Tensor:
     n = len(labels)
-    eye = torch.eye(n, dtype=torch.bool, device=cls.device)
-    sims = _similarities(cls, tau).masked_fill(eye, float("-inf"))  # k != i in the denominator
-    log_p = F.log_softmax(sims, dim=1).masked_fill(eye, 0.0)
-    positive = (labels[:, None] == labels[None, :]) & ~eye
+    real = labels >= 0
+    left_out = torch.eye(n, dtype=torch.bool, device=cls.device) | ~real[None, :]
+    sims = _similarities(cls, tau).masked_fill(left_out, float("-inf"))  # k != i in the denominator
+    log_p = F.log_softmax(sims, dim=1).masked_fill(left_out, 0.0)
+    positive = (labels[:, None] == labels[None, :]) & ~left_out & real[:, None]
     per_anchor = -(log_p * positive).sum(1) / positive.sum(1).clamp(min=1)
     has = positive.any(1)
     return (per_anchor * has).sum() / has.sum().clamp(min=1)

@@ -94,7 +94,7 @@ def entity_metrics(gold: list[list[str]], pred: list[list[str]]) -> dict[str, fl
 def finetune_ner(model_dir: str, data_dir: str, hparams: dict[str, Any], seed: int, out_dir: str,
                  precision: str = "auto", device: str = "auto",
                  preset: str = "standard", compile: bool | str = "auto",
-                 checkpointing: Checkpointing | None = None) -> dict[str, Any]:
+                 checkpointing: Checkpointing | None = None, shapes: str = "auto") -> dict[str, Any]:
     """One CoNLL-2003 fine-tune; `checkpointing`: checkpoints inside the seed (tacl.finetune.resume)."""
     from transformers import AutoModelForTokenClassification, AutoTokenizer, BertModel
 
@@ -104,7 +104,7 @@ def finetune_ner(model_dir: str, data_dir: str, hparams: dict[str, Any], seed: i
     model_dir = resolve_pretrained(model_dir)
     hp = hyperparameters(FAMILY_HPARAMS["ner"], preset, hparams)
     started = time.time()
-    run = Run.detect(precision, device, compile)  # a job that asked for a GPU and has none stops here
+    run = Run.detect(precision, device, compile, shapes)  # a job that asked for a GPU and has none stops here
     data = {s: read_conll(Path(data_dir) / f) for s, f in SPLITS.items()}
     labels = label_list(data["train"])
     train_s = subset(data["train"], hp.get("max_train_examples", 0))
@@ -134,7 +134,7 @@ def finetune_ner(model_dir: str, data_dir: str, hparams: dict[str, Any], seed: i
     for split, sentences in eval_s.items():
         rows = encode(tokenizer, sentences, labels, hp["max_len"])
         (logits,) = predict(model, rows, run, tokenizer.pad_token_id, hp["eval_batch"], lambda o: (o.logits,),
-                            per_token=True)
+                            per_token=True, max_len=hp["max_len"])
         pred = word_predictions(rows, logits, labels)
         gold = [[labels[i] for i in np.array(r["labels"])[np.array(r["labels"]) != -100]] for r in rows]
         results[split] = {**entity_metrics(gold, pred), "examples": len(rows)}

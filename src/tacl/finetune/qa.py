@@ -44,7 +44,7 @@ def feature_rows(features: squad.Features, train: bool) -> list[dict[str, Any]]:
 def finetune_squad(model_dir: str, version: str, source: dict[str, Any], hparams: dict[str, Any], seed: int,
                    out_dir: str, precision: str = "auto", device: str = "auto",
                    preset: str = "standard", compile: bool | str = "auto",
-                   checkpointing: Checkpointing | None = None) -> dict[str, Any]:
+                   checkpointing: Checkpointing | None = None, shapes: str = "auto") -> dict[str, Any]:
     """One SQuAD fine-tune; `checkpointing`: checkpoints inside the seed (tacl.finetune.resume)."""
     from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 
@@ -53,7 +53,7 @@ def finetune_squad(model_dir: str, version: str, source: dict[str, Any], hparams
     model_dir = resolve_pretrained(model_dir)
     hp = hyperparameters(SQUAD_HPARAMS, preset, hparams)
     started = time.time()
-    run = Run.detect(precision, device, compile)  # a job that asked for a GPU and has none stops here
+    run = Run.detect(precision, device, compile, shapes)  # a job that asked for a GPU and has none stops here
     train_ex = subset(load_examples(version, "train", source), hp.get("max_train_examples", 0))
     dev_ex = subset(load_examples(version, "dev", source), hp.get("max_eval_examples", 0))
 
@@ -67,7 +67,7 @@ def finetune_squad(model_dir: str, version: str, source: dict[str, Any], hparams
     dev_features = squad.prepare_features(dev_ex, tokenizer, hp["max_len"], hp["doc_stride"], hp["max_query_len"],
                                           train=False)
     start, end = predict(model, feature_rows(dev_features, False), run, tokenizer.pad_token_id, hp["eval_batch"],
-                         lambda o: (o.start_logits, o.end_logits), per_token=True)
+                         lambda o: (o.start_logits, o.end_logits), per_token=True, max_len=hp["max_len"])
     v2 = version == "2.0"
     preds, null_odds = squad.postprocess(dev_ex, dev_features, start, end, hp["n_best"], hp["max_answer_len"],
                                          version_2=v2)

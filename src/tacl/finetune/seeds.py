@@ -19,6 +19,12 @@ why; the marker never names a file that does not parse.
 A job killed while it writes leaves the file or folder unfinished under a temporary name (tacl.io.atomic_path:
 a seed's checkpoint.pt being saved, its model/ being written, its metrics.json): the next job of the setting
 removes them when it starts (`claim`), unless the job its folder names still runs.
+
+A seed is trained by one process at a time: the process holds the seed's lock (LOCK in its folder, the
+pretraining run lock's machinery, tacl.pretrain.lock) from before it looks at the seed until the seed is done
+or stopped. A second process on a seed whose holder still runs (a job started again while the first one
+runs) stops with one line naming the seed's folder and the holder; a lock whose holder is gone (a killed job)
+is taken over, with one warning saying whose it was.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from typing import Any, Callable
 from tacl.finetune import CHECKPOINT, GIVEN, JOB, Stopped
 from tacl.io import (InputError, changed_files, read_file_record, read_json, remove_leftovers, sha256_file,
                      temporaries_under, write_file_record, write_json_atomic)
-from tacl.pretrain.lock import holder, owner_record
+from tacl.pretrain.lock import LOCK, RunLock, holder, owner_record
 
 log = logging.getLogger("tacl.finetune")
 WEIGHTS = ("*.safetensors", "*.bin")
@@ -61,12 +67,12 @@ def weights_fingerprint(model_dir: str | Path) -> str:
 
 def result_files(out: Path) -> list[Path]:
     """A seed's result files: everything in its folder but its records (given.json, RESULT_FILES, the job's
-    JOB with --seed), its checkpoint and what is hidden (a file being written, tacl.io.atomic_path)."""
+    JOB with --seed), its checkpoint, its lock and what is hidden (a file being written, tacl.io.atomic_path)."""
     keep = []
     for path in sorted(out.rglob("*")):
         parts = path.relative_to(out).parts
         hidden = any(p.startswith(".") for p in parts)
-        if path.is_file() and not hidden and parts not in ((GIVEN,), (RESULT_FILES,), (JOB,), (CHECKPOINT,)):
+        if path.is_file() and not hidden and parts not in ((GIVEN,), (RESULT_FILES,), (JOB,), (CHECKPOINT,), (LOCK,)):
             keep.append(path)
     return keep
 
@@ -130,7 +136,8 @@ def claim(folder: Path) -> None:
     """Take a fine-tuning job's folder (the setting's, or the seed's with --seed) for this process: remove what
     killed jobs left unfinished in it (tacl.io.temporaries_under), with one warning naming each and its size,
     then record this job in JOB (for `tacl status`). While the job JOB names still runs (as the pretraining lock
-    tells it: tacl.pretrain.lock.holder), nothing is removed, saying so: its files may be being written."""
+    tells it: tacl.pretrain.lock.holder), nothing is removed and JOB keeps naming it, saying so: its files may be
+    being written, and this job stops at the first seed that job trains (`seed_lock`)."""
     folder = Path(folder)
     try:
         before = json.loads((folder / JOB).read_text(encoding="utf-8"))
@@ -140,20 +147,22 @@ def claim(folder: Path) -> None:
     if alive:
         log.warning("%s: what is written there under a temporary name is left as it is: the job that ran here "
                     "before, %s", folder, who)
-    else:
-        remove_leftovers(temporaries_under(folder), folder, "killed jobs", log)
+        return
+    remove_leftovers(temporaries_under(folder), folder, "killed jobs", log)
     write_json_atomic(folder / JOB, owner_record())
 
 
-def run_seeds(seeds: list[int], run_dir: Callable[[int], Path], given: dict[str, Any],
-              train_one: Callable[[int, Path], dict[str, Any]], marker: str | None = None) -> dict[str, Any]:
-    """Train every seed not done before (`why_not_done`; one after the other; a seed stopped halfway resumes
-    from its checkpoint, tacl.finetune.resume), then write the marker. A seed that fails does not stop the
-    others; the job then fails naming them (their finished siblings stay done). Bad input (InputError) stops
-    at once: it would fail every seed; so does a stop (`Stopped`: the job's time is up)."""
-    runs, failed = [], []
-    for seed in seeds:
-        out = run_dir(seed)
+def seed_lock(seed: int, out: Path) -> RunLock:
+    """The lock of the seed in `out` (`RunLock`: refused while a live process holds it, taken over from a dead
+    one with a warning on the fine-tuning log)."""
+    return RunLock(out, busy=f"seed {seed} is being trained by another process", logger=log)
+
+
+def train_seed(seed: int, out: Path, given: dict[str, Any], train_one: Callable[[int, Path], dict[str, Any]]) -> None:
+    """One seed, under its lock (`seed_lock`): kept when done before (`why_not_done`), otherwise trained
+    (going on from its checkpoint where it has one), its result files checked and recorded. Raises what
+    `train_one` raises (InputError, `Stopped`, a failure)."""
+    with seed_lock(seed, out):
         why = why_not_done(out, given)
         if why is None:
             log.info("seed %d: done before with these settings and this start model (%s), kept", seed, out)
@@ -168,24 +177,42 @@ def run_seeds(seeds: list[int], run_dir: Callable[[int], Path], given: dict[str,
             for name in (RESULT_FILES, METRICS) + ((CHECKPOINT,) if given_before(out) != given else ()):
                 (out / name).unlink(missing_ok=True)
             write_json_atomic(out / GIVEN, given)
-            try:
-                train_one(seed, out)
-                problem = unreadable(out)
-                if problem is not None:
-                    raise RuntimeError(f"{out}: {problem}, just after training")
-            except (InputError, Stopped):
-                raise
-            except Exception:  # noqa: BLE001 (reported, and the job fails at the end)
-                log.error("seed %d failed:\n%s", seed, traceback.format_exc())
-                failed.append(seed)
-                continue
+            train_one(seed, out)
+            problem = unreadable(out)
+            if problem is not None:
+                raise RuntimeError(f"{out}: {problem}, just after training")
         if not (out / RESULT_FILES).is_file():
             record_results(out)
         (out / CHECKPOINT).unlink(missing_ok=True)  # (the seed is done: its checkpoint serves nothing more)
-        runs.append(str(out / METRICS))
+
+
+def run_seeds(seeds: list[int], run_dir: Callable[[int], Path], given: dict[str, Any],
+              train_one: Callable[[int, Path], dict[str, Any]], marker: str | None = None) -> dict[str, Any]:
+    """Train every seed not done before (`train_seed`; one after the other; a seed stopped halfway resumes
+    from its checkpoint, tacl.finetune.resume), then write the marker. A seed that fails does not stop the
+    others; the job then fails naming them (their finished siblings stay done). Bad input (InputError: a seed
+    that another process trains included) stops at once: it would fail every seed; so does a stop (`Stopped`:
+    the job's time is up)."""
+    failed = []
+    for seed in seeds:
+        try:
+            train_seed(seed, run_dir(seed), given, train_one)
+        except (InputError, Stopped):
+            raise
+        except Exception:  # noqa: BLE001 (reported, and the job fails at the end)
+            log.error("seed %d failed:\n%s", seed, traceback.format_exc())
+            failed.append(seed)
+    return seeds_record(seeds, run_dir, failed, marker)
+
+
+def seeds_record(seeds: list[int], run_dir: Callable[[int], Path], failed: list[int],
+                 marker: str | None = None) -> dict[str, Any]:
+    """The job's end: a failure naming the seeds that failed, else the marker (every seed's metrics.json and
+    its hash), written when `marker` names it."""
     if failed:
-        raise RuntimeError(f"fine-tuning seed(s) {failed} failed (see above); the {len(runs)} other seed(s) are "
-                           "kept, and running the job again trains only the failed ones")
+        raise RuntimeError(f"fine-tuning seed(s) {failed} failed (see above); the {len(seeds) - len(failed)} other "
+                           "seed(s) are kept, and running the job again trains only the failed ones")
+    runs = [str(run_dir(seed) / METRICS) for seed in seeds]
     # (each seed's metrics hashed in: a seed trained again changes the marker, so that what reads it, the
     # selection and the report, runs again even where Snakemake compares the marker's content)
     record = {"seeds": list(seeds), "runs": runs, "metrics_sha256": [sha256_file(path)[:16] for path in runs]}

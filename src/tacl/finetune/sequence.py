@@ -56,7 +56,7 @@ def finetune_glue(model_dir: str, task: str, source: dict[str, Any], hparams: di
                   out_dir: str, precision: str = "auto", device: str = "auto",
                   preset: str = "standard", contrastive: str | None = None, start_from: str | None = None,
                   save_model: bool = False, compile: bool | str = "auto",
-                  checkpointing: Checkpointing | None = None) -> dict[str, Any]:
+                  checkpointing: Checkpointing | None = None, shapes: str = "auto") -> dict[str, Any]:
     """One fine-tune. `start_from` names where `model_dir` came from (another task's fine-tune,
     TASK:SETTING/seedN; recorded); `save_model` keeps the fine-tuned encoder, without its task head, in
     OUT/model, so that another task can start from it; `checkpointing`: checkpoints inside the seed
@@ -76,7 +76,7 @@ def finetune_glue(model_dir: str, task: str, source: dict[str, Any], hparams: di
     model_dir = resolve_pretrained(model_dir)
     hp = hyperparameters({**DEFAULT_HPARAMS, **(CONTRASTIVE_DEFAULTS if contrastive else {})}, preset, hparams)
     started = time.time()
-    run = Run.detect(precision, device, compile)  # a job that asked for a GPU and has none stops here
+    run = Run.detect(precision, device, compile, shapes)  # a job that asked for a GPU and has none stops here
     # all data first: a missing file fails before the model is built
     train_ex = subset(load_examples(task, "train", source), hp.get("max_train_examples", 0))
     dev = {s: subset(load_examples(task, s, source), hp.get("max_eval_examples", 0)) for s in spec.dev_splits}
@@ -102,7 +102,7 @@ def finetune_glue(model_dir: str, task: str, source: dict[str, Any], hparams: di
 
     def predictions(examples: list[glue.Example]) -> np.ndarray:
         (logits,) = predict(model, encode(tokenizer, task, examples, hp["max_len"]), run, tokenizer.pad_token_id,
-                            hp["eval_batch"], lambda o: (o.logits,))
+                            hp["eval_batch"], lambda o: (o.logits,), max_len=hp["max_len"])
         logits = np.stack(logits)
         return logits[:, 0] if spec.is_regression else logits.argmax(-1)
 

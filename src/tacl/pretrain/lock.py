@@ -1,4 +1,5 @@
-"""One trainer per run directory: a lock file created atomically (O_EXCL), holding who owns it.
+"""One trainer per run directory (and per fine-tuning seed, tacl.finetune.seeds): a lock file created
+atomically (O_EXCL), holding who owns it.
 
 A lock whose holder is gone is taken over: a SLURM or PBS job that its scheduler no longer runs (finished,
 failed, requeued, or forgotten), a process on this host that no longer exists, or a lock left by an
@@ -73,8 +74,13 @@ def lock_owner(run_dir: str | os.PathLike) -> dict | None:
 
 
 class RunLock:
-    def __init__(self, run_dir: str | os.PathLike):
+    """The lock of `run_dir` (its LOCK file). `busy` says in the refusal what the folder is held for, `logger`
+    takes the line of a lock taken over."""
+
+    def __init__(self, run_dir: str | os.PathLike, busy: str = "run directory is locked by another trainer",
+                 logger: logging.Logger = log):
         self.path = Path(run_dir) / LOCK
+        self.busy, self.log = busy, logger
         self.held = False
 
     def acquire(self) -> "RunLock":
@@ -90,12 +96,10 @@ class RunLock:
                 alive, who = holder(owner) if owner else (True, "an unreadable lock")
                 if owner and not alive:
                     self.path.unlink(missing_ok=True)  # stale: its trainer is gone
-                    log.warning("%s: took over the stale lock of %s", self.path, who)
+                    self.log.warning("%s: took over the stale lock of %s", self.path, who)
                     continue
-                raise InputError(
-                    f"{self.path}: run directory is locked by another trainer, {who}; if that trainer is "
-                    "really gone, delete the file"
-                ) from None
+                raise InputError(f"{self.path}: {self.busy}, {who}; if that one is really gone, delete the file"
+                                 ) from None
             with os.fdopen(fd, "w") as f:
                 json.dump(owner_record(), f)
             self.held = True
