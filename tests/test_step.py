@@ -333,7 +333,8 @@ def test_compiled_step_has_one_graph_over_every_width_and_the_eager_losses(demo_
     states, COCO-LM's draws and crops included), padded and packed, trace through AOTAutograd as one graph
     with no graph break, compiled once for micro-batches of several widths and numbers of masked positions
     (dynamic shapes), and give the eager step's losses (3 steps at lr 2e-3: the gradients of the first two
-    are in the last two losses) within rel 1e-5."""
+    are in the last two losses) within rel 1e-5. Padded, the loader's host flag `no_padding` (attention
+    without a mask) makes a second graph, no more: one with the mask, one without, each for every width."""
     if packing:  # (the packed eager reference, computed here: fp32_losses is padded)
         reference, loader = start(demo_data, tmp_path / "eager", env, objective, packing=True)
         eager = [step(reference, loader, env, contextlib.nullcontext()) for _ in range(STEPS)]
@@ -347,21 +348,24 @@ def test_compiled_step_has_one_graph_over_every_width_and_the_eager_losses(demo_
     masked = {chunk.data.micro_batch(s, j)["mlm_index"].shape[0] for s in range(STEPS) for j in range(2)}
     # then micro-batches of other widths (the demo's first steps are all 64 wide), forward and backward
     lengths = chunk.data.shards.lengths(chunk.data.locate(np.arange(len(chunk.data.shards)))[1])
-    widths = set()
-    for top in (24, 40, 56):
-        positions = np.flatnonzero((lengths <= top) & (lengths > top - 8))[:4]
+    widths, unpadded = set(), set()
+    # widths 24, 40 and 56 with padding; 32 without (the steps' own micro-batches without padding are 64 wide)
+    for top, exact in ((24, False), (40, False), (56, False), (32, True)):
+        positions = np.flatnonzero(lengths == top if exact else (lengths <= top) & (lengths > top - 8))[:4]
         arrays = {**chunk.data.arrays(positions), "step_counts": chunk.data.step_counts(0),  # (as micro_batch)
                   "draw_width": chunk.data.batching.draw_width(0)}
         packed = pack(pack_sequences(arrays) if packing else as_tensors(arrays))  # (as the loader delivers it)
         batch = on_device(packed, torch.device("cpu"))  # (host values too)
-        widths.add(batch["input_ids"].shape[1])
+        (unpadded if batch.get("no_padding") else widths).add(batch["input_ids"].shape[1])
         masked.add(batch["mlm_index"].shape[0])
         chunk.engine.backward(chunk.engine(batch, chunk.teacher, seeded_draws(chunk.generator))[0])
-    assert widths == {24, 40, 56} if not packing else len(widths) == 3  # (packed: the row's number of tokens)
+    # (packed: the row's number of tokens, no flag)
+    assert (widths, unpadded) == ({24, 40, 56}, {32}) if not packing else len(widths) == 4
     assert dict(counters["graph_break"]) == {}
     assert len(masked) >= 2, masked  # (the number of masked positions varies too)
-    assert counters["frames"]["total"] == counters["frames"]["ok"] == 1, counters  # one compilation
-    assert counters["stats"]["unique_graphs"] == 1, counters
+    graphs = 1 if packing else 2  # (padded: with and without the mask)
+    assert counters["frames"]["total"] == counters["frames"]["ok"] == graphs, counters  # no other compilation
+    assert counters["stats"]["unique_graphs"] == graphs, counters
     assert chunk.engine.module.compiled  # (no failure sent it on eager)
     for s, (value, reference) in enumerate(zip(got, eager)):
         assert value.keys() == reference.keys()
