@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     import torch
 
 DEVICES = ("auto", "cuda", "cpu")
-TRANSFORMERS_MAJOR = 5  # every forward passes a 4-D boolean attention mask, which transformers 4.x refuses
+TRANSFORMERS_MAJOR = 5  # every padded forward passes a 4-D boolean attention mask, which transformers 4.x refuses
 T = TypeVar("T")
 _SCHEDULER_GPU_VARS = ("SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "SLURM_GPUS")
 
