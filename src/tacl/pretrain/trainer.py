@@ -45,13 +45,13 @@ from typing import Any, Iterator
 import torch
 
 from tacl.data.masking import MaskingSpec
+from tacl.data.packing import is_packed
 from tacl.data.pretraining import Batching, MicroBatches, PretrainingData, micro_batch_loader, on_device
 from tacl.data.shards import ShardSet
 from tacl.device import (compile_failure, compile_in_own_thread, compiles, computes_bf16, device_info,
                          fast_fp32_matmul, gpu_memory_gib)
 from tacl.hub import load_tokenizer, tokenizer_hash
 from tacl.io import InputError, stable_hash, write_json_atomic
-from tacl.data.packing import is_packed
 from tacl.objectives import NO_PADDING, GroupDraws, build_objective, objective_draws
 from tacl.objectives.registry import group_error, packing_error
 from tacl.pretrain import checkpoint
