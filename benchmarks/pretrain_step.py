@@ -29,8 +29,11 @@ project's own data stage (not timed).
    synchronisations per step of ours, counted under torch.cuda.set_sync_debug_mode("warn") and named by where
    they come from (DeepSpeed's own optimizer step apart), and the peak GPU memory. --micro 64,128: every
    objective at the largest micro-batch, MLM+NSP and TaCL at each; --plain: the plain transformers loop
-   (the ceiling; `time_plain`) at each; --packed: MLM+NSP and TaCL with pretrain.packing; --compile: MLM+NSP
-   and TaCL (--compile-objectives) with pretrain.compile, last; --profile: where one TaCL step's time goes.
+   (the ceiling; `time_plain`) at each, in two forms: on our micro-batches with their 2-D padding mask
+   ("plain mlm_nsp"), and the dense loop on full-length rows of random ids with no mask at all, which lets
+   SDPA pick flash attention ("plain full", compared by model FLOP/s); --packed: MLM+NSP and TaCL with
+   pretrain.packing; --compile: MLM+NSP and TaCL (--compile-objectives) with pretrain.compile, last;
+   --profile: where one TaCL step's time goes.
 
 4. Counts (any device; alone with --counts-only): aten operations dispatched per micro-batch of the real eager
    step (bf16, optimizer included) at ZeRO 0, 1 and 2 with the host reads per optimizer step, and graph
@@ -341,10 +344,13 @@ def peak_memory_gib() -> float | None:
 
 
 def time_plain(manifest: str, tokenizer, start: str, device: torch.device, steps: int, global_batch: int,
-               micro: int, workers: int) -> dict[str, Any]:
-    """The ceiling: a plain loop as a transformers user writes it, on the same micro-batches (this project's
-    loader, grouped by length): BertForPreTraining with its 2-D padding mask, bf16 autocast on a GPU, the MLM
-    head on the masked positions only, NSP, clipping, fused AdamW; no DeepSpeed, no teacher, no metrics."""
+               micro: int, workers: int, full: bool = False) -> dict[str, Any]:
+    """The ceiling: a plain loop as a transformers user writes it: BertForPreTraining, bf16 autocast on a GPU,
+    the MLM head on the masked positions only, NSP, clipping, fused AdamW; no DeepSpeed, no teacher, no
+    metrics. On the same micro-batches as ours (this project's loader, grouped by length) with its 2-D
+    padding mask; or, `full`, the dense loop: every row MAX_LEN random token ids, no attention mask at all
+    (SDPA may pick flash attention), 15% of the positions masked, the batches made once on the device (no
+    input pipeline)."""
     import torch.nn.functional as F
 
     from tacl.data.pretraining import on_device
@@ -356,19 +362,23 @@ def time_plain(manifest: str, tokenizer, start: str, device: torch.device, steps
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, eps=1e-6, fused=True)
     data = pretraining_data(manifest, tokenizer, global_batch, micro)
     accumulation = global_batch // micro
-    batches = micro_batch_loader(MicroBatches(data, 0, steps + 2, accumulation, 0, 1), workers,
-                                 device.type == "cuda")
     bf16 = device.type == "cuda"
     tokens = 0
+    if full:
+        batches = None
+        dense = dense_batches(model.config, accumulation, micro, device)
+    else:
+        batches = micro_batch_loader(MicroBatches(data, 0, steps + 2, accumulation, 0, 1), workers,
+                                     device.type == "cuda")
 
     def step() -> int:
         n = 0
-        for _ in range(accumulation):
-            batch = on_device(next(batches), device)
+        for a in range(accumulation):
+            batch = dense[a] if full else on_device(next(batches), device)
             n += batch["num_tokens"]
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-                out = model.bert(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
-                                 attention_mask=batch["attention_mask"])
+                mask = {} if full else {"attention_mask": batch["attention_mask"]}
+                out = model.bert(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"], **mask)
                 selected = out.last_hidden_state.flatten(0, 1).index_select(0, batch["mlm_index"])
                 mlm = F.cross_entropy(model.cls.predictions(selected).float(), batch["mlm_targets"])
                 nsp = F.cross_entropy(model.cls.seq_relationship(out.pooler_output).float(), batch["nsp_labels"])
@@ -389,12 +399,33 @@ def time_plain(manifest: str, tokenizer, start: str, device: torch.device, steps
     flops = 0.0
     for s in range(2, 2 + steps):
         for j in range(accumulation):
-            _, index = data.locate(data.micro_positions(s, j))
-            flops += objective_flops("mlm_nsp", model.config, data.shards.lengths(index), 0, False)
+            if full:
+                lengths = np.full(micro, MAX_LEN)
+            else:
+                lengths = data.shards.lengths(data.locate(data.micro_positions(s, j))[1])
+            flops += objective_flops("mlm_nsp", model.config, lengths, 0, False)
     batches = None  # (the loader's workers end here)
     return {"s_per_step": elapsed, "tokens_per_step": tokens / steps, "flops_per_step": flops / steps,
             "syncs": "-", "optimizer": "AdamW (fused, plain)", "peak_memory_gib": peak_memory_gib(),
-            "micro_batch": micro, "compiled": False, "matmul_dtype": "torch.bfloat16" if bf16 else "torch.float32"}
+            "micro_batch": micro, "compiled": False, "matmul_dtype": "torch.bfloat16" if bf16 else "torch.float32",
+            "attention_mask": not full}
+
+
+def dense_batches(config, count: int, micro: int, device: torch.device) -> list[dict[str, Any]]:
+    """`count` micro-batches of `micro` rows of MAX_LEN random token ids (the dense loop of `time_plain`): token
+    types 0 then 1 from the middle, 15% of the positions (at random) as the MLM head's, random NSP labels."""
+    generator = torch.Generator().manual_seed(0)
+    masked = int(round(0.15 * micro * MAX_LEN))
+    out = []
+    for _ in range(count):
+        ids = torch.randint(0, config.vocab_size, (micro, MAX_LEN), generator=generator)
+        types = (torch.arange(MAX_LEN) >= MAX_LEN // 2).long().expand(micro, MAX_LEN).contiguous()
+        index = torch.randperm(micro * MAX_LEN, generator=generator)[:masked].sort().values
+        batch = {"input_ids": ids, "token_type_ids": types, "mlm_index": index,
+                 "mlm_targets": torch.randint(0, config.vocab_size, (masked,), generator=generator),
+                 "nsp_labels": torch.randint(0, 2, (micro,), generator=generator)}
+        out.append({**{k: v.to(device) for k, v in batch.items()}, "num_tokens": micro * MAX_LEN})
+    return out
 
 
 def profile_step(objective: str, manifest: str, start: str, tmp: str, device: str, global_batch: int, micro: int,
@@ -746,7 +777,8 @@ def main() -> None:
         r["mfu"] = r["tflops"] * 1e12 / peak if peak else None
         results[name] = r
         same = "mlm_nsp" + ("" if r.get("micro_batch", micro) == micro else f" @{r['micro_batch']}")
-        base = results[same]["s_per_step"] if same in results else None
+        # (the dense plain loop trains on other sequences: no time ratio, its model FLOP/s compared below)
+        base = results[same]["s_per_step"] if same in results and r.get("attention_mask", True) else None
         line = (f"   {name:16s} {r['s_per_step'] * 1000:9.1f} ms/step {r['tokens_per_s']:10.0f} tokens/s"
                 + (f"  {r['s_per_step'] / base:5.2f}x mlm_nsp's time" if base else ""))
         if args.gpu:
@@ -777,9 +809,11 @@ def main() -> None:
     for m in micros:
         for objective in objectives if m == micro else [o for o in ("mlm_nsp", "tacl") if o in objectives]:
             measure(objective + suffix(m), ours(objective, m))
-        if args.plain:
-            measure("plain mlm_nsp" + suffix(m), lambda: time_plain(manifest, tokenizer, start, ENV.device, args.steps,
-                                                                    global_batch, m, workers=2))
+        if args.plain:  # (both forms: with the padding mask, and full-length rows without one)
+            for name, full in (("plain mlm_nsp", False), ("plain full", True)):
+                measure(name + suffix(m), lambda full=full: time_plain(manifest, tokenizer, start, ENV.device,
+                                                                       args.steps, global_batch, m, workers=2,
+                                                                       full=full))
     if "tacl_attn" in results and "tacl" in results:
         print(f"   tacl_attn / tacl: {results['tacl_attn']['s_per_step'] / results['tacl']['s_per_step']:.3f}x the "
               "time per step (the attention weights' cost)", flush=True)
@@ -790,6 +824,10 @@ def main() -> None:
         record["ours_over_plain"] = results["plain mlm_nsp"]["s_per_step"] / results["mlm_nsp"]["s_per_step"]
         print(f"   mlm_nsp ours / the plain loop: {record['ours_over_plain']:.2f}x the tokens/s (target >= 1)",
               flush=True)
+    if "plain full" in results and "mlm_nsp" in results:  # (other sequences: model FLOP/s, not tokens/s)
+        record["ours_over_plain_full"] = results["mlm_nsp"]["tflops"] / results["plain full"]["tflops"]
+        print(f"   mlm_nsp ours / the dense plain loop (full-length rows, no mask): "
+              f"{record['ours_over_plain_full']:.2f}x the model FLOP/s (target >= 1)", flush=True)
     if args.packed:
         for objective in ("mlm_nsp", "tacl"):
             measure(f"{objective} packed", ours(objective, micro, packing=True))

@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -71,8 +72,9 @@ def test_the_packed_layout_holds_the_padded_batch(data):
     assert (first == padded["clean_ids"][:, 0]).all() and len(set(first.tolist())) == 1  # every [CLS]
 
 
-def models(demo_data, objective: str, params: dict):
-    """Student (dropout off: its draws depend on the layout), teacher and objective, packed attention on."""
+def models(demo_data, objective: str, params: dict, packed: bool = True):
+    """Student (dropout off: its draws depend on the layout), teacher and objective, packed attention on
+    (`packed`; else SDPA as a padded run has it)."""
     from tacl.pretrain.model import load_student, load_teacher
 
     torch.manual_seed(0)
@@ -83,7 +85,8 @@ def models(demo_data, objective: str, params: dict):
         objective_.check(str(demo_data["start"]))
         objective_.attach(str(demo_data["start"]), student)
     modules = [student, teacher, objective_ if isinstance(objective_, torch.nn.Module) else None]
-    use_packed_attention(*modules)
+    if packed:
+        use_packed_attention(*modules)
     for m in modules:
         if m is not None:
             m.eval()
@@ -161,6 +164,49 @@ def test_varlen_attention_gets_the_packed_row_as_flash_attention_wants_it(demo_d
     assert len(calls) == student.config.num_hidden_layers
     for term in losses:
         torch.testing.assert_close(losses[term], reference[term], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("objective", ["tacl_attn", "taco", "coco_lm"])  # (every encoder and path)
+def test_a_micro_batch_without_padding_runs_attention_without_a_mask(demo_data, data, monkeypatch, objective):
+    """The loader's host flag `no_padding` (set where every sequence is as long as the micro-batch is wide):
+    every SDPA call of the encoders (student, teacher, COCO-LM's auxiliary model) gets no mask, so that a GPU
+    may run flash attention, with no read from the device (under the sync guard), and the losses, counts and
+    gradients are the masked path's (the same batch with the flag off). A micro-batch with padding keeps the
+    mask. (COCO-LM's cropped views have padding: masked either way.)"""
+    import torch.nn.functional as F
+
+    from tacl.data.tensors import as_tensors
+    from tacl.objectives import NO_PADDING
+
+    lengths = data.shards.lengths(data.locate(np.arange(len(data.shards)))[1])
+    full = as_tensors(data.arrays(np.flatnonzero(lengths == 64)[:4]))
+    assert full[NO_PADDING] is True and full["attention_mask"].all()
+    assert data.micro_batch(5, 1)[NO_PADDING] is False  # (28, 42, 64 and 64 tokens)
+    sdpa, masks = F.scaled_dot_product_attention, []
+
+    def spy(*args, **kwargs):
+        masks.append(kwargs.get("attn_mask", args[3] if len(args) > 3 else None))
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    student, teacher, obj = models(demo_data, objective, run_params(objective, group=2), packed=False)
+    ref_losses, ref_metrics, ref_grads = loss_and_grads(student, teacher, obj, {**full, NO_PADDING: False},
+                                                        contextlib.nullcontext())
+    assert masks and all(m is not None for m in masks)
+    calls = len(masks)
+    losses, metrics, grads = loss_and_grads(student, teacher, obj, full, SyncGuard("cpu"))
+    unmasked = masks[calls:]
+    assert len(unmasked) == calls
+    # every encoder's layers without a mask; COCO-LM's cropped views (the main model's last pass) with one
+    views = student.config.num_hidden_layers if objective == "coco_lm" else 0
+    assert all(m is None for m in unmasked[: calls - views]) and all(m is not None for m in unmasked[calls - views:])
+    for term in losses:
+        torch.testing.assert_close(losses[term], ref_losses[term], rtol=1e-5, atol=1e-6, msg=term)
+    for name in metrics:
+        assert torch.equal(metrics[name], ref_metrics[name]), name
+    scale = max(ref.abs().max() for ref in ref_grads)
+    for g, ref in zip(grads, ref_grads):
+        torch.testing.assert_close(g, ref, rtol=1e-5, atol=1e-6 * scale)
 
 
 def test_a_packed_batch_on_a_model_without_packed_attention_is_refused(demo_data, data):

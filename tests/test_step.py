@@ -86,14 +86,24 @@ def deepspeeds(stack) -> bool:
     return any(f.filename.endswith("deepspeed/runtime/zero/stage_1_and_2.py") and f.name == "step" for f in stack)
 
 
+def weights(chunk) -> dict[str, torch.Tensor]:
+    return {name: p.detach().clone() for name, p in chunk.engine.module.named_parameters()}
+
+
 @pytest.fixture(scope="module")
-def fp32_losses(demo_data, tmp_path_factory, env):
-    """fp32 at ZeRO 0 (the CPU's default), each objective, every step under the guard: no sync at all."""
+def fp32_runs(demo_data, tmp_path_factory, env):
+    """fp32 at ZeRO 0 (the CPU's default), each objective, every step under the guard: no sync at all. Each
+    objective's losses per step, and its weights after the last step."""
     out = {}
     for objective in OBJECTIVES:
         chunk, batches = start(demo_data, tmp_path_factory.mktemp("fp32"), env, objective)
-        out[objective] = [step(chunk, batches, env, SyncGuard("cpu")) for _ in range(STEPS)]
+        out[objective] = [step(chunk, batches, env, SyncGuard("cpu")) for _ in range(STEPS)], weights(chunk)
     return out
+
+
+@pytest.fixture(scope="module")
+def fp32_losses(fp32_runs):
+    return {objective: losses for objective, (losses, _) in fp32_runs.items()}
 
 
 @pytest.mark.parametrize("zero_stage", [0, 1])
@@ -417,8 +427,9 @@ def compiled_with(monkeypatch):
 
     from tacl.pretrain.trainer import Pretrainer
 
+    compile_losses = Pretrainer.compile_losses
+
     def use(backend):
-        compile_losses = Pretrainer.compile_losses
         monkeypatch.setattr(Pretrainer, "compile_losses",
                             lambda self, teacher=None: compile_losses(self, teacher, backend))
         torch._dynamo.reset()
@@ -439,7 +450,8 @@ def test_compiled_step_has_one_graph_over_every_width_and_the_eager_losses(demo_
     states, COCO-LM's draws and crops included), padded and packed, trace through AOTAutograd as one graph
     with no graph break, compiled once for micro-batches of several widths and numbers of masked positions
     (dynamic shapes), and give the eager step's losses (3 steps at lr 2e-3: the gradients of the first two
-    are in the last two losses) within rel 1e-5."""
+    are in the last two losses) within rel 1e-5. Padded, the loader's host flag `no_padding` (attention
+    without a mask) makes a second graph, no more: one with the mask, one without, each for every width."""
     if packing:  # (the packed eager reference, computed here: fp32_losses is padded)
         reference, loader = start(demo_data, tmp_path / "eager", env, objective, packing=True)
         eager = [step(reference, loader, env, contextlib.nullcontext()) for _ in range(STEPS)]
@@ -453,21 +465,24 @@ def test_compiled_step_has_one_graph_over_every_width_and_the_eager_losses(demo_
     masked = {chunk.data.micro_batch(s, j)["mlm_index"].shape[0] for s in range(STEPS) for j in range(2)}
     # then micro-batches of other widths (the demo's first steps are all 64 wide), forward and backward
     lengths = chunk.data.shards.lengths(chunk.data.locate(np.arange(len(chunk.data.shards)))[1])
-    widths = set()
-    for top in (24, 40, 56):
-        positions = np.flatnonzero((lengths <= top) & (lengths > top - 8))[:4]
+    widths, unpadded = set(), set()
+    # widths 24, 40 and 56 with padding; 32 without (the steps' own micro-batches without padding are 64 wide)
+    for top, exact in ((24, False), (40, False), (56, False), (32, True)):
+        positions = np.flatnonzero(lengths == top if exact else (lengths <= top) & (lengths > top - 8))[:4]
         arrays = {**chunk.data.arrays(positions), "step_counts": chunk.data.step_counts(0),  # (as micro_batch)
                   "draw_width": chunk.data.batching.draw_width(0)}
         packed = pack(pack_sequences(arrays) if packing else as_tensors(arrays))  # (as the loader delivers it)
         batch = on_device(packed, torch.device("cpu"))  # (host values too)
-        widths.add(batch["input_ids"].shape[1])
+        (unpadded if batch.get("no_padding") else widths).add(batch["input_ids"].shape[1])
         masked.add(batch["mlm_index"].shape[0])
         chunk.engine.backward(chunk.engine(batch, chunk.teacher, seeded_draws(chunk.generator))[0])
-    assert widths == {24, 40, 56} if not packing else len(widths) == 3  # (packed: the row's number of tokens)
+    # (packed: the row's number of tokens, no flag)
+    assert (widths, unpadded) == ({24, 40, 56}, {32}) if not packing else len(widths) == 4
     assert dict(counters["graph_break"]) == {}
     assert len(masked) >= 2, masked  # (the number of masked positions varies too)
-    assert counters["frames"]["total"] == counters["frames"]["ok"] == 1, counters  # one compilation
-    assert counters["stats"]["unique_graphs"] == 1, counters
+    graphs = 1 if packing else 2  # (padded: with and without the mask)
+    assert counters["frames"]["total"] == counters["frames"]["ok"] == graphs, counters  # no other compilation
+    assert counters["stats"]["unique_graphs"] == graphs, counters
     assert chunk.engine.module.compiled  # (no failure sent it on eager)
     for s, (value, reference) in enumerate(zip(got, eager)):
         assert value.keys() == reference.keys()
@@ -476,13 +491,15 @@ def test_compiled_step_has_one_graph_over_every_width_and_the_eager_losses(demo_
 
 
 def test_a_compilation_that_fails_inside_inference_mode_goes_on_eager_and_trains(demo_data, tmp_path, env,
-                                                                                 fp32_losses, compiled_with,
+                                                                                 fp32_runs, compiled_with,
                                                                                  monkeypatch, caplog):
     """The failure seen on a GPU: the teacher's pass under torch.inference_mode inside the compiled region (as
-    TaCL's once was) makes AOTAutograd fail and leaves the thread's dispatcher state behind; the eager retry
-    of the same micro-batch then trains (before tacl.device.ThreadState it died: "Hit PythonDispatcher
-    dispatch key but PythonDispatcherTLS was not set", on an H200 "Inference tensors cannot be saved for
-    backward"): the eager losses, and the weights change."""
+    TaCL's once was) makes AOTAutograd fail and leaves its thread's dispatcher state behind; the first
+    micro-batch compiles in a thread of its own, before any optimizer step, so the eager retry of the same
+    micro-batch trains in a thread that the failure never touched (before, in the same thread, it died: "Hit
+    PythonDispatcher dispatch key but PythonDispatcherTLS was not set", on an H200 "Inference tensors cannot
+    be saved for backward"): an uncompiled chunk, dynamo reset, the eager run's losses and weights bit for
+    bit."""
     from tacl.objectives.tacl import TaCL
 
     teacher_side = TaCL.teacher_side
@@ -493,22 +510,28 @@ def test_a_compilation_that_fails_inside_inference_mode_goes_on_eager_and_trains
         return h.clone(), weights  # (as the code was: ordinary tensors for the backward)
 
     monkeypatch.setattr(TaCL, "teacher_side", in_inference_mode)
+    resets = []
+    monkeypatch.setattr(torch.compiler, "reset", lambda reset=torch.compiler.reset: (resets.append(1), reset()))
     compiled_with("aot_eager")
     chunk, batches = start(demo_data, tmp_path, env, "tacl", compile=True)
-    before = chunk.engine.module.model.bert.encoder.layer[0].attention.self.query.weight.detach().clone()
+    included = torch._C._dispatch_tls_local_include_set()  # (read to check: the code never touches them)
     with caplog.at_level("WARNING", logger="tacl.pretrain"):
         got = [step(chunk, batches, env, contextlib.nullcontext()) for _ in range(STEPS)]
     warnings = [r.getMessage() for r in caplog.records if "torch.compile failed" in r.getMessage()]
     assert len(warnings) == 1 and "inference tensor" in warnings[0], warnings
-    assert not chunk.engine.module.compiled and not torch.is_inference_mode_enabled()
-    assert got == fp32_losses["tacl"]
-    assert not torch.equal(before, chunk.engine.module.model.bert.encoder.layer[0].attention.self.query.weight)
+    assert not chunk.engine.module.compiled and resets == [1]
+    assert not torch.is_inference_mode_enabled() and torch._C._dispatch_tls_local_include_set() == included
+    losses, eager = fp32_runs["tacl"]
+    assert got == losses
+    assert all(torch.equal(w, eager[name]) for name, w in weights(chunk).items())
 
 
-def test_a_failed_compilation_goes_on_eager_saying_so_once(demo_data, tmp_path, env, fp32_losses, compiled_with,
-                                                          caplog):
+def test_a_failed_compilation_goes_on_eager_saying_so_once_and_out_of_memory_is_not_one(
+        demo_data, tmp_path, env, fp32_runs, compiled_with, caplog):
     """A backend that fails (as inductor without a C compiler or Triton would): one warning, and the chunk goes
-    on uncompiled with the same losses as an eager run (the micro-batch is computed again, reseeded)."""
+    on uncompiled with the same losses and weights as an eager run (the micro-batch is computed again,
+    reseeded). A backend that runs out of memory (inductor's autotuning can): the error propagates, wrapped
+    or not, never taken for a compilation failure."""
 
     def broken(graph, inputs):
         raise RuntimeError("no working C compiler")
@@ -520,7 +543,51 @@ def test_a_failed_compilation_goes_on_eager_saying_so_once(demo_data, tmp_path, 
     warnings = [r.getMessage() for r in caplog.records if "torch.compile failed" in r.getMessage()]
     assert len(warnings) == 1 and "no working C compiler" in warnings[0] and "uncompiled" in warnings[0]
     assert not chunk.engine.module.compiled
-    assert got == fp32_losses["taco"]
+    losses, eager = fp32_runs["taco"]
+    assert got == losses
+    assert all(torch.equal(w, eager[name]) for name, w in weights(chunk).items())
+
+    def out_of_memory(graph, inputs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    caplog.clear()
+    compiled_with(out_of_memory)
+    chunk, batches = start(demo_data, tmp_path / "oom", env, "mlm_nsp", compile=True)
+    with caplog.at_level("WARNING", logger="tacl.pretrain"), pytest.raises(Exception) as raised:
+        step(chunk, batches, env, contextlib.nullcontext())
+    error, chain = raised.value, []
+    while error is not None:
+        chain.append(type(error))
+        error = getattr(error, "inner_exception", None) or error.__cause__  # (dynamo's wrapper, or raised from)
+    assert torch.OutOfMemoryError in chain, chain
+    assert chunk.engine.module.compiled and not [r for r in caplog.records if "compile failed" in r.getMessage()]
+
+
+def test_compile_failures_are_the_compilers_errors_and_never_out_of_memory():
+    """What tacl.device.compile_failure takes for a failed compilation: dynamo's and inductor's errors, named by
+    their root cause; not the model's own errors, and no out-of-memory error, whatever wraps it."""
+    from torch._dynamo.exc import InternalTorchDynamoError
+    from torch._inductor.exc import InductorError
+
+    from tacl.device import compile_failure
+
+    def wrapped(inner, outer):
+        try:
+            try:
+                raise inner
+            except Exception as e:
+                raise outer from e
+        except Exception as e:
+            return e
+
+    assert compile_failure(wrapped(KeyError("<weakref>"), InternalTorchDynamoError("KeyError"))) == \
+        "KeyError: '<weakref>'"
+    assert compile_failure(InductorError(RuntimeError("no Triton"), None)) == "RuntimeError: no Triton"
+    assert compile_failure(KeyError("a model's own")) is None and compile_failure(AssertionError()) is None
+    for oom in (torch.OutOfMemoryError("CUDA out of memory"), RuntimeError("CUDA error: out of memory")):
+        assert compile_failure(oom) is None
+        assert compile_failure(wrapped(oom, InternalTorchDynamoError("while tracing"))) is None
+        assert compile_failure(InductorError(oom, None)) is None
 
 
 def test_compile_auto_is_on_for_a_gpu_only_where_it_was_measured_to_pay(monkeypatch):
@@ -579,6 +646,11 @@ def test_compiled_fine_tune_step_is_one_graph_and_a_failed_one_goes_on_eager(dem
     assert len(warnings) == 1 and "RuntimeError: no working C compiler" in warnings[0]
     assert fallen == eager and model._compiled_call_impl is None
 
+    def out_of_memory(graph, inputs):  # (not a compilation failure: it propagates)
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    with pytest.raises(Exception, match="out of memory"):
+        losses(out_of_memory)
 
 def test_bucketed_shapes_compile_once_per_width_for_training_and_prediction(demo_data, tokenizer, compiled_with,
                                                                           monkeypatch):

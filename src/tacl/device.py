@@ -20,7 +20,7 @@ import subprocess
 import sys
 import sysconfig
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from tacl.io import InputError
 
@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     import torch
 
 DEVICES = ("auto", "cuda", "cpu")
-TRANSFORMERS_MAJOR = 5  # every forward passes a 4-D boolean attention mask, which transformers 4.x refuses
+TRANSFORMERS_MAJOR = 5  # every padded forward passes a 4-D boolean attention mask, which transformers 4.x refuses
+T = TypeVar("T")
 _SCHEDULER_GPU_VARS = ("SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "SLURM_GPUS")
 
 
@@ -295,56 +296,73 @@ def compiles(setting: bool | str, device: torch.device, stage: str) -> bool:
     return setting is True or (setting == "auto" and device.type == "cuda" and COMPILE_PAYS[stage])
 
 
-_HELD_MODES: list[Any] = []
+def compile_in_own_thread(call: Callable[[], T], device: torch.device) -> tuple[T | None, str | None]:
+    """(`call()`'s result, None), `call` run in a thread of its own (on `device`), or (None, what failed:
+    `compile_failure`) where it failed to compile; any other error is raised here. A compiled call that
+    compiles runs so: a torch.compile that fails inside AOTAutograd can leave the thread's dispatcher state
+    behind (its own dispatch keys on, inference mode on: seen on the CPU with torch 2.13, "Cannot set
+    version_counter for inference tensor", and on an H200 with torch 2.11), and an eager retry in that thread
+    died ("Hit PythonDispatcher dispatch key but PythonDispatcherTLS was not set", "Inference tensors cannot
+    be saved for backward"). That state is per thread: it goes with the thread, and so does the failed call's
+    error (its frames hold the compiler's context guards, which set the state of the thread that frees them),
+    freed there; the caller's thread is never touched."""
+    import gc
+    import threading
+
+    import torch
+
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        if device.type == "cuda":  # (the current device is per thread)
+            torch.cuda.set_device(device)
+        try:
+            box["result"] = call()
+        except BaseException as e:
+            failure = compile_failure(e) if isinstance(e, Exception) else None
+            if failure is None:
+                box["error"] = e  # (an out-of-memory error, the model's own: raised in the caller's thread)
+                return
+            box["failure"] = failure
+        gc.collect()  # (the failed call's frames and guards, freed in this thread)
+
+    thread = threading.Thread(target=run, name="tacl-compile", daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box.pop("error")
+    return box.get("result"), box.get("failure")
 
 
-class ThreadState:
-    """The calling thread's autograd and dispatcher state, saved before a compiled call and put back after one
-    that failed. A torch.compile that fails inside AOTAutograd can leave its own dispatch keys switched on
-    (Python, PythonDispatcher, PythonTLSSnapshot included, Functionalize excluded: seen with torch 2.13 on the CPU,
-    "Cannot set version_counter for inference tensor"), or inference mode on (torch 2.11 on an H200): the eager
-    retry of the same micro-batch then dies ("Hit PythonDispatcher dispatch key but PythonDispatcherTLS was not
-    set", "Inference tensors cannot be saved for backward")."""
+def out_of_memory(error: BaseException) -> bool:
+    """Whether an out-of-memory error is in `error`'s chain (causes and contexts included): never taken for a
+    compilation failure, whatever wraps it."""
+    import torch
 
-    def __init__(self) -> None:
-        import torch
-
-        self.included = torch._C._dispatch_tls_local_include_set()
-        self.excluded = torch._C._dispatch_tls_local_exclude_set()
-        self.grad = torch.is_grad_enabled()
-        self.inference = torch.is_inference_mode_enabled()
-
-    def restore(self) -> None:
-        """Put the saved state back. Call it after the failed call's error is gone: its frames hold the
-        failed compiler's guards, which set their own state again when they are freed."""
-        import gc
-
-        import torch
-
-        gc.collect()
-        included = torch._C._dispatch_tls_local_include_set()
-        excluded = torch._C._dispatch_tls_local_exclude_set()
-        for key in torch._C.DispatchKey.__members__.values():
-            if included.has(key) != self.included.has(key):
-                torch._C._dispatch_tls_set_dispatch_key_included(key, self.included.has(key))
-            if excluded.has(key) != self.excluded.has(key):
-                torch._C._dispatch_tls_set_dispatch_key_excluded(key, self.excluded.has(key))
-        if torch.is_inference_mode_enabled() != self.inference:
-            # (no call leaves a mode that another entered: one of our own holds for the rest of the process,
-            # kept alive here, since its guard restores the mode it replaced when it is freed)
-            mode = torch.inference_mode(self.inference)
-            mode.__enter__()
-            _HELD_MODES.append(mode)
-        torch.set_grad_enabled(self.grad)
+    return any(isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower() for e in _chain(error))
 
 
-def compile_failure(error: BaseException) -> str:
-    """`Type: first line` of the root cause of an error raised while a compiled model ran (dynamo and inductor
-    wrap a backend's error in their own). Any such error sends the run on uncompiled: dynamo raises plain
-    AssertionErrors and KeyErrors too (seen: COCO-LM's crops with packing; a weakref KeyError on an H200), so no
-    test of the error's type can tell a compiler's failure from the model's; the model's own error comes
-    back from the uncompiled retry."""
-    while (inner := getattr(error, "inner_exception", None) or error.__cause__) is not None:
-        error = inner
-    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    return f"{type(error).__name__}: {first[:300]}"
+def compile_failure(error: BaseException) -> str | None:
+    """`Type: first line` of the root cause where `error` is a failure of torch.compile: an error of dynamo's
+    or inductor's own types in its chain (torch._dynamo.exc.TorchDynamoException: BackendCompilerFailed, which
+    wraps a backend's error, inductor's InductorError, dynamo's InternalTorchDynamoError, which wraps its own
+    AssertionErrors and KeyErrors, as seen on an H200), and no out-of-memory error (`out_of_memory`). None
+    for anything else: the model's own errors and an out-of-memory error propagate."""
+    from torch._dynamo.exc import TorchDynamoException
+
+    chain = _chain(error)
+    if out_of_memory(error) or not any(isinstance(e, TorchDynamoException) for e in chain):
+        return None
+    root = chain[-1]
+    first = str(root).strip().splitlines()[0] if str(root).strip() else ""
+    return f"{type(root).__name__}: {first[:300]}"
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    """`error` and what it wraps (dynamo's `inner_exception`, `__cause__`, `__context__`), outermost first."""
+    chain: list[BaseException] = []
+    at: BaseException | None = error
+    while at is not None and all(at is not seen for seen in chain):
+        chain.append(at)
+        at = getattr(at, "inner_exception", None) or at.__cause__ or at.__context__
+    return chain

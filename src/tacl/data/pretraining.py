@@ -11,7 +11,10 @@ pure function of (seed, s, j): whichever rank, worker process or resumed chunk b
 Every micro-batch also carries the step's counts (`step_counts`: its selected positions, its real tokens
 and its number of micro-batches), which its losses divide by so that the step's loss does not depend on
 how the step is cut (tacl.objectives.step_denominator), and `draw_width`, the widest micro-batch the run
-can build, the width of its groups' per-position random draws (tacl.objectives.GroupDraws).
+can build, the width of its groups' per-position random draws (tacl.objectives.GroupDraws), and, on the
+host, whether it has no padding at all (`no_padding`: every sequence as long as the micro-batch is wide), so
+that its attention runs without a mask (tacl.objectives.sdpa_mask) with no read from the device. A packed
+micro-batch (`packing`) has no padding by construction and keeps its own attention path.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from tacl.data.masking import IGNORE_INDEX, MaskingSpec, example_keys, mask_batc
 from tacl.data.packing import pack_sequences
 from tacl.data.shards import ShardSet
 from tacl.data.tensors import as_tensors
+from tacl.objectives import NO_PADDING
 
 
 def epoch_permutation(n: int, seed: int, epoch: int) -> np.ndarray:
@@ -150,6 +154,7 @@ class PretrainingData:
             "mlm_mask": labels != IGNORE_INDEX,
             **masked_index(labels),
             "num_tokens": int(lengths.sum()),
+            NO_PADDING: bool(lengths.min() == width),  # (a host flag: attention without a mask)
         }
 
 

@@ -43,8 +43,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from tacl.device import (ThreadState, compile_failure, compiles, computes_bf16, device_info, fast_fp32_matmul,
-                         resolve_device)
+from tacl.device import (compile_failure, compile_in_own_thread, compiles, computes_bf16, device_info,
+                         fast_fp32_matmul, resolve_device)
 from tacl.finetune import FAMILY_HPARAMS, PRESETS, resume
 from tacl.finetune.resume import Checkpointing
 from tacl.io import InputError, stable_hash
@@ -374,28 +374,49 @@ def train_step(model: torch.nn.Module, batch: dict[str, torch.Tensor], opt: torc
     """One optimizer step on a batch already on the device (`to_device`); returns the loss, detached and on
     the device: nothing here waits for the device."""
     compiled = getattr(model, "_compiled_call_impl", None) is not None  # (what nn.Module.compile sets)
-    state = ThreadState() if compiled else None
-    try:
+    if not compiled:
         loss = _loss_and_backward(model, batch, run, extra_loss, task_weight)
-    except Exception as e:  # a compilation that failed: on uncompiled, saying so once (tacl.device.compile_failure)
-        if state is None:
-            raise
-        failure = compile_failure(e)
     else:
-        failure = None
-    if failure is not None:  # (out of the `except`: the error's frames go before the state is put back)
-        state.restore()
-        opt.zero_grad(set_to_none=True)  # (nothing of this batch's gradient counts twice)
-        model._compiled_call_impl = None
-        log.warning("finetune.compile: torch.compile failed (%s); this fine-tune goes on uncompiled (eager, "
-                    "slower)", failure)
-        loss = _loss_and_backward(model, batch, run, extra_loss, task_weight)
+        loss, failure = _compiled_step(model, lambda: _loss_and_backward(model, batch, run, extra_loss, task_weight),
+                                       run.device)
+        if failure is not None:  # on uncompiled, saying so once (tacl.device.compile_failure)
+            torch.compiler.reset()
+            opt.zero_grad(set_to_none=True)  # (nothing of this batch's gradient counts twice)
+            model._compiled_call_impl = None
+            log.warning("finetune.compile: torch.compile failed (%s); this fine-tune goes on uncompiled (eager, "
+                        "slower)", failure)
+            loss = _loss_and_backward(model, batch, run, extra_loss, task_weight)
     if hp.get("grad_clip"):
         torch.nn.utils.clip_grad_norm_(model.parameters(), hp["grad_clip"])
     opt.step()
     sched.step()
     opt.zero_grad(set_to_none=True)
     return loss.detach()
+
+
+# set on a compiled model once its first step has run compiled
+_COMPILED_ONCE = "_tacl_compiled_once"
+
+
+def _compiled_step(model: torch.nn.Module, call: Callable[[], torch.Tensor],
+                   device: torch.device) -> tuple[torch.Tensor | None, str | None]:
+    """(loss, None) of a compiled model's step, or (None, what failed) where its compilation failed. The first
+    step compiles, in a thread of its own (tacl.device.compile_in_own_thread: what a failed compilation
+    leaves behind goes with that thread); a later failure (a recompilation, not expected with dynamic shapes)
+    is handled here the same way. An out-of-memory error, as every error that is not the compiler's,
+    propagates."""
+    if not getattr(model, _COMPILED_ONCE, False):
+        loss, failure = compile_in_own_thread(call, device)
+        if failure is None:
+            setattr(model, _COMPILED_ONCE, True)
+        return loss, failure
+    try:
+        return call(), None
+    except Exception as e:
+        failure = compile_failure(e)
+        if failure is None:
+            raise
+        return None, failure
 
 
 @torch.no_grad()

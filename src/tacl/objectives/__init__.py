@@ -81,16 +81,28 @@ def accuracy(pair: torch.Tensor) -> float:
     return correct / total if total else float("nan")
 
 
-def sdpa_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """A [B, L] padding mask as SDPA's 4-D boolean mask (True = attend): given a 2-D mask, transformers asks
-    `mask.all()` on every forward to decide whether it may drop it, a host-device sync."""
+def sdpa_mask(attention_mask: torch.Tensor, no_padding: bool = False) -> torch.Tensor | None:
+    """A [B, L] padding mask as SDPA's 4-D boolean mask (True = attend), or None where the micro-batch has no
+    padding (`no_padding`, a host flag the loader sets: `NO_PADDING`): SDPA then runs without a mask, which
+    lets it pick flash attention on a GPU (it cannot with any mask). Given a 2-D mask, transformers would ask
+    `mask.all()` on every forward to decide whether it may drop it, a host-device sync; the flag decides it
+    on the host instead."""
+    if no_padding:
+        return None
     return attention_mask[:, None, None, :].bool()
 
 
-def encoder_inputs(batch: dict[str, torch.Tensor], ids: str = "input_ids") -> dict[str, torch.Tensor]:
-    """A BERT encoder's keyword arguments for this batch (the padding mask as `sdpa_mask`)."""
+# The host flag (a Python bool) the loader puts in every padded micro-batch: True where no sequence of the
+# micro-batch has padding (every one as long as the micro-batch is wide). A compiled step specialises on
+# it: at most two graphs, one with the mask and one without (tacl.pretrain.trainer.Pretrainer.compile_losses).
+NO_PADDING = "no_padding"
+
+
+def encoder_inputs(batch: dict[str, Any], ids: str = "input_ids") -> dict[str, Any]:
+    """A BERT encoder's keyword arguments for this batch (the padding mask as `sdpa_mask`: none where the
+    batch's `NO_PADDING` flag is set)."""
     return {"input_ids": batch[ids], "token_type_ids": batch["token_type_ids"],
-            "attention_mask": sdpa_mask(batch["attention_mask"])}
+            "attention_mask": sdpa_mask(batch["attention_mask"], batch.get(NO_PADDING) is True)}
 
 
 # The step's counts that the loader puts in every micro-batch as `step_counts` (int64, in this order): the

@@ -39,17 +39,20 @@ WEIGHTINGS = ("attention", "uniform")
 
 @in_fp32
 def attention_received(hidden: torch.Tensor, query_weight: torch.Tensor, query_bias: torch.Tensor,
-                       key_weight: torch.Tensor, key_bias: torch.Tensor, heads: int, allowed: torch.Tensor,
+                       key_weight: torch.Tensor, key_bias: torch.Tensor, heads: int, allowed: torch.Tensor | None,
                        queries: torch.Tensor) -> torch.Tensor:
     """a [B, L]: the attention each token receives in one layer, mean over heads, summed over the query
     tokens `queries` [B, L] bool. hidden [B, L, D] the layer's input; its query and key projections;
     allowed: which keys a query may attend (True), broadcastable to [B, 1, L, L] (SDPA's [B, 1, 1, L]
-    padding mask, or a block mask). In fp32 whatever the inputs' dtype."""
+    padding mask, or a block mask), None: every key (a micro-batch without padding, tacl.objectives.sdpa_mask).
+    In fp32 whatever the inputs' dtype."""
     bsz, length, _ = hidden.shape
     q = F.linear(hidden, query_weight, query_bias).view(bsz, length, heads, -1).transpose(1, 2)  # [B, h, L, d]
     k = F.linear(hidden, key_weight, key_bias).view(bsz, length, heads, -1).transpose(1, 2)
     scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
-    probs = scores.masked_fill(~allowed, _EXCLUDED).softmax(-1)  # [B, h, query, key]
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, _EXCLUDED)
+    probs = scores.softmax(-1)  # [B, h, query, key]
     return torch.einsum("bhqk,bq->bk", probs, queries.to(probs.dtype)) / heads
 
 

@@ -60,7 +60,8 @@ def start_identity(start_dir: str) -> dict[str, Any]:
 
 
 # PyTorch's scaled_dot_product_attention (flash / memory-efficient kernels on GPUs); the objectives pass it
-# a boolean padding mask (tacl.objectives.encoder_inputs), which only this implementation takes.
+# a boolean padding mask (tacl.objectives.encoder_inputs), which only this implementation takes, or none for a
+# micro-batch without padding (then SDPA may pick flash attention).
 ATTENTION = "sdpa"
 
 

@@ -38,20 +38,21 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
 import torch
 
 from tacl.data.masking import MaskingSpec
+from tacl.data.packing import is_packed
 from tacl.data.pretraining import Batching, MicroBatches, PretrainingData, micro_batch_loader, on_device
 from tacl.data.shards import ShardSet
-from tacl.device import (ThreadState, compile_failure, compiles, computes_bf16, device_info, fast_fp32_matmul,
-                         gpu_memory_gib)
+from tacl.device import (compile_failure, compile_in_own_thread, compiles, computes_bf16, device_info,
+                         fast_fp32_matmul, gpu_memory_gib)
 from tacl.hub import load_tokenizer, tokenizer_hash
 from tacl.io import InputError, stable_hash, write_json_atomic
-from tacl.objectives import GroupDraws, build_objective, objective_draws
+from tacl.objectives import NO_PADDING, GroupDraws, build_objective, objective_draws
 from tacl.objectives.registry import group_error, packing_error
 from tacl.pretrain import checkpoint
 from tacl.pretrain.deadline import Deadline, StopSignals, describe, end_times
@@ -117,7 +118,8 @@ class Pretrainer(torch.nn.Module):
     def compile_losses(self, teacher: Any = None, backend: str = "inductor") -> None:
         """torch.compile the forward and loss, one graph for every micro-batch shape (`dynamic=True`: the
         widths of length groups and the number of masked positions vary from one micro-batch to the next;
-        static shapes would compile once per width, up to max_len / 8 graphs). Parameter names, and so
+        static shapes would compile once per width, up to max_len / 8 graphs), and one more for the host
+        flag `no_padding` (attention with or without a mask: `compile_key`). Parameter names, and so
         checkpoints, stay as they are. transformers installs the hooks that collect `output_hidden_states`
         (TACO's student, tacl_attn's teacher) on the first forward that asks for them, under a lock that
         breaks the graph: installed here, on the teacher too."""
@@ -134,10 +136,12 @@ class Pretrainer(torch.nn.Module):
         return self.losses != self.eager_losses
 
     def go_eager(self, why: str) -> None:
-        """A compilation failed (`why`: tacl.device.compile_failure): this run goes on uncompiled, saying so."""
+        """A compilation failed (`why`: tacl.device.compile_failure): this run goes on uncompiled, saying so;
+        dynamo's caches are emptied (torch.compiler.reset), so nothing of the failed compilation is kept."""
         log.warning("pretrain.compile: torch.compile failed (%s); this chunk goes on uncompiled (eager, slower); "
                     "`tacl doctor --device cuda --compile` checks the tool chain, and pretrain.compile: false "
                     "turns compilation off", why)
+        torch.compiler.reset()
         self.losses = self.eager_losses
 
 
@@ -252,6 +256,7 @@ class Chunk:
     tokens: int = 0  # tokens trained on by all ranks, up to the last time they were summed
     skipped: int = 0  # DeepSpeed's count of skipped (non-finite) steps, as last seen
     nonfinite: torch.Tensor | None = None  # ZeRO 0: the first step whose gradient norm was not finite (-1: none)
+    compiled_keys: set = field(default_factory=set)  # the `compile_key`s the compiled step has run (compiled)
 
     @property
     def settings(self) -> TrainSettings:
@@ -407,19 +412,7 @@ def optimizer_step(chunk: Chunk, batches: Iterator[dict[str, Any]], meter: Meter
         batch = next(batches)
         tokens += batch["num_tokens"]
         batch = on_device(batch, env.device)
-        state = ThreadState() if engine.module.compiled else None
-        try:
-            loss, losses, metrics = _forward_backward(chunk, batch, a * env.world_size + env.rank)
-        except Exception as e:  # a compilation that failed (in the forward, or a lazy one in the backward)
-            if state is None:
-                raise
-            failure = compile_failure(e)
-        else:
-            failure = None
-        if failure is not None:  # (out of the `except`: the error's frames go before the state is put back)
-            state.restore()
-            engine.module.go_eager(failure)
-            loss, losses, metrics = _forward_backward(chunk, batch, a * env.world_size + env.rank)
+        loss, losses, metrics = _compiled_or_eager(chunk, batch, a * env.world_size + env.rank)
         if chunk.clip is not None and a == chunk.accumulation - 1:
             _clip(chunk)
         engine.step()
@@ -429,6 +422,40 @@ def optimizer_step(chunk: Chunk, batches: Iterator[dict[str, Any]], meter: Meter
     meter.steps += 1
     meter.tokens += tokens
     return tokens
+
+
+def compile_key(batch: dict[str, Any]) -> tuple:
+    """The host values of a micro-batch that the compiled step specialises on (a new one compiles a graph):
+    its layout, and whether its attention takes a mask (tacl.objectives.NO_PADDING)."""
+    return is_packed(batch), batch.get(NO_PADDING) is True
+
+
+def _compiled_or_eager(chunk: Chunk, batch: dict[str, Any], j: int):
+    """Micro-batch j's forward and backward (`_forward_backward`), compiled where the chunk compiles. The first
+    micro-batch of each `compile_key` compiles (the chunk's first micro-batch is one: its compilation comes
+    before any optimizer step), in a thread of its own (tacl.device.compile_in_own_thread), where a failed
+    compilation leaves what it leaves. A compilation that fails (tacl.device.compile_failure: dynamo's and
+    inductor's errors; an out-of-memory error propagates, as every other error does) sends the chunk on
+    uncompiled, torch.compiler.reset() and the same micro-batch computed again with the same seeds (the failed
+    call added no gradient: the step is one graph, whose backward fails before it computes anything)."""
+    module = chunk.engine.module
+    if not module.compiled:
+        return _forward_backward(chunk, batch, j)
+    key = compile_key(batch)
+    if key not in chunk.compiled_keys:
+        out, failure = compile_in_own_thread(lambda: _forward_backward(chunk, batch, j), chunk.env.device)
+        if failure is None:
+            chunk.compiled_keys.add(key)
+            return out
+    else:  # (compiled for this key already: a recompilation here is not expected, and handled the same way,
+        try:  # but in this thread)
+            return _forward_backward(chunk, batch, j)
+        except Exception as e:
+            failure = compile_failure(e)
+            if failure is None:
+                raise
+    module.go_eager(failure)
+    return _forward_backward(chunk, batch, j)
 
 
 def _forward_backward(chunk: Chunk, batch: dict[str, torch.Tensor], j: int):
