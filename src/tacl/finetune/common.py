@@ -402,8 +402,8 @@ def _compiled_step(model: torch.nn.Module, call: Callable[[], torch.Tensor],
                    device: torch.device) -> tuple[torch.Tensor | None, str | None]:
     """(loss, None) of a compiled model's step, or (None, what failed) where its compilation failed. The first
     step compiles, in a thread of its own (tacl.device.compile_in_own_thread: what a failed compilation
-    leaves behind goes with that thread); a later failure (a recompilation, not expected with dynamic shapes)
-    is handled here the same way. An out-of-memory error, as every error that is not the compiler's,
+    leaves behind goes with that thread); a later failure (a recompilation: another width under buckets)
+    is handled here the same way (in this thread). An out-of-memory error, as every error that is not the compiler's,
     propagates."""
     if not getattr(model, _COMPILED_ONCE, False):
         loss, failure = compile_in_own_thread(call, device)
