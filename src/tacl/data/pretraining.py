@@ -26,10 +26,10 @@ import numpy as np
 import torch
 
 from tacl.data.masking import IGNORE_INDEX, MaskingSpec, example_keys, mask_batch
+from tacl.data import NO_PADDING
 from tacl.data.packing import pack_sequences
 from tacl.data.shards import ShardSet
 from tacl.data.tensors import as_tensors
-from tacl.objectives import NO_PADDING
 
 
 def epoch_permutation(n: int, seed: int, epoch: int) -> np.ndarray:

@@ -42,6 +42,7 @@ import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
+from tacl.data import NO_PADDING
 from tacl.objectives.registry import OBJECTIVES, build_objective, objective_params  # noqa: F401 (the API)
 
 if TYPE_CHECKING:
@@ -92,10 +93,10 @@ def sdpa_mask(attention_mask: torch.Tensor, no_padding: bool = False) -> torch.T
     return attention_mask[:, None, None, :].bool()
 
 
-# The host flag (a Python bool) the loader puts in every padded micro-batch: True where no sequence of the
-# micro-batch has padding (every one as long as the micro-batch is wide). A compiled step specialises on
-# it: at most two graphs, one with the mask and one without (tacl.pretrain.trainer.Pretrainer.compile_losses).
-NO_PADDING = "no_padding"
+# The host flag NO_PADDING (a Python bool, tacl.data) the loader puts in every padded micro-batch:
+# True where no sequence of the micro-batch has padding (every one as long as the micro-batch is wide). A
+# compiled step specialises on it: at most two graphs, one with the mask and one without
+# (tacl.pretrain.trainer.Pretrainer.compile_losses).
 
 
 def encoder_inputs(batch: dict[str, Any], ids: str = "input_ids") -> dict[str, Any]:
