@@ -54,6 +54,15 @@ def losses(run_dir) -> list[tuple]:
     return [(m["step"], *(m.get(k) for k in LOSS_KEYS)) for m in read_metrics(run_dir)]
 
 
+def assert_same_losses(run_dir, reference_dir, steps: int) -> None:
+    """Both runs logged `steps` steps, the same ones, with the same losses within rel 1e-5."""
+    got, ref = losses(run_dir), losses(reference_dir)
+    assert len(got) == len(ref) == steps
+    for a, b in zip(got, ref):
+        assert a[0] == b[0]
+        assert [x for x in a[1:] if x is not None] == pytest.approx([x for x in b[1:] if x is not None], rel=1e-5)
+
+
 def assert_same_weights(a, b, exact=True):
     assert a.keys() == b.keys()
     for k in a:
@@ -549,11 +558,7 @@ def test_two_ranks_match_one_rank_and_resume_exactly(demo_data, reference, tmp_p
     s = settings("tacl")  # global 8 = micro 4 x 2 ranks x accumulation 1
     two = tmp_path / "two"
     train(demo_data, two, s, nproc=2)
-    one = losses(reference["tacl"])
-    assert len(losses(two)) == len(one) == 12
-    for a, b in zip(losses(two), one):
-        assert a[0] == b[0]
-        assert [x for x in a[1:] if x is not None] == pytest.approx([x for x in b[1:] if x is not None], rel=1e-5)
+    assert_same_losses(two, reference["tacl"], 12)
     assert_same_weights(final_weights(two), final_weights(reference["tacl"]), exact=False)
     chunked = tmp_path / "chunked"
     train(demo_data, chunked, s, "--max-steps", "7", nproc=2)
@@ -580,11 +585,7 @@ def test_another_micro_batch_and_number_of_ranks_train_the_same_run(demo_data, t
     train(data, run, settings("taco", steps=6, micro=2, objective_params=params), "--max-steps", "3", nproc=2)
     proc = train(data, run, settings("taco", steps=6, micro=4, objective_params=params))
     assert "resumed from step00000003 at step 3 (written by 2 rank(s), now 1)" in proc.stderr
-    ref = losses(whole)
-    assert len(losses(run)) == len(ref) == 6
-    for a, b in zip(losses(run), ref):
-        assert a[0] == b[0]
-        assert [x for x in a[1:] if x is not None] == pytest.approx([x for x in b[1:] if x is not None], rel=1e-5)
+    assert_same_losses(run, whole, 6)
     assert_same_weights(final_weights(run), final_weights(whole), exact=False)
 
 
@@ -602,11 +603,7 @@ def test_resume_on_another_number_of_ranks(demo_data, reference, tmp_path, zero_
     train(demo_data, run, s, "--max-steps", "5", nproc=before)
     proc = train(demo_data, run, s, nproc=after)
     assert f"resumed from step00000005 at step 5 (written by {before} rank(s), now {after})" in proc.stderr
-    ref = losses(uninterrupted)
-    assert len(losses(run)) == len(ref) == 12
-    for a, b in zip(losses(run), ref):
-        assert a[0] == b[0]
-        assert [x for x in a[1:] if x is not None] == pytest.approx([x for x in b[1:] if x is not None], rel=1e-5)
+    assert_same_losses(run, uninterrupted, 12)
     assert_same_weights(final_weights(run), final_weights(uninterrupted), exact=False)
     assert (checkpoint.checkpoint_dir(run) / "step00000005" / "universal").is_dir() == (zero_stage > 0)
 
