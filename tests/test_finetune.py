@@ -349,3 +349,39 @@ def test_a_seed_is_trained_by_one_process_at_a_time(tmp_path, demo_data, caplog,
     assert (f"{out / 'seed0' / LOCK}: took over the stale lock of process {holder.pid} on host "
             f"{socket.gethostname()}") in caplog.text
     assert (out / "seed0" / "metrics.json").is_file() and not (out / "seed0" / LOCK).exists()
+
+
+def test_seeds_side_by_side_count_cores_and_command():
+    """finetune.seeds_per_gpu: auto is one on a CPU and on a GPU the fewest of what cores, memory and
+    MAX_AUTO allow, spread evenly; the cores are cut into contiguous shares; a seed's command is the job's
+    own for that seed alone (every option of the job's command passed on: parsed back, the same namespace)."""
+    from tacl.cli import build_parser
+    from tacl.finetune.cli import seed_command
+    from tacl.finetune.side_by_side import MAX_AUTO, auto_count, core_shares, evenly, seed_memory_gib
+
+    assert auto_count(5, None, 16, 3.0)[0] == 1
+    base = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072}
+    one = seed_memory_gib(base, 32, 128)
+    assert 3.5 < one < 5.5  # (110M parameters at 16 bytes, 1.7 GB of activations, the context)
+    assert seed_memory_gib(base, 32, 256) > one + 1.5  # (activations: the length's square in attention)
+    assert auto_count(5, 40.0, 8, one) == (3, auto_count(5, 40.0, 8, one)[1])  # 4 at most: 3 and 2
+    assert auto_count(3, 80.0, 16, one)[0] == 3 and auto_count(8, 80.0, 64, one)[0] == MAX_AUTO
+    assert auto_count(5, 40.0, 3, one)[0] == 1  # (3 cores: one seed's 2)
+    assert auto_count(5, 10.0, 16, one)[0] == 1  # (10 GiB: one seed at 1.5x its estimate)
+    assert [evenly(n, 4) for n in (1, 2, 4, 5, 7, 8, 9)] == [1, 2, 4, 3, 4, 4, 3]
+    assert core_shares(list(range(8)), 3) == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    assert core_shares([2, 3], 3) == [[2], [3], [2]]
+
+    parser = build_parser()
+    for extra in ([], ["--contrastive", "scl", "--save-model", "--cache-dir", "/c"]):
+        job = parser.parse_args(["finetune", "glue", "--model", "m", "--task", "rte", "--seeds", "0", "1", "--source",
+                                 '{"kind": "hf"}', "--hparams", '{"lr": 1e-05}', "--precision", "bf16", "--preset",
+                                 "reference", "--device", "cuda", "--compile", "true", "--shapes", "buckets",
+                                 "--checkpoint-minutes", "0.5", "--out", "/r/lr1e-05", "--marker", "/r/seeds.json",
+                                 "--seeds-per-gpu", "2", *extra])
+        command = seed_command(job, 1)
+        assert command[1:3] == ["-m", "tacl"]
+        seed = parser.parse_args(command[3:])
+        expected = {**vars(job), "seed": 1, "seeds": None, "out": "/r/lr1e-05/seed1", "marker": None,
+                    "seeds_per_gpu": "1"}
+        assert vars(seed) == expected

@@ -216,21 +216,36 @@ def test_the_plans_to_run_are_the_jobs_snakemake_runs(tmp_path):
     assert planned == listed and listed["export_model"] == 1 and listed["similarity"] == 1, (planned, listed)
 
 
-def finetune_args(demo_data, out, *seeds):
+def finetune_args(demo_data, out, *seeds, hparams=None):
     source = json.dumps({"kind": "tsv", "data_dir": str(REPO / "examples/demo/glue")})
-    hp = json.dumps({"max_len": 32, "batch": 8, "lr": 1e-4, "epochs": 1, "max_train_examples": 24,
-                     "max_eval_examples": 16})
+    hp = json.dumps(hparams or {"max_len": 32, "batch": 8, "lr": 1e-4, "epochs": 1, "max_train_examples": 24,
+                                "max_eval_examples": 16})
     return ["finetune", "glue", "--model", str(demo_data["start"]), "--task", "qnli", "--source", source,
             "--hparams", hp, "--out", str(out), *seeds]
 
 
+def signal_pending(pid: int, sig: int) -> bool:
+    """Whether `sig` waits to be delivered to process `pid` (a stopped one: /proc's ShdPnd)."""
+    status = dict(line.split(":\t", 1) for line in open(f"/proc/{pid}/status").read().splitlines() if ":\t" in line)
+    return bool(int(status["ShdPnd"], 16) >> (sig - 1) & 1)
+
+
 @pytest.mark.slow
-def test_packed_seeds_resume_per_seed_and_equal_one_job_per_seed(demo_data, tmp_path):
-    """Seeds 0 and 1 of a setting in one job, killed once seed 0 has finished: run again, it keeps seed 0
-    and trains seed 1 only; each seed's metrics equal those of the seed trained on its own."""
+def test_seeds_one_after_the_other_or_side_by_side_resume_per_seed_and_agree(demo_data, tmp_path):
+    """Seeds 0 and 1 of a setting in one job, one after the other, killed once seed 0 has finished: run again,
+    it keeps seed 0 and trains seed 1 only.
+
+    The same seeds side by side (`--seeds-per-gpu 2`, finetune.seeds_per_gpu), each in its own process (the
+    command of a job of that seed alone) on its own core: SIGTERM to the job while both train (each caught,
+    with SIGSTOP, once it has saved a checkpoint, and let go once the job has passed the signal on): each seed
+    saves at its next step and stops, the job says so in one line, exit status 3, no marker. Run again, both
+    go on from their checkpoints and the marker lists both. Each seed's metrics equal those of the seed
+    trained in the job one after the other."""
+    hp = {"max_len": 32, "batch": 4, "lr": 1e-4, "epochs": 1, "max_train_examples": 96, "max_eval_examples": 16}
     root, marker = tmp_path / "setting", tmp_path / "setting" / "seeds.json"
-    cmd = [sys.executable, "-m", "tacl", *finetune_args(demo_data, root, "--seeds", "0", "1", "--marker", str(marker))]
-    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    sequential = finetune_args(demo_data, root, "--seeds", "0", "1", "--marker", str(marker), hparams=hp)
+    first = subprocess.Popen([sys.executable, "-m", "tacl", *sequential, "--seeds-per-gpu", "1"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
         deadline = time.time() + 300
         while not (root / "seed0" / "metrics.json").is_file():
@@ -242,18 +257,59 @@ def test_packed_seeds_resume_per_seed_and_equal_one_job_per_seed(demo_data, tmp_
         first.wait()
     assert not marker.exists() and not (root / "seed1" / "metrics.json").exists()
     seed0 = (root / "seed0" / "metrics.json").read_bytes()
-    proc = run_tacl(*finetune_args(demo_data, root, "--seeds", "0", "1", "--marker", str(marker)))
+    proc = run_tacl(*sequential, "--seeds-per-gpu", "1")
     assert "seed 0: done before with these settings and this start model" in proc.stderr
     assert (root / "seed0" / "metrics.json").read_bytes() == seed0, "seed 0 was not trained again"
     record = json.loads(marker.read_text())
     assert record["runs"] == [str(root / f"seed{s}" / "metrics.json") for s in (0, 1)]
     assert len(set(record["metrics_sha256"])) == 2, "each seed's metrics hashed into the marker"
-    alone = tmp_path / "alone"
-    run_tacl(*finetune_args(demo_data, alone, "--seed", "1"))
-    packed, single = (json.loads((d / "metrics.json").read_text()) for d in (root / "seed1", alone))
-    assert packed["dev"] == single["dev"] and packed["train"]["final_loss"] == single["train"]["final_loss"]
     given = json.loads((root / "seed1" / "given.json").read_text())
-    assert given["hparams"]["max_train_examples"] == 24 and len(given["model_sha256"]) == 32
+    assert given["hparams"]["max_train_examples"] == 96 and len(given["model_sha256"]) == 32
+
+    side, marker = tmp_path / "side", tmp_path / "side" / "seeds.json"
+    args = [*finetune_args(demo_data, side, "--seeds", "0", "1", "--marker", str(marker), hparams=hp),
+            "--checkpoint-minutes", "1e-9", "--seeds-per-gpu", "2"]  # (a checkpoint at every step)
+    job = subprocess.Popen([sys.executable, "-m", "tacl", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, start_new_session=True)
+    held = {}
+    try:
+        deadline = time.time() + 300
+        while len(held) < 2:
+            assert job.poll() is None and time.time() < deadline, job.communicate()[1][-3000:]
+            for seed in {0, 1} - held.keys():
+                folder = side / f"seed{seed}"
+                if (folder / "checkpoint.pt").is_file():  # (its process holds the seed's lock: its pid)
+                    held[seed] = json.loads((folder / "LOCK").read_text())["pid"]
+                    os.kill(held[seed], signal.SIGSTOP)
+            time.sleep(0.01)
+        job.send_signal(signal.SIGTERM)
+        while not all(signal_pending(pid, signal.SIGTERM) for pid in held.values()):
+            assert time.time() < deadline
+            time.sleep(0.05)
+    finally:
+        for pid in held.values():
+            os.kill(pid, signal.SIGCONT)
+        out, err = job.communicate(timeout=300)
+    assert job.returncode == 3, err[-3000:]
+    assert err.strip().splitlines()[-1] == (
+        "tacl: stopped: stopped by SIGTERM: seed(s) [0, 1] not finished; running the job again goes on with them, "
+        "each from its checkpoint where it has one")
+    for seed in (0, 1):
+        assert f"seed {seed}: started, process {held[seed]} on CPU core" in err
+        assert re.search(rf"\[seed {seed}\] .*stopped by SIGTERM at step \d+/24", err), err[-3000:]
+        assert (side / f"seed{seed}" / "checkpoint.pt").is_file()
+        assert not (side / f"seed{seed}" / "metrics.json").exists()
+    assert not marker.exists()
+    again = run_tacl(*args)
+    for seed in (0, 1):
+        assert re.search(rf"\[seed {seed}\] .*fine-tune: resumed from .*seed{seed}/checkpoint.pt at step", again.stderr)
+    assert json.loads(marker.read_text())["runs"] == [str(side / f"seed{s}" / "metrics.json") for s in (0, 1)]
+    for seed in (0, 1):
+        got, want = (json.loads((d / f"seed{seed}" / "metrics.json").read_text()) for d in (side, root))
+        assert got["train"]["resumed_at"] and not want["train"]["resumed_at"]
+        assert got["dev"] == want["dev"], seed
+        for key in ("final_loss", "padding", "steps"):
+            assert got["train"][key] == want["train"][key], (seed, key)
 
 
 @pytest.mark.slow

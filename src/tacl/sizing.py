@@ -109,8 +109,20 @@ class Sizing:
         return plan.request(self.finetune_expected(model, task, setting), self.plan)
 
     def finetune_mem(self, task: str, setting: str) -> int:
+        """Host memory of a fine-tuning job: one process's for each seed that may train at once
+        (finetune.seeds_per_gpu; auto: at most tacl.finetune.side_by_side's MAX_AUTO, one on a CPU)."""
         max_len = setting_hparams(self.config, task, setting).get("max_len", 128)
-        return plan.finetune_mem_mb(task, max_len, self.task_sizes(task))
+        return self.seeds_at_once(task) * plan.finetune_mem_mb(task, max_len, self.task_sizes(task))
+
+    def seeds_at_once(self, task: str) -> int:
+        """The most seeds of one of the task's jobs that train at once (finetune.seeds_per_gpu)."""
+        from tacl.finetune.side_by_side import MAX_AUTO, evenly
+
+        seeds = len(task_seeds(self.config, task))
+        requested = self.config["finetune"]["seeds_per_gpu"]
+        if requested == "auto":
+            return 1 if self.config["device"] == "cpu" else evenly(seeds, min(seeds, MAX_AUTO))
+        return min(int(requested), seeds)
 
     def similarity_expected(self) -> float:
         return plan.similarity_minutes(self.config["analysis"], self.shape, self.gpu)

@@ -29,9 +29,10 @@ rule prepare_task:
 
 
 rule finetune:
-    # every seed of one (model, task, setting), one after the other in one job (tacl.finetune.seeds: a seed
-    # done before with the same settings and start model is kept, one stopped halfway goes on from its
-    # checkpoint); the setting's name carries its values
+    # every seed of one (model, task, setting) in one job, one after the other or finetune.seeds_per_gpu at
+    # once (tacl.finetune.seeds, tacl.finetune.side_by_side: a seed done before with the same settings and
+    # start model is kept, one stopped halfway goes on from its checkpoint); the setting's name carries its
+    # values
     input:
         unpack(finetune_start),
         data=f"{R}/finetune_data/{{task}}.json",
@@ -56,6 +57,7 @@ rule finetune:
         compile=operational(str(config["finetune"]["compile"]).lower()),
         shapes=operational(config["finetune"]["shapes"]),
         checkpoint=operational(config["finetune"]["checkpoint_minutes"]),
+        side_by_side=operational(config["finetune"]["seeds_per_gpu"]),
         family=lambda w: task_family(w.task),
         seeds=lambda w: " ".join(str(s) for s in task_seeds(w.task)),
         source=lambda w: stamp(task_source(w.task)),
@@ -72,6 +74,7 @@ rule finetune:
         " --seeds {params.seeds} --source {params.source:q} --cache-dir {params.cache}"
         " --hparams {params.hparams:q} --precision {params.precision} --device {params.device}"
         " --compile {params.compile} --shapes {params.shapes} --checkpoint-minutes {params.checkpoint}"
+        " --seeds-per-gpu {params.side_by_side}"
         " --preset {params.preset} {params.contrastive}"
         " {params.keep} --out {params.out} --marker {output} > {log} 2>&1"
 

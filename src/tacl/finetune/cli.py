@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 
 from tacl.device import DEVICES
 from tacl.finetune import CONTRASTIVE_FORMS, PRESETS, TASKS
 from tacl.io import with_cache
+
+log = logging.getLogger("tacl.finetune")
 
 
 def register(stages: argparse._SubParsersAction) -> None:
@@ -75,6 +78,10 @@ def register(stages: argparse._SubParsersAction) -> None:
         c.add_argument("--out", required=True,
                        help="the run directory (--seed; metrics.json is written last), or the seeds' parent")
         c.add_argument("--marker", help="with --seeds: written at the end, listing every seed's metrics.json")
+        c.add_argument("--seeds-per-gpu", default="auto", type=_count_or_auto,
+                       help="with --seeds: train this many seeds at once, each in its own process with its share "
+                            "of the CPU cores (finetune.seeds_per_gpu; auto: one on a CPU, as many as the GPU's "
+                            "memory and the cores allow on a GPU)")
         c.set_defaults(func=_finetune)
 
 
@@ -90,8 +97,9 @@ def _finetune(a: argparse.Namespace) -> None:
     from tacl.device import resolve_device
     from tacl.finetune import EXIT_STOPPED, Stopped, finetune_given
     from tacl.finetune.seeds import claim, run_seeds, weights_fingerprint
+    from tacl.finetune.side_by_side import run_side_by_side, seeds_at_once
 
-    resolve_device(a.device)  # a GPU asked for and none usable: stop before anything is written
+    device = resolve_device(a.device)  # a GPU asked for and none usable: stop before anything is written
     model, start_from = a.model, None
     if getattr(a, "start_selection", None):
         from tacl.finetune.submissions import selected_run
@@ -112,12 +120,45 @@ def _finetune(a: argparse.Namespace) -> None:
     try:
         if a.seeds is None:
             run_seeds([a.seed], lambda seed: Path(a.out), given, train_one)
+            return 0
+        run_dir = lambda seed: Path(a.out) / f"seed{seed}"  # noqa: E731
+        count, why = seeds_at_once(a.seeds_per_gpu, len(a.seeds), device, resolve_model(model), a.command,
+                                   given["hparams"])
+        if count > 1:
+            log.info("seeds side by side (%s)", why)
+            run_side_by_side(a.seeds, count, lambda seed: seed_command(a, seed), run_dir, a.marker)
         else:
-            run_seeds(a.seeds, lambda seed: Path(a.out) / f"seed{seed}", given, train_one, a.marker)
+            run_seeds(a.seeds, run_dir, given, train_one, a.marker)
     except Stopped as e:
         print(f"tacl: stopped: {e}", file=sys.stderr)
         return EXIT_STOPPED
     return 0
+
+
+def _count_or_auto(value: str) -> str:
+    if value != "auto" and not (value.isdigit() and int(value) >= 1):
+        raise argparse.ArgumentTypeError(f"a number of seeds (1 or more) or auto, not {value!r}")
+    return value
+
+
+def seed_command(a: argparse.Namespace, seed: int) -> list[str]:
+    """The command of one seed of a job of several (`--seeds`), trained side by side with others: the job's
+    own command for that seed alone, in its folder (OUT/seedN), as a job of one seed runs."""
+    from pathlib import Path
+
+    command = [sys.executable, "-m", "tacl", "finetune", a.command, "--task", a.task, "--seed", str(seed),
+               "--source", a.source, "--hparams", a.hparams, "--precision", a.precision, "--preset", a.preset,
+               "--device", a.device, "--compile", a.compile, "--shapes", a.shapes,
+               "--checkpoint-minutes", repr(a.checkpoint_minutes), "--seeds-per-gpu", "1",
+               "--out", str(Path(a.out) / f"seed{seed}")]
+    command += ["--model", a.model] if a.model else ["--start-selection", a.start_selection]
+    if a.cache_dir:
+        command += ["--cache-dir", a.cache_dir]
+    if getattr(a, "contrastive", None):
+        command += ["--contrastive", a.contrastive]
+    if getattr(a, "save_model", False):
+        command.append("--save-model")
+    return command
 
 
 def resolve_model(model: str) -> str:
