@@ -385,3 +385,72 @@ def test_seeds_side_by_side_count_cores_and_command():
         expected = {**vars(job), "seed": 1, "seeds": None, "out": "/r/lr1e-05/seed1", "marker": None,
                     "seeds_per_gpu": "1"}
         assert vars(seed) == expected
+
+
+def test_seeds_side_by_side_pass_signals_on_and_a_refused_or_failed_seed_is_named(tmp_path, capfd):
+    """`run_side_by_side` with stand-in seed processes (Python that starts in milliseconds): two at a time,
+    the third once a place is free; each one's lines in the job's log led by [seed N]; a seed that fails
+    does not stop the others and the job fails naming it; one refused for bad input (exit status 2) makes
+    the others save and stop (SIGTERM) and the job fails with its message; the job's SIGUSR1 reaches every
+    running seed, and no seed starts after it."""
+    import os
+    import signal
+    import sys
+    import threading
+
+    from tacl.finetune import Stopped
+    from tacl.finetune.side_by_side import run_side_by_side
+
+    seed_dir = lambda seed: tmp_path / f"seed{seed}"  # noqa: E731
+    log = tmp_path / "events"
+
+    def stand_in(behaviour):
+        def command(seed):
+            script = f"""
+import os, signal, sys, time
+from pathlib import Path
+def note(what):
+    with open({str(log)!r}, "a") as f:
+        f.write(f"{{time.time():.3f}} {seed} {{what}}\\n")
+def stop(signum, frame):
+    note(signal.Signals(signum).name)
+    sys.exit(3)
+for s in (signal.SIGTERM, signal.SIGUSR1):
+    signal.signal(s, stop)
+note("start")
+print("threads", os.environ["OMP_NUM_THREADS"], flush=True)
+{behaviour(seed)}
+"""
+            return [sys.executable, "-c", script]
+
+        return command
+
+    def finish(seed):
+        return (f"time.sleep({0.3 + 0.3 * seed})\nPath({str(seed_dir(seed))!r}).mkdir(exist_ok=True)\n"
+                f"Path({str(seed_dir(seed) / 'metrics.json')!r}).write_text('{{}}')\nnote('done')"
+                if seed != 1 else "print('Traceback: broken'); sys.exit(1)")
+
+    with pytest.raises(RuntimeError, match=r"fine-tuning seed\(s\) \[1\] failed"):
+        run_side_by_side([0, 1, 2], 2, stand_in(finish), seed_dir)
+    events = [line.split() for line in log.read_text().splitlines()]
+    starts = {int(seed): float(t) for t, seed, what in events if what == "start"}
+    ends = {int(seed): float(t) for t, seed, what in events if what == "done"}
+    assert sorted(starts) == [0, 1, 2] and sorted(ends) == [0, 2]
+    assert starts[2] > min(ends[0], starts[1]), "the third starts once a place is free"
+    err = capfd.readouterr().err
+    assert "[seed 1] Traceback: broken" in err and "[seed 0] threads 1" in err  # (2 cores or more: 1 each)
+
+    log.unlink()
+    refused = stand_in(lambda seed: "print('tacl: error: seed 0 is being trained by another process'); sys.exit(2)"
+                       if seed == 0 else "time.sleep(60)")
+    with pytest.raises(InputError, match=r"^seed 0: seed 0 is being trained by another process$"):
+        run_side_by_side([0, 1, 2], 2, refused, seed_dir)
+    assert sorted(line.split(" ", 1)[1] for line in log.read_text().splitlines()) == ["0 start", "1 SIGTERM",
+                                                                                       "1 start"]
+    log.unlink()
+    threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGUSR1)).start()
+    with pytest.raises(Stopped, match=r"^stopped by SIGUSR1: seed\(s\) \[3, 4, 5\] not finished"):
+        run_side_by_side([3, 4, 5], 2, stand_in(lambda seed: "time.sleep(60)"), seed_dir)
+    assert sorted(line.split(" ", 1)[1] for line in log.read_text().splitlines()) == [
+        "3 SIGUSR1", "3 start", "4 SIGUSR1", "4 start"]
+    assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL, "the job's handlers are put back"

@@ -146,13 +146,15 @@ def start_seed(seed: int, command: list[str], share: list[int]) -> SeedProcess:
     error: list[str] = []
     pump = threading.Thread(target=_pump, args=(seed, proc.stdout, error), daemon=True)
     pump.start()
-    log.info("seed %d: started, process %d on CPU cores %s", seed, proc.pid, _cores_text(share))
+    log.info("seed %d: started, process %d on CPU %s", seed, proc.pid, _cores_text(share))
     return SeedProcess(seed, proc, share, pump, error)
 
 
 def _cores_text(share: list[int]) -> str:
-    return f"{share[0]}-{share[-1]}" if len(share) > 1 and share == list(range(share[0], share[-1] + 1)) \
-        else ",".join(map(str, share))
+    if len(share) == 1:
+        return f"core {share[0]}"
+    return f"cores {share[0]}-{share[-1]}" if share == list(range(share[0], share[-1] + 1)) else \
+        "cores " + ",".join(map(str, share))
 
 
 def run_side_by_side(seeds: list[int], count: int, command: Callable[[int], list[str]],
@@ -171,7 +173,7 @@ def run_side_by_side(seeds: list[int], count: int, command: Callable[[int], list
     forwarded = 0
     log.info("%d seeds, %d at a time, each in its own process", len(seeds), count)
     try:
-        while waiting or running:
+        while running or (waiting and not (received or stopped or refused)):
             while waiting and free and not (received or stopped or refused):
                 running.append(start_seed(waiting[0], command(waiting.pop(0)), free.pop(0)))
             for sig in received[forwarded:]:  # (each signal the job gets, to every seed that runs)
