@@ -369,12 +369,8 @@ def _overlap(x: list[tuple[float, float]], y: list[tuple[float, float]]) -> floa
     return total
 
 
-def reduction_share(chunk, batches, meter, device: str) -> dict[str, Any]:
-    """One more optimizer step under torch.profiler, on one rank of several: its wall time, the time its
-    gradient's reduction took (the union of the reductions' intervals) and the part of that during which no
-    computation ran (exposed; the rest overlapped the backward). On a GPU from the kernels' intervals, NCCL's
-    reductions against every other kernel; on a CPU from gloo's events: the backward waits for gloo's
-    reductions, so all of it counts as exposed."""
+def profiled_step(chunk, batches, meter, device: str):
+    """One optimizer step under torch.profiler (the CPU's activity, and the GPU's on one): (profile, wall s)."""
     from torch.profiler import ProfilerActivity, profile
 
     from tacl.pretrain.trainer import optimizer_step
@@ -386,6 +382,16 @@ def reduction_share(chunk, batches, meter, device: str) -> dict[str, Any]:
         optimizer_step(chunk, batches, meter)
         sync()
         wall = time.perf_counter() - t0
+    return prof, wall
+
+
+def reduction_share(chunk, batches, meter, device: str) -> dict[str, Any]:
+    """One more optimizer step under torch.profiler, on one rank of several: its wall time, the time its
+    gradient's reduction took (the union of the reductions' intervals) and the part of that during which no
+    computation ran (exposed; the rest overlapped the backward). On a GPU from the kernels' intervals, NCCL's
+    reductions against every other kernel; on a CPU from gloo's events: the backward waits for gloo's
+    reductions, so all of it counts as exposed."""
+    prof, wall = profiled_step(chunk, batches, meter, device)
     chunk.step += 1
     events = [(e.name, e.device_type, e.time_range.start / 1e6, e.time_range.end / 1e6) for e in prof.events()]
     if device == "cuda":
@@ -504,8 +510,6 @@ def profile_step(objective: str, manifest: str, start: str, tmp: str, device: st
                  workers: int, zero_stage: int) -> dict[str, Any]:
     """Where one optimizer step's time goes (torch.profiler, after two warm-up steps): wall time, the GPU's
     busy time (kernels), the number of kernels, and the 12 kernels that take the most time."""
-    from torch.profiler import ProfilerActivity, profile
-
     from tacl.pretrain.lock import RunLock
     from tacl.pretrain.settings import TrainSettings
     from tacl.pretrain.trainer import ChunkArgs, Meter, _setup, optimizer_step
@@ -521,13 +525,7 @@ def profile_step(objective: str, manifest: str, start: str, tmp: str, device: st
     for _ in range(2):
         optimizer_step(chunk, batches, meter)
         chunk.step += 1
-    sync()
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    with profile(activities=activities) as prof:
-        t0 = time.perf_counter()
-        optimizer_step(chunk, batches, meter)
-        sync()
-        wall = time.perf_counter() - t0
+    prof, wall = profiled_step(chunk, batches, meter, device)
     del batches, chunk
     lock.release()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
