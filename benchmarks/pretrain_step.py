@@ -289,11 +289,10 @@ def time_ours(objective: str, manifest: str, start: str, tmp: str, device: str, 
               micro: int, workers: int, zero_stage: int, compile: bool = False, **settings: Any) -> dict[str, Any]:
     """The trainer's own step: s per optimizer step, real tokens and model FLOPs per step, and the
     synchronisations seen in the timed steps (on a GPU). `settings`: more TrainSettings (e.g. packing)."""
+    from tacl.pretrain.distributed import all_sum, broadcast_object
     from tacl.pretrain.lock import RunLock
     from tacl.pretrain.settings import TrainSettings
     from tacl.pretrain.trainer import ChunkArgs, Meter, _setup, optimizer_step
-
-    from tacl.pretrain.distributed import all_sum, broadcast_object
 
     warm = 3 if compile else 2  # (a compiled step compiles in the first one)
     ranks = ENV.world_size  # (several: one more step, profiled, for the gradient's reduction)
@@ -788,12 +787,12 @@ def main() -> None:
         global_batch, micros = 8, [4]
     if args.micro:
         micros = sorted(int(m) for m in args.micro.split(","))
-    micro = max(micros)
     if ranks > 1:  # (the ranks' share of the global batch)
         micros = [m for m in micros if global_batch % (m * ranks) == 0] or [global_batch // ranks]
         if args.counts_only or not args.no_counts or not args.no_reference or args.plain or args.packed or \
                 args.compile or args.profile:
             print(f"{ranks} ranks: section 3's step only (the other measurements are those of one rank)")
+    micro = max(micros)
     tmp_dir = tempfile.TemporaryDirectory()
     tmp = broadcast_object(tmp_dir.name)  # (rank 0's, for every rank: its shards and run directories)
     if ENV.is_main:
