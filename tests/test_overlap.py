@@ -177,3 +177,12 @@ def test_the_overlapped_reduction_gives_the_same_weights(reductions):
         assert all((a == b).all() for a, b in zip(overlapped_weights, after_weights, strict=True))
         _, other_rank, _ = reductions[1 - rank][1, True]
         assert all((a == b).all() for a, b in zip(overlapped_weights, other_rank, strict=True))
+
+
+def test_overlap_is_asked_for_where_several_ranks_train():
+    """On one rank there is nothing to overlap: no overlap_comm (its second buffer and its device
+    synchronisation at the end of the backward would buy nothing) and the one large bucket as before."""
+    s = TrainSettings(objective="mlm_nsp", steps=1, global_batch=8, micro_batch=2, zero_stage=1)
+    one, four = (trainer.ds_config(s, 1, cpu=False, ranks=n)["zero_optimization"] for n in (1, 4))
+    assert (one["overlap_comm"], one["reduce_bucket_size"]) == (False, 5e8)
+    assert (four["overlap_comm"], four["reduce_bucket_size"]) == (True, trainer.REDUCE_BUCKET["cuda"]) == (True, 1e7)

@@ -188,10 +188,13 @@ def linear_schedule(steps: int, warmup_ratio: float):
 REDUCE_BUCKET = {"cpu": 5e6, "cuda": 1e7}
 
 
-def ds_config(s: TrainSettings, accumulation: int, cpu: bool, universal: bool = False) -> dict[str, Any]:
+def ds_config(s: TrainSettings, accumulation: int, cpu: bool, universal: bool = False,
+              ranks: int = 1) -> dict[str, Any]:
     """DeepSpeed's configuration: an fp32 model at every stage (bf16 runs compute under the trainer's autocast);
-    at ZeRO 0 the trainer clips the gradient itself, without a host sync; at ZeRO 1-3 the gradient's reduction
-    overlaps the backward (REDUCE_BUCKET)."""
+    at ZeRO 0 the trainer clips the gradient itself, without a host sync; at ZeRO 1-3 on several `ranks` the
+    gradient's reduction overlaps the backward (REDUCE_BUCKET; on one rank there is nothing to overlap, and
+    overlap_comm's second buffer and its device synchronisation at the end of the backward would buy nothing)."""
+    overlap = ranks > 1
     bucket = 5e6 if cpu else 5e8  # the default buckets allocate GBs per step on CPU
     config = {
         "checkpoint": {"load_universal": universal},
@@ -204,8 +207,8 @@ def ds_config(s: TrainSettings, accumulation: int, cpu: bool, universal: bool = 
         "bf16": {"enabled": False},
         "zero_optimization": {"stage": s.zero_stage, "allgather_bucket_size": bucket,
                               # ZeRO 1 reduces only in the last micro-batch's backward, ZeRO 2 in every one
-                              "overlap_comm": True, "contiguous_gradients": True,
-                              "reduce_bucket_size": REDUCE_BUCKET["cpu" if cpu else "cuda"],
+                              "overlap_comm": overlap, "contiguous_gradients": True,
+                              "reduce_bucket_size": REDUCE_BUCKET["cpu" if cpu else "cuda"] if overlap else bucket,
                               "stage3_param_persistence_threshold": 0 if cpu else 1e5},
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 2**62,
@@ -370,7 +373,7 @@ def _setup(args: ChunkArgs, env: DistEnv, lock: RunLock) -> Chunk:
         # device_rank: this rank's GPU, which is cuda:0 where the site shows each task only its own GPU
         args=argparse.Namespace(device_rank=env.device.index) if env.device.type == "cuda" else None,
         model=trainable, optimizer=optimizer, lr_scheduler=scheduler,
-        config=ds_config(s, accumulation, cpu, universal=universal is not None))
+        config=ds_config(s, accumulation, cpu, universal=universal is not None, ranks=env.world_size))
     chunk = Chunk(args, env, engine, scheduler, teacher, data, accumulation, torch.Generator(device=env.device),
                   bf16=bf16, clip=s.grad_clip if s.zero_stage == 0 else None,
                   nonfinite=torch.full((), -1, dtype=torch.long, device=env.device) if s.zero_stage == 0 else None)
