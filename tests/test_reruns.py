@@ -119,7 +119,7 @@ def test_operational_settings_and_key_order_rerun_nothing(finished):
     p.update(log_every=3, keep_checkpoints=1, checkpoint_minutes=7, loader_workers=0, micro_batch=2, compile=True,
              ranks_per_node=2, cpus_per_rank=1)
     p["chunk"].update(runtime_minutes=20, margin_minutes=0.5, max_steps=None, max_chunks=5)
-    changed["finetune"].update(runtime_minutes={"default": 10}, shapes="buckets")
+    changed["finetune"].update(runtime_minutes={"default": 10}, shapes="buckets", seeds_per_gpu=2)
     changed["data"]["clean_workers"] = 1
     changed.update(device="cpu", resources_dir=str(root / "elsewhere"))
     counts, text = planned(root, reordered(changed))

@@ -24,7 +24,7 @@ from tacl.pretrain.settings import CHUNK_OPERATIONAL_KEYS, OPERATIONAL_KEYS
 OPERATIONAL_CONFIG_KEYS = tuple(sorted(
     {"results_dir", "resources_dir", "conda_env", "device", "gpus", "data.clean_workers",
      "finetune.runtime_minutes", "finetune.compile", "finetune.shapes",
-     "finetune.checkpoint_minutes",
+     "finetune.checkpoint_minutes", "finetune.seeds_per_gpu",
      "pretrain.remove_checkpoints", "plan.gpu", "plan.gpus", "plan.safety", "plan.startup_minutes",
      "plan.min_runtime_minutes"}
     | {f"pretrain.{k}" for k in OPERATIONAL_KEYS if k != "device"}
