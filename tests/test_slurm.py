@@ -80,7 +80,10 @@ def small_config(tmp_path: Path, **pretrain) -> dict:
     cfg["pretrain"].update({"objectives": ["none", "mlm_nsp"], "steps": 450, "checkpoint_minutes": 0.5, **pretrain})
     # chunks end on the wall clock alone (no step cap), 1 minute each; busy CI: more chunks
     cfg["pretrain"]["chunk"].update(runtime_minutes=1, margin_minutes=0.25, max_chunks=20, max_steps=None)
-    cfg["finetune"].update(tasks=["qnli"], seeds_small=1, seeds_large=1)
+    # (one fine-tune per model, two models: the DAG through sbatch, not the demo's sweep, extra model and
+    # contrastive rows, which test_workflow runs)
+    cfg["finetune"].update(tasks=["qnli"], seeds_small=1, seeds_large=1, sweep={}, extra_models={},
+                           contrastive={"forms": []})
     cfg["finetune"]["hparams"]["glue"].update(max_train_examples=100, max_eval_examples=100, epochs=1)
     cfg["finetune"]["runtime_minutes"] = {"default": 10}
     cfg["analysis"]["similarity_sentences"] = 50
