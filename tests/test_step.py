@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import run_params
+from conftest import MINILM, TINY_BERT, run_params
 from sync_guard import HostSync, SyncGuard
 from tacl.data.packing import pack_sequences
 from tacl.data.pretraining import MicroBatches, micro_batch_loader, on_device, pack
@@ -443,22 +443,32 @@ def compiled_with(monkeypatch):
 PACKABLE = [o for o in OBJECTIVES if o != "tacl_attn"]  # (tacl_attn reads the teacher's padded attention)
 
 
+@pytest.fixture(scope="module")
+def one_layer(demo_data, tmp_path_factory, tokenizer_dir):
+    """demo_data with a start model of one layer (TINY_BERT's otherwise): dynamo and AOTAutograd trace each
+    layer's forward anew, the same code for every layer, so one layer goes through all of the encoder's code
+    (its graph breaks and guards included) in half the encoder's share of the tracing time."""
+    from tacl.pretrain.model import init_start_model
+
+    start_dir = tmp_path_factory.mktemp("one_layer") / "start"
+    init_start_model(MINILM, {**TINY_BERT, "layers": 1}, str(tokenizer_dir), str(start_dir))
+    return {**demo_data, "start": start_dir}
+
+
 @pytest.mark.parametrize("objective, packing", [(o, False) for o in OBJECTIVES] + [(o, True) for o in PACKABLE])
-def test_compiled_step_has_one_graph_over_every_width_and_the_eager_losses(demo_data, tmp_path, env, fp32_losses,
-                                                                          compiled_with, objective, packing):
+def test_compiled_step_has_one_graph_over_every_width_and_the_eager_losses(one_layer, tmp_path, env, compiled_with,
+                                                                          objective, packing):
     """pretrain.compile: the student's forward and the objective's loss (the teacher's pass, TACO's hidden
     states, COCO-LM's draws and crops included), padded and packed, trace through AOTAutograd as one graph
     with no graph break, compiled once for micro-batches of several widths and numbers of masked positions
     (dynamic shapes), and give the eager step's losses (3 steps at lr 2e-3: the gradients of the first two
     are in the last two losses) within rel 1e-5. Padded, the loader's host flag `no_padding` (attention
-    without a mask) makes a second graph, no more: one with the mask, one without, each for every width."""
-    if packing:  # (the packed eager reference, computed here: fp32_losses is padded)
-        reference, loader = start(demo_data, tmp_path / "eager", env, objective, packing=True)
-        eager = [step(reference, loader, env, contextlib.nullcontext()) for _ in range(STEPS)]
-    else:
-        eager = fp32_losses[objective]
+    without a mask) makes a second graph, no more: one with the mask, one without, each for every width.
+    (A start model of one layer: `one_layer`; the eager reference is the same model's, computed here.)"""
+    reference, loader = start(one_layer, tmp_path / "eager", env, objective, packing=packing)
+    eager = [step(reference, loader, env, contextlib.nullcontext()) for _ in range(STEPS)]
     counters = compiled_with("aot_eager")
-    chunk, batches = start(demo_data, tmp_path, env, objective, compile=True, packing=packing)
+    chunk, batches = start(one_layer, tmp_path, env, objective, compile=True, packing=packing)
     assert chunk.engine.module.compiled
     # (not under the guard: dynamo leaves every frame uncompiled while a dispatch mode such as the guard's is on)
     got = [step(chunk, batches, env, contextlib.nullcontext()) for _ in range(STEPS)]
