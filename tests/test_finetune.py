@@ -351,13 +351,17 @@ def test_a_seed_is_trained_by_one_process_at_a_time(tmp_path, demo_data, caplog,
     assert (out / "seed0" / "metrics.json").is_file() and not (out / "seed0" / LOCK).exists()
 
 
-def test_seeds_side_by_side_count_cores_and_command():
+def test_seeds_side_by_side_count_cores_and_command(tmp_path, monkeypatch):
     """finetune.seeds_per_gpu: auto is one on a CPU and on a GPU the fewest of what cores, memory and
-    MAX_AUTO allow, spread evenly; the cores are cut into contiguous shares; a seed's command is the job's
-    own for that seed alone (every option of the job's command passed on: parsed back, the same namespace)."""
+    MAX_AUTO allow, spread evenly (the job's own decision with CUDA's answer faked: a 40 GiB GPU, 8 cores, the
+    model's config.json and the family's batch and length); the cores are cut into contiguous shares; a
+    seed's command is the job's own for that seed alone (every option of the job's command passed on: parsed
+    back, the same namespace)."""
+    import tacl.device
     from tacl.cli import build_parser
+    from tacl.finetune import side_by_side
     from tacl.finetune.cli import seed_command
-    from tacl.finetune.side_by_side import MAX_AUTO, auto_count, core_shares, evenly, seed_memory_gib
+    from tacl.finetune.side_by_side import MAX_AUTO, auto_count, core_shares, evenly, seed_memory_gib, seeds_at_once
 
     assert auto_count(5, None, 16, 3.0)[0] == 1
     base = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072}
@@ -371,6 +375,14 @@ def test_seeds_side_by_side_count_cores_and_command():
     assert [evenly(n, 4) for n in (1, 2, 4, 5, 7, 8, 9)] == [1, 2, 4, 3, 4, 4, 3]
     assert core_shares(list(range(8)), 3) == [[0, 1, 2], [3, 4, 5], [6, 7]]
     assert core_shares([2, 3], 3) == [[2], [3], [2]]
+    (tmp_path / "config.json").write_text(json.dumps({**base, "vocab_size": 30522}))
+    monkeypatch.setattr(tacl.device, "gpu_memory_gib", lambda device: 40.0 if device == "cuda:0" else None)
+    monkeypatch.setattr(side_by_side, "job_cores", lambda: list(range(8)))
+    count, why = seeds_at_once("auto", 5, "cuda:0", tmp_path, "glue", {"lr": 2e-5})
+    assert count == 3 and why.startswith("auto: 8 CPU cores at 2 a seed, 40 GiB of GPU memory at 1.5 x 4.2 GiB")
+    assert seeds_at_once("auto", 5, "cuda:0", tmp_path, "glue", {"batch": 128, "max_len": 512})[0] == 1
+    assert seeds_at_once("auto", 5, "cpu", tmp_path, "glue", {})[0] == 1
+    assert seeds_at_once("2", 1, "cuda:0", tmp_path, "glue", {}) == (1, "finetune.seeds_per_gpu: 2")
 
     parser = build_parser()
     for extra in ([], ["--contrastive", "scl", "--save-model", "--cache-dir", "/c"]):

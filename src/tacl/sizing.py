@@ -121,7 +121,7 @@ class Sizing:
         seeds = len(task_seeds(self.config, task))
         requested = self.config["finetune"]["seeds_per_gpu"]
         if requested == "auto":
-            return 1 if self.config["device"] == "cpu" else evenly(seeds, min(seeds, MAX_AUTO))
+            return 1 if self.config["device"] == "cpu" else evenly(seeds, MAX_AUTO)
         return min(int(requested), seeds)
 
     def similarity_expected(self) -> float:

@@ -106,29 +106,31 @@ def _finetune(a: argparse.Namespace) -> None:
 
         model, start_from = selected_run(a.start_selection, with_label=True)
         model = str(model / "model")
-    given = {**finetune_given(json.loads(a.source), json.loads(a.hparams), a.precision, a.preset),
-             "model_sha256": weights_fingerprint(resolve_model(model))}
-    source = with_cache(given["source"], a.cache_dir)
+    model_dir = resolve_model(model)
+    spec, hparams = json.loads(a.source), json.loads(a.hparams)
+    run_dir = (lambda seed: Path(a.out)) if a.seeds is None else (lambda seed: Path(a.out) / f"seed{seed}")
+    seeds = [a.seed] if a.seeds is None else a.seeds
+    count, why = (1, "") if a.seeds is None else seeds_at_once(a.seeds_per_gpu, len(seeds), device, model_dir,
+                                                               a.command, hparams)
+    given: dict = {}
+    if count == 1:  # (side by side, each seed's process hashes the start model and checks its own input)
+        given = {**finetune_given(spec, hparams, a.precision, a.preset),
+                 "model_sha256": weights_fingerprint(model_dir)}
+    source = with_cache(spec, a.cache_dir)
 
     def train_one(seed: int, out: Path) -> dict:
-        result = _train(a, model, start_from, source, dict(given["hparams"]), seed, str(out))
+        result = _train(a, model, start_from, source, dict(hparams), seed, str(out))
         print(json.dumps({k: result[k] for k in ("task", "seed", "dev", "wall_s")}))
         return result
 
     # (what killed jobs left unfinished goes; which job runs the seeds, for `tacl status`: running, or stopped)
     claim(Path(a.out))
     try:
-        if a.seeds is None:
-            run_seeds([a.seed], lambda seed: Path(a.out), given, train_one)
-            return 0
-        run_dir = lambda seed: Path(a.out) / f"seed{seed}"  # noqa: E731
-        count, why = seeds_at_once(a.seeds_per_gpu, len(a.seeds), device, resolve_model(model), a.command,
-                                   given["hparams"])
         if count > 1:
             log.info("seeds side by side (%s)", why)
-            run_side_by_side(a.seeds, count, lambda seed: seed_command(a, seed), run_dir, a.marker)
+            run_side_by_side(seeds, count, lambda seed: seed_command(a, seed), run_dir, a.marker)
         else:
-            run_seeds(a.seeds, run_dir, given, train_one, a.marker)
+            run_seeds(seeds, run_dir, given, train_one, a.marker)
     except Stopped as e:
         print(f"tacl: stopped: {e}", file=sys.stderr)
         return EXIT_STOPPED

@@ -42,6 +42,7 @@ from typing import Any, Callable
 from tacl.finetune import EXIT_STOPPED, FAMILY_HPARAMS, Stopped
 from tacl.finetune.seeds import METRICS, seeds_record
 from tacl.io import InputError
+from tacl.plan import Shape
 
 log = logging.getLogger("tacl.finetune")
 
@@ -60,11 +61,15 @@ def seed_memory_gib(model_config: dict[str, Any], batch: int, max_len: int) -> f
     h = model_config.get("hidden_size", 768)
     layers = model_config.get("num_hidden_layers", 12)
     heads = model_config.get("num_attention_heads", 12)
-    i = model_config.get("intermediate_size", 4 * h)
-    vocab = model_config.get("vocab_size", 30522)
-    params = layers * (4 * h * h + 2 * h * i + 9 * h + i) + (vocab + 512 + 2) * h + h * h
+    params = Shape(layers, h, model_config.get("intermediate_size", 4 * h),
+                   model_config.get("vocab_size", 30522)).total
     activations = layers * batch * max_len * h * (34 + 5 * heads * max_len / h)
     return (16 * params + activations) / 2**30 + CUDA_CONTEXT_GIB
+
+
+def job_cores() -> list[int]:
+    """The CPU cores this job may run on (its affinity: what the scheduler gave it)."""
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
 
 
 def auto_count(seeds: int, gpu_gib: float | None, cores: int, per_seed_gib: float) -> tuple[int, str]:
@@ -91,8 +96,7 @@ def seeds_at_once(requested: str, seeds: int, device: Any, model_dir: str | Path
     config = Path(model_dir) / "config.json"
     model_config = json.loads(config.read_text()) if config.is_file() else {}
     hp = {**FAMILY_HPARAMS[family], **hparams}
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return auto_count(seeds, gpu_gib, cores, seed_memory_gib(model_config, hp["batch"], hp["max_len"]))
+    return auto_count(seeds, gpu_gib, len(job_cores()), seed_memory_gib(model_config, hp["batch"], hp["max_len"]))
 
 
 def evenly(seeds: int, cap: int) -> int:
@@ -163,8 +167,7 @@ def run_side_by_side(seeds: list[int], count: int, command: Callable[[int], list
     the marker (tacl.finetune.seeds.seeds_record). Raises `Stopped` after a signal (every running seed saved
     and stopped), InputError when a seed was refused for bad input, RuntimeError naming the seeds that
     failed."""
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count()))
-    free = core_shares(cores, count)
+    free = core_shares(job_cores(), count)
     waiting, running, failed = list(seeds), [], []
     received: list[int] = []  # the job's signals
     stopped: list[int] = []  # seeds that stopped at a signal (theirs or the job's): no seed starts after them
