@@ -202,12 +202,12 @@ def plan_text(sizing: Sizing, jobs: list[plan.Job]) -> str:
         (f"pretraining sequences {sizing.pretrain_seq():.0f} tokens padded ({seq_source}); fine-tuning: published "
          "task sizes and typical lengths (tacl.plan.TASK_SIZES) until prepare_task has counted the splits"),
     ]
-    if any(sizing.seeds_at_once(task) > 1 for task in config["finetune"]["tasks"]):
+    at_once = max((sizing.seeds_at_once(task) for task in config["finetune"]["tasks"]), default=1)
+    if at_once > 1:
         assumptions.append(
-            f"fine-tunes: up to {max(sizing.seeds_at_once(t) for t in config['finetune']['tasks'])} seeds of a job "
-            f"at once on its GPU (finetune.seeds_per_gpu {config['finetune']['seeds_per_gpu']}), host memory for "
-            "each; runtimes and GPU-hours as for one seed at a time (an upper bound: the gain of seeds side by "
-            "side is not measured yet)")
+            f"fine-tunes: up to {at_once} seeds of a job at once on its GPU (finetune.seeds_per_gpu "
+            f"{config['finetune']['seeds_per_gpu']}), host memory for each; runtimes and GPU-hours as for one "
+            "seed at a time (an upper bound: the gain of seeds side by side is not measured yet)")
     assumptions += [
         f"{g.name}: {g.peak_tflops:g} TFLOP/s peak, MFU {g.pretrain_mfu:g} pretraining / "
         f"{g.finetune_mfu:g} fine-tuning (plan.gpus; {g.source})"
