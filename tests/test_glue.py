@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import logging
 import math
+import subprocess
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import SHARED_DATA, needs_shared
@@ -396,6 +399,29 @@ def test_stsb_correlations_by_hand():
     assert all(type(v) is float for v in out.values())
     # a constant prediction has no correlation: reported as 0, not NaN
     assert glue.metrics("stsb", [2.0] * 5, refs) == {"pearson": 0.0, "spearman": 0.0, "main": 0.0}
+
+
+@pytest.mark.filterwarnings("ignore:A single label was found")
+def test_matthews_and_f1_equal_scikit_learns_and_scoring_does_not_import_it():
+    """numpy's Matthews (2 and 3 classes) and binary F1 against scikit-learn's, on random labels and the
+    degenerate cases (one class on a side, no positive anywhere, a single example); the metrics of a fine-tune
+    leave scikit-learn unimported (its import costs every fine-tuning job seconds)."""
+    code = ("import sys; from tacl.finetune import glue; glue.metrics('cola', [0, 1], [1, 1]); "
+            "glue.metrics('mrpc', [0, 1], [1, 1]); print('sklearn' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True).stdout.strip() == "False"
+    from sklearn.metrics import f1_score, matthews_corrcoef
+
+    rng = np.random.default_rng(0)
+    cases = [(rng.integers(0, k, n), rng.integers(0, k, n)) for k in (2, 3) for n in (1, 2, 7, 50, 333)]
+    cases += [(np.ones(6, int), np.ones(6, int)), (np.zeros(6, int), np.zeros(6, int)),
+              (np.array([0, 1, 0, 1]), np.ones(4, int)), (np.array([2, 2, 0]), np.array([2, 2, 0]))]
+    for refs, preds in cases:
+        assert glue.matthews(refs, preds) == pytest.approx(matthews_corrcoef(refs, preds), abs=1e-12), (refs, preds)
+        if max(refs.max(), preds.max()) == 1:  # (binary, as MRPC and QQP are)
+            for positive in (0, 1):
+                expected = f1_score(refs, preds, labels=[0, 1], pos_label=positive, zero_division=0.0)
+                assert glue.f1_binary(refs, preds, positive) == pytest.approx(expected), (refs, preds, positive)
 
 
 def test_metrics_rejects_mismatched_lengths():

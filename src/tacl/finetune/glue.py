@@ -266,10 +266,28 @@ def _correlations(predictions: np.ndarray, references: np.ndarray) -> tuple[floa
     return float(pearsonr(predictions, references)[0]), float(spearmanr(predictions, references)[0])
 
 
-def metrics(task: str, predictions: Any, references: Any) -> dict[str, float]:
-    """GLUE metrics of label ids (floats for STS-B) as fractions, plus "main", the task's GLUE score."""
-    from sklearn.metrics import f1_score, matthews_corrcoef
+def matthews(references: np.ndarray, predictions: np.ndarray) -> float:
+    """Matthews' correlation of label ids over any number of classes (Gorodkin's form, sklearn's
+    `matthews_corrcoef`); 0.0 where undefined (a constant side)."""
+    classes, ids = np.unique(np.concatenate([references, predictions]), return_inverse=True)
+    confusion = np.zeros((len(classes), len(classes)), dtype=np.float64)
+    np.add.at(confusion, (ids[:len(references)], ids[len(references):]), 1)
+    true, predicted, total = confusion.sum(axis=1), confusion.sum(axis=0), confusion.sum()
+    denominator = (total**2 - predicted @ predicted) * (total**2 - true @ true)
+    return 0.0 if denominator == 0 else float((np.trace(confusion) * total - true @ predicted) / np.sqrt(denominator))
 
+
+def f1_binary(references: np.ndarray, predictions: np.ndarray, positive: int) -> float:
+    """F1 of the `positive` label (sklearn's `f1_score`, average="binary"); 0.0 with no positive on either
+    side."""
+    hit, said = references == positive, predictions == positive
+    both, either = float(np.sum(hit & said)), float(np.sum(hit) + np.sum(said))
+    return 0.0 if either == 0 else 2 * both / either
+
+
+def metrics(task: str, predictions: Any, references: Any) -> dict[str, float]:
+    """GLUE metrics of label ids (floats for STS-B) as fractions, plus "main", the task's GLUE score.
+    (Matthews and F1 in numpy: scikit-learn's import alone costs a fine-tuning job seconds.)"""
     spec = get_task(task)
     preds, refs = np.asarray(predictions), np.asarray(references)
     if preds.ndim != 1 or preds.shape != refs.shape or preds.size == 0:
@@ -281,12 +299,12 @@ def metrics(task: str, predictions: Any, references: Any) -> dict[str, float]:
         out["main"] = (out["pearson"] + out["spearman"]) / 2
         return out
     if spec.main_metric == "matthews":
-        out["matthews"] = out["main"] = float(matthews_corrcoef(refs, preds))
+        out["matthews"] = out["main"] = matthews(refs, preds)
         return out
     out["accuracy"] = float(np.mean(preds == refs))
     if spec.main_metric == "f1_accuracy_mean":
         positive = spec.labels.index("1")
-        out["f1"] = float(f1_score(refs, preds, pos_label=positive, average="binary", zero_division=0.0))
+        out["f1"] = f1_binary(refs, preds, positive)
         out["main"] = (out["f1"] + out["accuracy"]) / 2
     else:
         out["main"] = out["accuracy"]
