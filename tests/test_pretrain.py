@@ -203,10 +203,12 @@ def test_deadline_chunk_then_next_chunk_reaches_the_same_weights(demo_data, tmp_
     assert_same_weights(final_weights(run), final_weights(uninterrupted))
 
 
-def test_sigusr1_mid_accumulation_saves_at_the_step_boundary(demo_data, reference, tmp_path):
+def test_sigusr1_mid_accumulation_saves_at_the_step_boundary(demo_data, tmp_path):
     """accumulation 4 (micro 2): the signal lands inside an accumulation cycle; the chunk finishes that
-    optimizer step, saves, exits 0, and the resumed run matches the uninterrupted one exactly."""
-    s = settings("tacl", steps=150, micro=2, log_every=1)
+    optimizer step, saves, exits 0, and the resumed run matches the uninterrupted one exactly. (The chunk is
+    stopped (SIGSTOP) once it has logged 6 steps, and the signal waits for it there: the chunk has most of its
+    steps still to do when the signal arrives, however fast the machine.)"""
+    s = settings("tacl", steps=20, micro=2, log_every=1)
     uninterrupted = tmp_path / "uninterrupted"
     train(demo_data, uninterrupted, s)
     run = tmp_path / "run"
@@ -215,14 +217,22 @@ def test_sigusr1_mid_accumulation_saves_at_the_step_boundary(demo_data, referenc
             "--no-tensorboard", "--marker", str(tmp_path / "c0.json")]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = run / "metrics.jsonl"
-    while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 10):
+
+    def logged() -> list[int]:  # the steps of the metric lines written whole (the writer may be mid-line)
+        whole = metrics.read_text().split("\n")[:-1] if metrics.is_file() else []
+        return [json.loads(line)["step"] for line in whole if '"event"' not in line]
+
+    while len(logged()) < 6:
         assert proc.poll() is None, proc.stderr.read()
-        time.sleep(0.05)
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGSTOP)
+    last = max(logged())  # (the chunk is in the step after it, or between the two)
     proc.send_signal(signal.SIGUSR1)
+    proc.send_signal(signal.SIGCONT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     first = json.loads((tmp_path / "c0.json").read_text())
-    assert first["reason"] == "signal" and not first["done"] and first["step"] < 150
+    assert first["reason"] == "signal" and not first["done"] and last <= first["step"] <= last + 1 < 20
     assert checkpoint.latest_tag(run) == checkpoint.tag_for(first["step"])
     train(demo_data, run, s)
     assert losses(run) == losses(uninterrupted)
