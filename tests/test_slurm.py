@@ -20,6 +20,7 @@ import yaml
 
 from conftest import REPO, demo_config, run_snakemake, run_tacl, start_snakemake
 from tacl.pretrain import checkpoint
+from tacl.pretrain.metrics import read_metrics
 from tacl.pretrain.model import checkpoint_state_dict
 
 PROFILE = REPO / "profiles" / "slurm-ci"
@@ -117,8 +118,11 @@ def start_from(prepared: Path, workdir: Path) -> None:
 
 def test_demo_through_sbatch_and_one_minute_chunks(tmp_path, prepared):
     """The demo DAG on SLURM: every non-local job is an sbatch job; pretraining chunks get a 1-minute limit,
-    each ends itself before it (COMPLETED, never TIMEOUT), the chain submits the next, and the final
-    weights equal an uninterrupted run's."""
+    each ends itself before it (COMPLETED, never TIMEOUT), the chain submits the next, and each chunk goes on
+    from the step the one before saved, with the same number of threads, every step logged once. (That a
+    chunk ended on its deadline resumes to the uninterrupted run's weights: test_pretrain.py's
+    test_deadline_chunk_then_next_chunk_reaches_the_same_weights; through SLURM, after an scancel:
+    test_scancel_then_rerun_resumes_two_srun_ranks.)"""
     cfg = small_config(tmp_path)
     start_from(prepared, tmp_path)
     started = time.time()
@@ -136,10 +140,14 @@ def test_demo_through_sbatch_and_one_minute_chunks(tmp_path, prepared):
     assert len(markers) == len(chunks) and markers[-1]["done"] and markers[-1]["step"] == 450
     assert all(m["reason"] == "deadline" for m in markers[:-1]), markers  # the profile sends no --signal
     assert (results / "report" / "report.md").is_file()
-    reference = uninterrupted(results / "pretrain" / "mlm_nsp" / "run", tmp_path / "reference",
-                              markers[-1]["threads"])
-    got = weights(results / "pretrain" / "mlm_nsp" / "run")
-    assert all(torch.equal(got[k], reference[k]) for k in reference)
+    for k, (before, marker) in enumerate(zip(markers, markers[1:]), start=1):
+        log = (results / "logs" / "pretrain" / "mlm_nsp" / f"chunk-{k}.log").read_text()
+        tag = f"step{before['step']:08d}"
+        assert f"resumed from {tag} at step {before['step']} " in log and before["checkpoint"] == tag, log[-2000:]
+        assert marker["steps_this_chunk"] == marker["step"] - before["step"]
+    assert len({m["threads"] for m in markers}) == 1, markers
+    steps = [m["step"] for m in read_metrics(results / "pretrain" / "mlm_nsp" / "run")]
+    assert steps == sorted(set(steps)) and steps[-1] == 450, steps
     print(f"SLURM demo: {len(jobs)} jobs, {len(chunks)} chunks, {elapsed:.0f} s")
 
 

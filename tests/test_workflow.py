@@ -301,8 +301,8 @@ def test_plan_errors_stop_a_dry_run(tmp_path):
 @pytest.mark.slow
 def test_demo_end_to_end_survives_a_kill(tmp_path, monkeypatch):
     """The demo DAG in a fresh clone of the repository with nothing beside it (a user's: no ../shared), the
-    demo config as shipped (its paths relative to the clone) with smaller fine-tunes, run with the clone's own
-    workflow: killed (SIGKILL, everything) while a chunk trains, then `snakemake --unlock` and the same
+    demo config as shipped (its paths relative to the clone) with smaller fine-tunes and no sweep, run with the
+    clone's own workflow: killed (SIGKILL, everything) while a chunk trains, then `snakemake --unlock` and the same
     command again: it resumes from the last checkpoint and finishes, every run in two chunks or more."""
     monkeypatch.delenv("TACL_SHARED_DATA", raising=False)
     clone = fresh_clone(tmp_path / "user")
@@ -312,7 +312,8 @@ def test_demo_end_to_end_survives_a_kill(tmp_path, monkeypatch):
     # two runs to pretrain (one killed with a checkpoint, the other, as a rule, before it has one) beside the start
     # model: every objective goes through the same rules (coco_lm's in the byte-identical test's DAG)
     cfg["pretrain"]["objectives"] = ["none", "mlm_nsp", "tacl"]
-    cfg["finetune"].update(tasks=["qnli"], seeds_small=1, seeds_large=1, contrastive={"forms": []})
+    # (one setting per model: the sweep's selection and its tables run in test_failed_task_sweep_extension_...)
+    cfg["finetune"].update(tasks=["qnli"], seeds_small=1, seeds_large=1, contrastive={"forms": []}, sweep={})
     cfg["finetune"]["hparams"]["glue"].update(max_train_examples=64, max_eval_examples=64, epochs=1)
     cfg["analysis"]["similarity_sentences"] = 50
     results = clone / cfg["results_dir"]
@@ -382,7 +383,7 @@ def test_demo_end_to_end_survives_a_kill(tmp_path, monkeypatch):
     assert "## GLUE dev" in report and "Missing or failed" not in report
     assert "Not run: `analysis.embeddings.enabled: false`" in report
     assert "| minilm " in report and (results / "models/minilm/config.json").is_file()  # finetune.extra_models
-    assert len(list(results.glob("finetune/minilm/qnli/lr*/seed0/metrics.json"))) == 2  # the demo's QNLI sweep
+    assert len(list(results.glob("finetune/minilm/qnli/lr*/seed0/metrics.json"))) == 1
     run_snakemake(clone, cfg, "--report", str(clone / "report.html"), repo=clone)
     html = (clone / "report.html").read_text()
     assert "glue_dev.png" in html and "self_similarity.png" in html and "cls_cosine.png" in html
