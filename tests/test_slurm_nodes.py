@@ -184,10 +184,8 @@ def test_two_nodes_cancel_resume_on_other_geometries_and_a_silent_node(tmp_path,
     engine at ZeRO 1), each rank with its end time from squeue on its own node; each rank writes its own
     part of the checkpoints. scancel stops the job mid-chunk; the rerun resumes on ONE node with 2 ranks
     (torchrun) for a few steps, the next on 2 nodes with 1 rank each to the end; the weights equal those of
-    an uninterrupted 2-rank run, bit for bit. While Snakemake notices the cancelled job (the SLURM plugin
-    checks at growing intervals and waits out the last one before it exits, about 50 s here), the
-    uninterrupted run trains, and a node that stops answering is shown to stop a run with one message
-    (node02_silent_stops_the_run)."""
+    an uninterrupted 2-rank run, bit for bit. Meanwhile the uninterrupted run trains, and a node that stops
+    answering is shown to stop a run with one message (node02_silent_stops_the_run)."""
     steps = 100
     cfg = small_config(tmp_path, steps=steps, checkpoint_minutes=0.02, zero_stage=1, nodes=2,
                        ranks_per_node=1)
