@@ -569,19 +569,6 @@ def test_bad_batch_split_fails_before_training(demo_data, tmp_path):
     assert not (tmp_path / "coco" / "checkpoints").exists()
 
 
-def test_two_ranks_match_one_rank_and_resume_exactly(demo_data, reference, tmp_path):
-    s = settings("tacl")  # global 8 = micro 4 x 2 ranks x accumulation 1
-    two = tmp_path / "two"
-    train(demo_data, two, s, nproc=2)
-    assert_same_losses(two, reference["tacl"], 12)
-    assert_same_weights(final_weights(two), final_weights(reference["tacl"]), exact=False)
-    chunked = tmp_path / "chunked"
-    train(demo_data, chunked, s, "--max-steps", "7", nproc=2)
-    train(demo_data, chunked, s, nproc=2)
-    assert losses(chunked) == losses(two)
-    assert_same_weights(final_weights(chunked), final_weights(two))
-
-
 def test_another_micro_batch_and_number_of_ranks_train_the_same_run(demo_data, tmp_path):
     """The micro-batch, the ranks and the accumulation are operational: with dropout off (the only draws seeded
     per micro-batch), TACO (negatives from groups of 2, tokens and masked positions counted over the step)
@@ -611,7 +598,8 @@ def test_resume_on_another_number_of_ranks(demo_data, tmp_path, zero_stage, befo
     """A run checkpointed by N ranks goes on with M and follows the uninterrupted run (the data order, dropout
     and TACO draws do not depend on the world size; ZeRO 1-2 optimizer state goes through DeepSpeed's
     universal checkpoint). At ZeRO 0 (2 ranks, then 1, no universal checkpoint):
-    test_another_micro_batch_and_number_of_ranks_train_the_same_run."""
+    test_another_micro_batch_and_number_of_ranks_train_the_same_run; 2 ranks resumed on 2, bit for bit: the
+    SLURM tests (test_slurm.py's scancel test, two srun ranks; test_slurm_nodes.py, a rank per node)."""
     s = settings("tacl", zero_stage=zero_stage)
     uninterrupted = tmp_path / "uninterrupted"  # the same stage and ranks (ZeRO's bucketed reductions round
     train(demo_data, uninterrupted, s, nproc=after)  # differently from ZeRO 0's)

@@ -312,6 +312,7 @@ def test_demo_end_to_end_survives_a_kill(tmp_path, monkeypatch):
     # two runs to pretrain (one killed with a checkpoint, the other, as a rule, before it has one) beside the start
     # model: every objective goes through the same rules (coco_lm's in the byte-identical test's DAG)
     cfg["pretrain"]["objectives"] = ["none", "mlm_nsp", "tacl"]
+    cfg["pretrain"]["steps"], cfg["pretrain"]["chunk"]["max_steps"] = 120, 60  # (two chunks each, as the demo's)
     # (one setting per model: the sweep's selection and its tables run in test_failed_task_sweep_extension_...)
     cfg["finetune"].update(tasks=["qnli"], seeds_small=1, seeds_large=1, contrastive={"forms": []}, sweep={})
     cfg["finetune"]["hparams"]["glue"].update(max_train_examples=64, max_eval_examples=64, epochs=1)
@@ -362,12 +363,12 @@ def test_demo_end_to_end_survives_a_kill(tmp_path, monkeypatch):
         assert [c["done"] for c in chain] == [False] * (len(chain) - 1) + [True]
         assert all(c["reason"] in ("deadline", "max_steps") for c in chain[:-1])
         assert all(c["steps_this_chunk"] <= cfg["pretrain"]["chunk"]["max_steps"] for c in chain)
-        assert all(a["step"] < b["step"] for a, b in zip(chain, chain[1:])) and chain[-1]["step"] == 250
-        # killed or not, every run started again from a checkpoint (a chunk of 125 steps cannot do 250)
+        assert all(a["step"] < b["step"] for a, b in zip(chain, chain[1:])) and chain[-1]["step"] == 120
+        # killed or not, every run started again from a checkpoint (a chunk of 60 steps cannot do 120)
         starts = [e["step"] for e in read_events(results / "pretrain" / objective / "run")]
         assert starts[0] == 0 and starts[-1] > 0, (objective, starts)
         exported = json.loads((results / "models" / f"{objective}.json").read_text())
-        assert exported["steps"] == 250 and exported["chunks"] == len(chain)
+        assert exported["steps"] == 120 and exported["chunks"] == len(chain)
     def logs(objective):
         return "".join(p.read_text() for p in (results / "logs" / "pretrain" / objective).glob("*.log"))
 

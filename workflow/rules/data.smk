@@ -1,4 +1,6 @@
 # Data stage: download (login node) -> clean + sentence split -> tokenize + NSP, one job per shard -> manifest.
+# `priority: 10` here and on the pretraining chain (pretrain.smk), 0 elsewhere: the DAG's longest path is taken
+# first wherever more jobs are ready than the cores (or the profile's `jobs:`) allow. It changes no result.
 
 
 localrules:
@@ -12,6 +14,7 @@ rule download_corpus:
         f"{DATA}/raw.json",
     log:
         f"{LOGS}/data/download_corpus.log",
+    priority: 10
     conda:
         CONDA_ENV
     params:
@@ -32,6 +35,7 @@ rule fetch_tokenizer:
         directory(f"{DATA}/tokenizer"),
     log:
         f"{LOGS}/data/fetch_tokenizer.log",
+    priority: 10
     conda:
         CONDA_ENV
     params:
@@ -52,6 +56,7 @@ rule clean:
         f"{LOGS}/data/clean.log",
     benchmark:
         f"{BENCH}/data/clean.tsv"
+    priority: 10
     conda:
         CONDA_ENV
     threads: config["data"]["clean_workers"]
@@ -84,6 +89,7 @@ rule shard:
         f"{BENCH}/data/shard-{{shard}}.tsv"
     wildcard_constraints:
         shard=r"\d{5}",
+    priority: 10
     conda:
         CONDA_ENV
     threads: 1
@@ -113,6 +119,7 @@ rule gather_shards:
         summary=f"{DATA}/summary.json",
     log:
         f"{LOGS}/data/gather_shards.log",
+    priority: 10
     conda:
         CONDA_ENV
     shell:

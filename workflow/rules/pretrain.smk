@@ -1,6 +1,6 @@
 # Pretraining: start model (login node) -> chunk 0 -> chunk 1 -> ... (as many as needed) -> export.
 # The run directory (checkpoints, metrics, lock) is passed as a param, never declared as an output:
-# Snakemake deletes outputs before a job runs and after it fails.
+# Snakemake deletes outputs before a job runs and after it fails. `priority: 10`: see data.smk.
 
 
 localrules:
@@ -16,6 +16,7 @@ rule init_model:
         directory(START),
     log:
         f"{LOGS}/pretrain/init_model.log",
+    priority: 10
     conda:
         CONDA_ENV
     params:
@@ -40,6 +41,7 @@ checkpoint pretrain_chunk:
     wildcard_constraints:
         objective=OBJECTIVE_PATTERN,
         chunk=r"\d+",
+    priority: 10
     conda:
         CONDA_ENV
     resources:
@@ -69,6 +71,7 @@ rule export_model:
         f"{BENCH}/pretrain/{{objective}}/export.tsv"
     wildcard_constraints:
         objective=OBJECTIVE_PATTERN,
+    priority: 10
     conda:
         CONDA_ENV
     resources:
