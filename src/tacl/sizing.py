@@ -109,20 +109,16 @@ class Sizing:
         return plan.request(self.finetune_expected(model, task, setting), self.plan)
 
     def finetune_mem(self, task: str, setting: str) -> int:
-        """Host memory of a fine-tuning job: one process's for each seed that may train at once
-        (finetune.seeds_per_gpu; auto: at most tacl.finetune.side_by_side's MAX_AUTO, one on a CPU)."""
+        """Host memory of a fine-tuning job: one process's for each seed that may train at once."""
         max_len = setting_hparams(self.config, task, setting).get("max_len", 128)
         return self.seeds_at_once(task) * plan.finetune_mem_mb(task, max_len, self.task_sizes(task))
 
     def seeds_at_once(self, task: str) -> int:
         """The most seeds of one of the task's jobs that train at once (finetune.seeds_per_gpu)."""
-        from tacl.finetune.side_by_side import MAX_AUTO, evenly
+        from tacl.finetune.side_by_side import most_at_once
 
-        seeds = len(task_seeds(self.config, task))
-        requested = self.config["finetune"]["seeds_per_gpu"]
-        if requested == "auto":
-            return 1 if self.config["device"] == "cpu" else evenly(seeds, MAX_AUTO)
-        return min(int(requested), seeds)
+        return most_at_once(str(self.config["finetune"]["seeds_per_gpu"]), len(task_seeds(self.config, task)),
+                            self.config["device"] == "cpu")
 
     def similarity_expected(self) -> float:
         return plan.similarity_minutes(self.config["analysis"], self.shape, self.gpu)

@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import sys
+from pathlib import Path
 
 from tacl.device import DEVICES
 from tacl.finetune import CONTRASTIVE_FORMS, PRESETS, TASKS
@@ -92,8 +93,6 @@ def _prepare(a: argparse.Namespace) -> None:
 
 
 def _finetune(a: argparse.Namespace) -> None:
-    from pathlib import Path
-
     from tacl.device import resolve_device
     from tacl.finetune import EXIT_STOPPED, Stopped, finetune_given
     from tacl.finetune.seeds import claim, run_seeds, weights_fingerprint
@@ -146,8 +145,6 @@ def _count_or_auto(value: str) -> str:
 def seed_command(a: argparse.Namespace, seed: int) -> list[str]:
     """The command of one seed of a job of several (`--seeds`), trained side by side with others: the job's
     own command for that seed alone, in its folder (OUT/seedN), as a job of one seed runs."""
-    from pathlib import Path
-
     command = [sys.executable, "-m", "tacl", "finetune", a.command, "--task", a.task, "--seed", str(seed),
                "--source", a.source, "--hparams", a.hparams, "--precision", a.precision, "--preset", a.preset,
                "--device", a.device, "--compile", a.compile, "--shapes", a.shapes,

@@ -83,11 +83,20 @@ def auto_count(seeds: int, gpu_gib: float | None, cores: int, per_seed_gib: floa
                                 f"memory at {MEMORY_MARGIN} x {per_seed_gib:.1f} GiB a seed, at most {MAX_AUTO}")
 
 
+def most_at_once(requested: str, seeds: int, cpu: bool) -> int:
+    """The most of a job's `seeds` that train at once (`finetune.seeds_per_gpu`): a number as given, at most
+    the seeds; auto: one on a CPU, else MAX_AUTO spread evenly (the job's cores and its GPU's memory may allow
+    fewer: `auto_count`). What the plan asks host memory for."""
+    if requested != "auto":
+        return min(int(requested), seeds)
+    return 1 if cpu else evenly(seeds, MAX_AUTO)
+
+
 def seeds_at_once(requested: str, seeds: int, device: Any, model_dir: str | Path, family: str,
                   hparams: dict[str, Any]) -> tuple[int, str]:
     """How many of a job's `seeds` train at once (`finetune.seeds_per_gpu`: a number, or auto), and why."""
     if requested != "auto":
-        return min(int(requested), seeds), f"finetune.seeds_per_gpu: {requested}"
+        return most_at_once(requested, seeds, cpu=False), f"finetune.seeds_per_gpu: {requested}"
     from tacl.device import gpu_memory_gib
 
     gpu_gib = gpu_memory_gib(device)
