@@ -118,13 +118,69 @@ def fresh_clone(where: Path) -> Path:
 
 
 def silent_schedulers(where: Path) -> str:
-    """A PATH whose `scontrol`, `sinfo` and `qstat` fail: a login node whose scheduler does not answer, so that a
-    dry run's preflight does not ask the test cluster CI runs beside the tests."""
+    """A PATH whose `scontrol`, `sinfo`, `squeue` and `qstat` fail: a login node whose scheduler does not answer.
+    (`squeue` with `sinfo`: snakemake-executor-plugin-slurm refuses to start where `sinfo` is on PATH and
+    neither `sacct` nor `squeue` is.)"""
     where.mkdir(parents=True, exist_ok=True)
-    for command in ("scontrol", "sinfo", "qstat"):
+    for command in ("scontrol", "sinfo", "squeue", "qstat"):
         (where / command).write_text("#!/bin/sh\nexit 1\n")
         (where / command).chmod(0o755)
     return f"{where}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}"
+
+
+# Every test but the `slurm` group's runs with these commands hidden from PATH (`pytest_runtest_protocol`
+# below): a test sees a scheduler only where it put a stand-in there itself. A user's machine has none, CI's
+# has two real clusters; hidden, a test that passes only where SLURM is installed fails in CI as well.
+SCHEDULER_COMMANDS = frozenset(
+    "sbatch srun salloc sattach sbcast squeue sinfo sacct sacctmgr scontrol scancel sstat sprio sshare sreport "
+    "sdiag strigger sview qsub qstat qdel qalter qhold qrls qmgr qsig pbsnodes pbsdsh tracejob".split())
+_HIDDEN: dict[str, str] = {}  # PATH -> the same PATH with the scheduler commands hidden (per process)
+
+
+def without_schedulers(path: str) -> str:
+    """`path` (a PATH) with every SLURM and PBS command hidden: each folder of it that holds one is replaced by
+    a folder of links to all else that it holds (made once per process, under the system's temporary folder,
+    removed at exit)."""
+    if path in _HIDDEN:
+        return _HIDDEN[path]
+    import atexit
+    import shutil
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="tacl-tests-path-"))
+    atexit.register(shutil.rmtree, root, True)
+    folders = []
+    for k, folder in enumerate(path.split(os.pathsep)):
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            names = []
+        if SCHEDULER_COMMANDS.isdisjoint(names):
+            folders.append(folder)
+            continue
+        mirror = root / str(k)
+        mirror.mkdir()
+        for name in names:
+            if name not in SCHEDULER_COMMANDS:
+                (mirror / name).symlink_to(os.path.join(folder, name))
+        folders.append(str(mirror))
+    _HIDDEN[path] = os.pathsep.join(folders)
+    return _HIDDEN[path]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A test outside the `slurm` group runs (its fixtures' set-up included) with the scheduler commands hidden
+    from PATH (`without_schedulers`)."""
+    if item.get_closest_marker("slurm") is not None:
+        yield
+        return
+    before = os.environ["PATH"]
+    os.environ["PATH"] = without_schedulers(before)
+    try:
+        yield
+    finally:
+        os.environ["PATH"] = before
 
 
 def write_nli_fixture(root: Path, rows: int = 48) -> Path:

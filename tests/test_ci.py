@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -46,3 +48,22 @@ def test_a_skipped_slurm_test_fails_under_ci(pytester, monkeypatch, ci):
         result.assert_outcomes(passed=1, skipped=1)
         result.stdout.fnmatch_lines(["slurm group: 0 passed, 0 failed, 1 skipped", "SKIPPED*no SLURM here*"])
         assert result.ret == 0
+
+
+def test_tests_outside_the_slurm_group_see_no_scheduler_command(tmp_path):
+    """conftest hides SLURM's and PBS's commands from every test outside the `slurm` group (a user's machine has
+    none; CI's has real ones): none is found on PATH here, and `without_schedulers` keeps everything else a
+    folder of PATH holds, under its own name."""
+    from conftest import SCHEDULER_COMMANDS, without_schedulers
+
+    assert [c for c in sorted(SCHEDULER_COMMANDS) if shutil.which(c)] == []
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    for name in ("sinfo", "squeue", "qstat", "tool"):
+        (folder / name).write_text("#!/bin/sh\nexit 0\n")
+        (folder / name).chmod(0o755)
+    path = without_schedulers(f"{folder}{os.pathsep}{os.environ['PATH']}")
+    assert [shutil.which(c, path=path) for c in ("sinfo", "squeue", "qstat")] == [None, None, None]
+    tool = shutil.which("tool", path=path)
+    assert tool is not None and Path(tool).name == "tool" and Path(tool).resolve() == folder / "tool"
+    assert shutil.which("python3", path=path) is not None
