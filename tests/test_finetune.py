@@ -2,6 +2,7 @@
 
 import csv
 import json
+import os
 
 import pytest
 import torch
@@ -198,17 +199,13 @@ def test_a_seed_stopped_midway_resumes_to_the_uninterrupted_seeds_metrics(tmp_pa
     at step 2 (mid epoch 1, a save every step before it), then by SIGUSR1 at step 5 (mid epoch 2), then run
     to the end, through run_seeds as a job runs it: the same dev metrics, final loss, padding and
     fine-tuned weights as the seed trained in one go, bit for bit; the checkpoint is gone once the metrics
-    are written. Before the last job, a checkpoint and a model left unfinished by a killed job: kept while
-    the job the folder names runs, removed by the next job (`claim`, as the command does), saying so."""
-    import os
+    are written. Before the last job, a checkpoint and a model left unfinished by a killed job on another
+    node: removed by the last job, once it holds the seed's lock, saying so."""
     import signal
-    import socket
-    import subprocess
-    import sys
 
-    from tacl.finetune import CHECKPOINT, JOB, Stopped, common
+    from tacl.finetune import CHECKPOINT, Stopped, common
     from tacl.finetune.resume import Checkpointing
-    from tacl.finetune.seeds import claim, run_seeds
+    from tacl.finetune.seeds import run_seeds
     from tacl.io import size_text
     from tacl.finetune.sequence import finetune_glue
 
@@ -247,34 +244,20 @@ def test_a_seed_stopped_midway_resumes_to_the_uninterrupted_seeds_metrics(tmp_pa
     assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL, "the handler is put back after training"
     monkeypatch.setattr(common, "train_step", step)
     # a job killed while it saved the checkpoint and wrote the model (on another node) left both unfinished:
-    # while the job its folder names still runs they are left alone; the next job of the setting removes them
+    # the next job removes them once it holds the seed's lock, saying so, and resumes the seed
     seed = stopped / "seed0"
     saved = (seed / CHECKPOINT).read_bytes()
     (seed / f".{CHECKPOINT}.tmp-gpu-node-17-4242").write_bytes(saved[: len(saved) // 2])
     (seed / ".model.tmp-gpu-node-17-4242").mkdir()
     (seed / ".model.tmp-gpu-node-17-4242" / "config.json").write_text("{}")
-    left = [(f"seed0/.{CHECKPOINT}.tmp-gpu-node-17-4242", len(saved) // 2), ("seed0/.model.tmp-gpu-node-17-4242", 2)]
-    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        (stopped / JOB).write_text(json.dumps({"host": socket.gethostname(), "pid": holder.pid}))
-        with caplog.at_level("WARNING", logger="tacl.finetune"):
-            claim(stopped)
-        assert f"left as it is: the job that ran here before, process {holder.pid} on host" in caplog.text
-        assert all((stopped / p).exists() for p, _ in left)
-    finally:
-        holder.kill()
-        holder.wait()
-    (stopped / JOB).write_text(json.dumps({"host": socket.gethostname(), "pid": holder.pid}))
+    left = [(f".{CHECKPOINT}.tmp-gpu-node-17-4242", len(saved) // 2), (".model.tmp-gpu-node-17-4242", 2)]
     caplog.clear()
     with caplog.at_level("WARNING", logger="tacl.finetune"):
-        claim(stopped)
-    (line,) = caplog.messages
+        job(stopped, Checkpointing(minutes=None))
     named = ", ".join(f"{p} ({size_text(n)})" for p, n in left)
-    total = size_text(sum(n for _, n in left))
-    assert line == f"{stopped}: removed what killed jobs left unfinished: {named} ({total} in all)"
-    assert not any((stopped / p).exists() for p, _ in left)
-    assert json.loads((stopped / JOB).read_text())["pid"] == os.getpid()
-    job(stopped, Checkpointing(minutes=None))
+    assert [m for m in caplog.messages if "removed" in m] == [
+        f"{seed}: removed what killed jobs left unfinished: {named} ({size_text(sum(n for _, n in left))} in all)"]
+    assert not any((seed / p).exists() for p, _ in left)
     folders = (tmp_path / "once" / "seed0", stopped / "seed0")
     once, resumed = (json.loads((d / "metrics.json").read_text()) for d in folders)
     assert resumed["train"]["resumed_at"] == [2, 5] and once["train"]["resumed_at"] == []
@@ -286,69 +269,77 @@ def test_a_seed_stopped_midway_resumes_to_the_uninterrupted_seeds_metrics(tmp_pa
     assert not (stopped / "seed0" / CHECKPOINT).exists()
 
 
-def test_a_seed_is_trained_by_one_process_at_a_time(tmp_path, demo_data, caplog, capsys):
-    """A seed holds its lock while it trains: a second run of the same seed while the first trains (here from
-    inside the first one's training: the holder is this very process, alive) is refused in one line naming the
-    seed's folder and the holder, and touches nothing; the command says it in one line (exit status 2); a
-    lock whose holder is gone is taken over, with one warning saying whose it was."""
-    import os
+def test_a_seed_is_trained_by_one_process_at_a_time(tmp_path, demo_data, caplog, capsys, monkeypatch):
+    """A seed holds its lock while it trains. Another process holding it (a job started again while the first
+    one runs): a second job is refused in one line naming the seed's folder and the holder, and trains
+    nothing. The command, where the holder is a live SLURM job on another node whose save is under way there
+    (its temporary in the seed's folder): one line, exit status 2, and the save left as it is. Once squeue
+    no longer lists that job, the next job takes the lock over, saying whose it was, removes what the gone
+    job left and trains the seed."""
     import socket
     import subprocess
     import sys
 
     from tacl.cli import main
-    from tacl.finetune.seeds import LOCK, RESULT_FILES, run_seeds
+    from tacl.finetune.seeds import CHECKPOINT, LOCK, run_seeds
 
     given = {"hparams": {"lr": 1e-4}, "model_sha256": "x"}
-    refusals, trained = [], []
-
-    def again(seed, out):  # what a second job started now on this seed meets
+    seed0 = tmp_path / "seed0"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom tacl.finetune.seeds import seed_lock\n"
+                               f"seed_lock(0, {str(seed0)!r}).acquire()\nprint('held', flush=True)\ntime.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)
+    trained = []
+    try:
+        assert holder.stdout.readline() == "held\n"
         with pytest.raises(InputError) as refused:
-            run_seeds([seed], lambda s: out, given, lambda s, o: trained.append(("second", s)))
-        refusals.append(str(refused.value))
+            run_seeds([0], lambda s: seed0, given, lambda s, o: trained.append(s))
+    finally:
+        holder.kill()
+        holder.wait()
+    message = str(refused.value)
+    assert message.startswith(f"{seed0 / LOCK}: seed 0 is being trained by another process, process {holder.pid} "
+                              f"on host {socket.gethostname()} (since "), message
+    assert ", still running: `ps -p " in message and "\n" not in message and trained == []
 
-    def train_one(seed, out):
-        trained.append(seed)
-        again(seed, out)
-        (out / "metrics.json").write_text(json.dumps({"seed": seed}))
-
-    run_seeds([0], lambda s: tmp_path / "seed0", given, train_one)
-    (message,) = refusals
-    assert message == (f"{tmp_path / 'seed0' / LOCK}: seed 0 is being trained by another process, process "
-                       f"{os.getpid()} on host {socket.gethostname()} (since {message.split('(since ')[1]}"), message
-    assert ", still running: `ps -p " in message and "\n" not in message
-    assert trained == [0] and not (tmp_path / "seed0" / LOCK).exists()
-    assert (tmp_path / "seed0" / RESULT_FILES).is_file(), "the first run finished the seed"
-    assert "LOCK" not in (tmp_path / "seed0" / RESULT_FILES).read_text()
-
-    # the command: one line, exit status 2, nothing of the seed touched (a holder that still runs)
+    # the command, against a live SLURM job's lock and save on another node (squeue: job 4242 runs)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "squeue").write_text(f"#!/bin/sh\ncat {tmp_path / 'state'}\n")
+    (bin_dir / "squeue").chmod(0o755)
+    (tmp_path / "state").write_text("RUNNING\n")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    for var in ("SLURM_JOB_ID", "SLURM_RESTART_COUNT", "PBS_JOBID"):
+        monkeypatch.delenv(var, raising=False)
     source = {"kind": "tsv", "data_dir": str(REPO / "examples/demo/glue")}
     out = tmp_path / "setting"
-    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     argv = ["finetune", "glue", "--model", str(demo_data["start"]), "--task", "qnli", "--seeds", "0",
             "--source", json.dumps(source), "--hparams", json.dumps({"max_train_examples": 8, "batch": 4,
                                                                      "epochs": 1, "max_eval_examples": 8,
                                                                      "max_len": 32}),
             "--device", "cpu", "--out", str(out), "--marker", str(tmp_path / "seeds.json")]
-    try:
-        (out / "seed0").mkdir(parents=True)
-        (out / "seed0" / LOCK).write_text(json.dumps({"host": socket.gethostname(), "pid": holder.pid}))
-        capsys.readouterr()
-        assert main(argv) == 2
-        err = capsys.readouterr().err.strip().splitlines()
-        assert err[-1].startswith(f"tacl: error: {out / 'seed0' / LOCK}: seed 0 is being trained by another "
-                                  f"process, process {holder.pid} on host "), err
-        assert sorted(p.name for p in (out / "seed0").iterdir()) == [LOCK] and not (tmp_path / "seeds.json").exists()
-    finally:
-        holder.kill()
-        holder.wait()
-    # the holder is gone: the next job takes its lock over, saying so, and trains the seed
+    (out / "seed0").mkdir(parents=True)
+    (out / "seed0" / LOCK).write_text(json.dumps({"host": "gpu-node-17", "pid": 12345, "slurm_job": "4242",
+                                                  "since": "2026-11-27T10:00:00"}))
+    saving = out / "seed0" / f".{CHECKPOINT}.tmp-gpu-node-17-12345"
+    saving.write_bytes(b"x" * 3000)
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"tacl: error: {out / 'seed0' / LOCK}: seed 0 is being trained by another process, "
+                              "SLURM job 4242 (host gpu-node-17, pid 12345"), err
+    assert "`squeue -j 4242` shows it" in err[-1]
+    assert sorted(p.name for p in (out / "seed0").iterdir()) == sorted([LOCK, saving.name])
+    assert saving.read_bytes() == b"x" * 3000 and not (tmp_path / "seeds.json").exists()
+    # the job is gone: the next job takes its lock over, saying so, removes its save and trains the seed
+    (tmp_path / "state").write_text("COMPLETED\n")
     caplog.clear()
     with caplog.at_level("WARNING", logger="tacl.finetune"):
         assert main(argv) == 0
-    assert (f"{out / 'seed0' / LOCK}: took over the stale lock of process {holder.pid} on host "
-            f"{socket.gethostname()}") in caplog.text
+    assert (f"{out / 'seed0' / LOCK}: took over the stale lock of SLURM job 4242 (host gpu-node-17, pid 12345, "
+            "since 2026-11-27T10:00:00): squeue shows it in state COMPLETED") in caplog.messages
+    assert f"{out / 'seed0'}: removed what killed jobs left unfinished: {saving.name} (3.0 kB)" in caplog.text
     assert (out / "seed0" / "metrics.json").is_file() and not (out / "seed0" / LOCK).exists()
+    assert not saving.exists()
 
 
 def test_seeds_side_by_side_count_cores_and_command(tmp_path, monkeypatch):
@@ -368,7 +359,8 @@ def test_seeds_side_by_side_count_cores_and_command(tmp_path, monkeypatch):
     one = seed_memory_gib(base, 32, 128)
     assert 3.5 < one < 5.5  # (110M parameters at 16 bytes, 1.7 GB of activations, the context)
     assert seed_memory_gib(base, 32, 256) > one + 1.5  # (activations: the length's square in attention)
-    assert auto_count(5, 40.0, 8, one) == (3, auto_count(5, 40.0, 8, one)[1])  # 4 at most: 3 and 2
+    assert auto_count(5, 40.0, 8, one) == (3, f"auto: 8 CPU cores at 2 a seed, 40 GiB of GPU memory at 1.5 x "
+                                              f"{one:.1f} GiB a seed, at most {MAX_AUTO}")  # 4 at most: 3 and 2
     assert auto_count(3, 80.0, 16, one)[0] == 3 and auto_count(8, 80.0, 64, one)[0] == MAX_AUTO
     assert auto_count(5, 40.0, 3, one)[0] == 1  # (3 cores: one seed's 2)
     assert auto_count(5, 10.0, 16, one)[0] == 1  # (10 GiB: one seed at 1.5x its estimate)

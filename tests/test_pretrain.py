@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 
 LOSS_KEYS = ("loss", "mlm", "nsp", "tacl", "taco", "aux_mlm", "clm", "scl")
 # (the objectives whose state across a resume no other's holds: test_resume_is_bit_exact)
-RESUMED = ("tacl", "coco_lm")
+RESUMED = ("tacl", "taco", "coco_lm")
 
 
 def settings(objective="tacl", steps=12, micro=4, **kw) -> str:
@@ -123,14 +123,15 @@ def test_resume_is_bit_exact(demo_data, reference, tmp_path, objective):
     """tacl: the student with its MLM and NSP heads, the optimizer, the data's position and the frozen teacher
     (loaded again from the start model) resume; what mlm_nsp, tacl_batch and tacl_attn (the same teacher,
     other weights on its outputs) carry is that. coco_lm: its auxiliary model and copy head resume too (only
-    the main model is exported), and its draws, seeded per group of the step; taco carries no more than that
-    (its draws alike; over a resume on another number of ranks: test_another_micro_batch_and_number_of_ranks_
-    train_the_same_run). Between the first two chunks, saves killed inside `.incoming/` (and a conversion and
-    a write killed halfway) are left behind: the second chunk removes them, saying so in one line with their
-    sizes, and the run stays exact."""
+    the main model is exported), and its draws, seeded per group of the step; taco: its positives and
+    negatives, drawn per group of the step, with dropout on (one resume; over a resume on another number of
+    ranks: test_another_micro_batch_and_number_of_ranks_train_the_same_run). Between the first two chunks,
+    saves killed inside `.incoming/` (and a conversion and a write killed halfway) are left behind: the second
+    chunk removes them, saying so in one line with their sizes, and the run stays exact."""
     run = tmp_path / "run"
     markers = []
-    for chunk, max_steps in enumerate([5, 4, 100]):
+    chunks = [5, 100] if objective == "taco" else [5, 4, 100]
+    for chunk, max_steps in enumerate(chunks):
         marker = tmp_path / f"chunk-{chunk}.json"
         left = leave_killed_saves(run) if chunk == 1 else []
         proc = train(demo_data, run, settings(objective), "--max-steps", str(max_steps), "--marker", str(marker),
@@ -140,14 +141,15 @@ def test_resume_is_bit_exact(demo_data, reference, tmp_path, objective):
             assert "WARNING" in line and line.endswith(removed_line(run, left)), line
             assert not any((run / p).exists() for p, _ in left) and (run / "run.json").is_file()
         markers.append(json.loads(marker.read_text()))
-    assert [m["step"] for m in markers] == [5, 9, 12]
-    assert [m["done"] for m in markers] == [False, False, True]
+    steps = [5, 12] if objective == "taco" else [5, 9, 12]
+    assert [m["step"] for m in markers] == steps
+    assert [m["done"] for m in markers] == [False] * (len(steps) - 1) + [True]
     ref = losses(reference[objective])
     assert len(ref) == 12 and all(r[1] is not None for r in ref)
     assert losses(run) == ref, "every logged loss equals the uninterrupted run's, bit for bit"
     assert_same_weights(final_weights(run), final_weights(reference[objective]))
     starts = read_events(run)
-    assert [e["step"] for e in starts] == [0, 5, 9] and all(e["event"] == "chunk_start" for e in starts)
+    assert [e["step"] for e in starts] == [0, *steps[:-1]] and all(e["event"] == "chunk_start" for e in starts)
     for record in starts + markers:
         assert record["device"]["device"] == "cpu" and record["device"]["torch"] == torch.__version__
 
@@ -510,11 +512,121 @@ def test_stale_locks_of_gone_scheduler_jobs_are_taken_over(tmp_path, monkeypatch
     with pytest.raises(InputError) as e:
         RunLock(lock_of("pbs_live", pbs_job="77.pbs01")).acquire()
     assert "PBS job 77.pbs01" in str(e.value) and "`qstat -f 77.pbs01` shows it" in str(e.value)
-    # the same job, requeued: its own earlier run's lock
+    # the same job, requeued (SLURM_RESTART_COUNT one higher than the lock's): its own earlier run's lock
     monkeypatch.setenv("SLURM_JOB_ID", "111")
-    assert taken_over(tmp_path / "slurm_live").endswith("SLURM job 111 (host gpu-node-17, pid 4242, since "
-                                                        "2026-11-20T10:00:00): this job's own earlier run (the job "
-                                                        "was requeued)")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    run = lock_of("slurm_requeued", slurm_job="111", slurm_restarts=0)
+    assert taken_over(run).endswith("SLURM job 111 (host gpu-node-17, pid 4242, since 2026-11-20T10:00:00): this "
+                                    "job's earlier run (run 1; the job was requeued)")
+
+
+def test_a_lock_of_this_same_job_is_gone_only_with_its_process(tmp_path, monkeypatch, caplog):
+    """Two processes of one scheduler job share its id (two srun steps, a command typed inside salloc): a lock
+    held by a live process of this very job refuses the second one, on this host or another (whose processes
+    this host cannot see), however the scheduler answers; one whose process is gone on this host, or one of
+    the job's earlier run (SLURM_RESTART_COUNT, PBS's run_count: higher now), is taken over. A lock is released
+    only while it is still its holder's own."""
+    import socket
+
+    from tacl.pretrain import lock
+
+    for var in ("SLURM_RESTART_COUNT", "PBS_JOBID"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setattr(lock, "job_state", lambda *a: pytest.fail("the scheduler is not asked about this job"))
+    sibling = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    here = socket.gethostname()
+
+    def locked(name: str, **owner) -> Path:
+        run = tmp_path / name
+        run.mkdir()
+        (run / "LOCK").write_text(json.dumps({"slurm_job": "4242", "slurm_restarts": 0, "since": "2026-11-27",
+                                              **owner}))
+        return run
+
+    try:
+        with pytest.raises(InputError, match=f"SLURM job 4242 \\(host {here}, pid {sibling.pid}.*another process "
+                                             "of this same job, still running"):
+            RunLock(locked("sibling", host=here, pid=sibling.pid)).acquire()
+        with pytest.raises(InputError, match="another process of this same job, on host gpu-node-17"):
+            RunLock(locked("sibling_there", host="gpu-node-17", pid=sibling.pid)).acquire()
+        # (a pid given to a later process: the record's process start differs)
+        with caplog.at_level("WARNING", logger="tacl.pretrain"), RunLock(
+                locked("pid_reused", host=here, pid=sibling.pid, pid_start=1)):
+            pass
+        assert "its process no longer runs on this host" in caplog.text
+    finally:
+        sibling.kill()
+        sibling.wait()
+    for name, owner in (("gone_here", {"host": here, "pid": gone.pid}),
+                        ("requeued_there", {"host": "gpu-node-17", "pid": 4242, "slurm_restarts": 0})):
+        monkeypatch.setenv("SLURM_RESTART_COUNT", "1" if name == "requeued_there" else "0")
+        run = locked(name, **owner)
+        with RunLock(run):
+            assert json.loads((run / "LOCK").read_text())["slurm_restarts"] == int(os.environ["SLURM_RESTART_COUNT"])
+        assert not (run / "LOCK").exists()
+    # released only while its own: a lock taken over meanwhile stays its new holder's
+    run = tmp_path / "taken"
+    held = RunLock(run).acquire()
+    (run / "LOCK").write_text(json.dumps({"host": "gpu-node-17", "pid": 1, "slurm_job": "4243"}))
+    held.release()
+    assert json.loads((run / "LOCK").read_text())["slurm_job"] == "4243" and not held.held
+
+
+def _race_for_lock(run: Path, start, done, results) -> None:
+    """One of several takers of a stale lock (multiprocessing, forked): each judges the holder gone before any
+    of them acts on it (`start`), then tries to take the lock over; the winner holds it until `done`."""
+    from tacl.pretrain import lock
+
+    judge, first = lock.holder, []
+
+    def judged_together(owner):
+        verdict = judge(owner)
+        if not first:
+            first.append(1)
+            start.wait()
+        return verdict
+
+    lock.holder = judged_together
+    try:
+        taken = RunLock(run).acquire()
+    except InputError as e:
+        results.put(("refused", str(e)))
+        return
+    results.put(("won", os.getpid()))
+    done.wait()
+    taken.release()
+
+
+def test_takers_racing_for_a_stale_lock_have_one_winner(tmp_path):
+    """Six processes find the same stale lock and all judge its holder gone before any of them acts: exactly
+    one takes it over; the others are refused, naming the winner, which holds it."""
+    import multiprocessing
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "LOCK").write_text(json.dumps({"host": os.uname().nodename, "pid": gone.pid}))
+    context = multiprocessing.get_context("fork")
+    takers = 6
+    start, done, results = context.Barrier(takers), context.Event(), context.Queue()
+    procs = [context.Process(target=_race_for_lock, args=(run, start, done, results)) for _ in range(takers)]
+    for p in procs:
+        p.start()
+    try:
+        outcomes = [results.get(timeout=60) for _ in procs]
+        winners = [who for what, who in outcomes if what == "won"]
+        assert len(winners) == 1, outcomes
+        assert json.loads((run / "LOCK").read_text())["pid"] == winners[0]
+        assert all(f"process {winners[0]} on host" in why for what, why in outcomes if what == "refused")
+    finally:
+        done.set()
+        for p in procs:
+            p.join(timeout=30)
+    assert not (run / "LOCK").exists() and [p.name for p in run.iterdir()] == []
 
 
 def test_changed_result_settings_start_again_and_a_change_undone_comes_back(demo_data, tmp_path):
@@ -628,12 +740,16 @@ def test_export_loads_for_fine_tuning(demo_data, reference, tmp_path):
     marker.write_text(json.dumps({"objective": "tacl", "done": True, "step": 12, "steps": 12, "samples": 96,
                                   "tokens": 5000, "wall_s": 3.0}))
     out = tmp_path / "model"
-    # an export killed halfway on another node, one killed between its renames before temporaries named their
-    # host, and one a live process on this host writes: the export removes the first two, saying so
-    killed, old = tmp_path / ".model.tmp-gpu-node-17-4242", tmp_path / ".model.old-4243"
+    # an export killed halfway on this host, one killed between its renames before temporaries named their
+    # host, one a live process on this host writes, and one written on another node (whose writer this host
+    # cannot see, and no lock holder vouches for): the export removes the first two, saying so
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    killed, old = tmp_path / f".model.tmp-{os.uname().nodename}-{gone.pid}", tmp_path / ".model.old-4243"
     writer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     live = tmp_path / f".model.tmp-{os.uname().nodename}-{writer.pid}"
-    for folder in (killed, old, live):
+    elsewhere = tmp_path / ".model.tmp-gpu-node-17-4242"
+    for folder in (killed, old, live, elsewhere):
         folder.mkdir()
         (folder / "model.safetensors").write_bytes(b"x" * 1500)
     try:
@@ -641,8 +757,8 @@ def test_export_loads_for_fine_tuning(demo_data, reference, tmp_path):
                         str(reference["tacl"]), "--marker", str(marker), "--out", str(out), "--summary",
                         str(tmp_path / "summary.json"))
         assert (f"{tmp_path}: removed what earlier writers of model left unfinished: .model.old-4243 (1.5 kB), "
-                ".model.tmp-gpu-node-17-4242 (1.5 kB) (3.0 kB in all)") in proc.stderr
-        assert not killed.exists() and not old.exists() and live.is_dir()
+                f"{killed.name} (1.5 kB) (3.0 kB in all)") in proc.stderr
+        assert not killed.exists() and not old.exists() and live.is_dir() and elsewhere.is_dir()
     finally:
         writer.kill()
         writer.wait()

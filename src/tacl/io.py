@@ -31,9 +31,9 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 
     A failing writer leaves nothing, a killed one at most a hidden `.NAME.tmp-HOST-PID` (or, killed between the
     two renames that replace a folder, `.NAME.old-HOST-PID` with `path` missing), never a half-written `path`;
-    an existing `path` stays as it was until the rename. What killed writers of `path` left is removed here,
-    before this one writes (`temporaries`: not those of a process that still runs on this host), with one log
-    line naming each and its size.
+    an existing `path` stays as it was until the rename. What killed writers of `path` on this host left is
+    removed here, before this one writes (`temporaries`: one written on another host is left to the holder of
+    the folder's lock), with one log line naming each and its size.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -89,22 +89,32 @@ def _being_written(name: str) -> bool:
     return bool(m) and alive_here({"host": m["host"], "pid": m["pid"]}) is True
 
 
+def _left_here(name: str) -> bool:
+    """Whether the atomic_path temporary `name` was left by a writer on this host that no longer runs (or by one
+    of the names without a host, from before 2026-11-27)."""
+    m = TEMPORARY.match(name)
+    return bool(m) and (m["host"] is None or alive_here({"host": m["host"], "pid": m["pid"]}) is False)
+
+
 def temporaries(path: str | os.PathLike) -> list[Path]:
-    """What killed writers of `path` (atomic_path) left beside it: its `.NAME.tmp-*` and `.NAME.old-*`, but not
-    those of a process that still runs on this host. One on another host is taken as left over: a path has one
-    writer at a time (the workflow's job that makes it, or the run's lock holder), and the one asking is it."""
+    """What killed writers of `path` (atomic_path) on this host left beside it: its `.NAME.tmp-*` and
+    `.NAME.old-*` whose process no longer runs. One written on another host is left alone: this host cannot
+    tell whether its writer still runs. It goes when the holder of the folder's lock, which knows that writer's
+    job is gone, clears the folder (`temporaries_under`)."""
     path = Path(path)
     try:
         names = sorted(os.listdir(path.parent))
     except (FileNotFoundError, NotADirectoryError):
         return []
     return [path.with_name(n) for n in names if n.startswith(f".{path.name}.") and (m := TEMPORARY.match(n))
-            and m["name"] == path.name and not _being_written(n)]
+            and m["name"] == path.name and _left_here(n)]
 
 
 def temporaries_under(folder: str | os.PathLike) -> list[Path]:
     """Every atomic_path temporary under `folder` (at any depth, not looking inside one) that no process still
-    running on this host writes: what killed writers left, for the one that owns the folder (`temporaries`)."""
+    running on this host writes, those written on other hosts included: what killed writers left, for the
+    holder of the folder's lock to remove once it holds it (its writers, whatever their host, held the lock
+    before, and are gone), and for `tacl status` to show."""
     found = []
     for root, dirs, files in os.walk(folder):
         found += [Path(root, n) for n in sorted(dirs + files) if TEMPORARY.match(n) and not _being_written(n)]

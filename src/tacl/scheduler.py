@@ -241,6 +241,16 @@ def pbs_job_state(job_id: str) -> str | None:
     return None if record is None else str(record.get("job_state", "")).strip() or None
 
 
+def pbs_run_count(job_id: str) -> int | None:
+    """How many times PBS has started the job (its run_count: 1 on the first run, one more after each rerun),
+    or None when qstat does not say."""
+    try:
+        record = qstat_job(job_id, history=False)
+        return int(record["run_count"]) if record and "run_count" in record else None
+    except (OSError, RuntimeError, subprocess.TimeoutExpired, ValueError, TypeError):
+        return None
+
+
 def job_state(scheduler: str, job_id: str) -> str | None:
     """The job's state as its scheduler names it (squeue's RUNNING, COMPLETED, ...; qstat's R, F, ...); None when
     the scheduler no longer knows the job. RuntimeError when it cannot tell."""

@@ -95,7 +95,7 @@ def _prepare(a: argparse.Namespace) -> None:
 def _finetune(a: argparse.Namespace) -> None:
     from tacl.device import resolve_device
     from tacl.finetune import EXIT_STOPPED, Stopped, finetune_given
-    from tacl.finetune.seeds import claim, run_seeds, weights_fingerprint
+    from tacl.finetune.seeds import note_job, run_seeds, weights_fingerprint
     from tacl.finetune.side_by_side import run_side_by_side, seeds_at_once
 
     device = resolve_device(a.device)  # a GPU asked for and none usable: stop before anything is written
@@ -122,8 +122,8 @@ def _finetune(a: argparse.Namespace) -> None:
         print(json.dumps({k: result[k] for k in ("task", "seed", "dev", "wall_s")}))
         return result
 
-    # (what killed jobs left unfinished goes; which job runs the seeds, for `tacl status`: running, or stopped)
-    claim(Path(a.out))
+    # (which job runs the seeds, for `tacl status`: running, or stopped; each seed's leftovers go under its lock)
+    note_job(Path(a.out))
     try:
         if count > 1:
             log.info("seeds side by side (%s)", why)

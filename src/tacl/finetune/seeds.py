@@ -16,15 +16,18 @@ that hash (a seed finished before the record existed, commit f1ba1fb, 2026-11-26
 parse, and the record is written then). Anything else trains the seed again, after one log line saying
 why; the marker never names a file that does not parse.
 
-A job killed while it writes leaves the file or folder unfinished under a temporary name (tacl.io.atomic_path:
-a seed's checkpoint.pt being saved, its model/ being written, its metrics.json): the next job of the setting
-removes them when it starts (`claim`), unless the job its folder names still runs.
-
 A seed is trained by one process at a time: the process holds the seed's lock (LOCK in its folder, the
 pretraining run lock's machinery, tacl.pretrain.lock) from before it looks at the seed until the seed is done
 or stopped. A second process on a seed whose holder still runs (a job started again while the first one
-runs) stops with one line naming the seed's folder and the holder; a lock whose holder is gone (a killed job)
-is taken over, with one warning saying whose it was.
+runs, on this host or another) stops with one line naming the seed's folder and the holder, and touches
+nothing of the seed; a lock whose holder is gone (a killed job) is taken over, with one warning saying whose
+it was.
+
+A job killed while it writes leaves the file or folder unfinished under a temporary name (tacl.io.atomic_path:
+a seed's checkpoint.pt being saved, its model/ being written, its metrics.json). The seed's next holder
+removes them once it holds the seed's lock, before it looks at the seed (`train_seed`), whichever host wrote
+them: whoever wrote there held the lock, and is gone. Nothing is removed before the lock is held: a
+temporary in a seed's folder may be the save of a live job on another host.
 """
 
 from __future__ import annotations
@@ -132,12 +135,11 @@ def seed_done(out: Path, given: dict[str, Any]) -> bool:
     return why_not_done(out, given) is None
 
 
-def claim(folder: Path) -> None:
-    """Take a fine-tuning job's folder (the setting's, or the seed's with --seed) for this process: remove what
-    killed jobs left unfinished in it (tacl.io.temporaries_under), with one warning naming each and its size,
-    then record this job in JOB (for `tacl status`). While the job JOB names still runs (as the pretraining lock
-    tells it: tacl.pretrain.lock.holder), nothing is removed and JOB keeps naming it, saying so: its files may be
-    being written, and this job stops at the first seed that job trains (`seed_lock`)."""
+def note_job(folder: Path) -> None:
+    """Record this job in the folder's JOB (the setting's, or the seed's with --seed), for `tacl status`, unless
+    the job JOB names still runs (as the pretraining lock tells it: tacl.pretrain.lock.holder): JOB then keeps
+    naming it, saying so, and this job stops at the first seed that job trains (`seed_lock`). Nothing in the
+    folder is removed here: each seed's leftovers go under its lock (`train_seed`)."""
     folder = Path(folder)
     try:
         before = json.loads((folder / JOB).read_text(encoding="utf-8"))
@@ -145,10 +147,9 @@ def claim(folder: Path) -> None:
         before = None
     alive, who = holder(before) if isinstance(before, dict) and before else (False, "")
     if alive:
-        log.warning("%s: what is written there under a temporary name is left as it is: the job that ran here "
-                    "before, %s", folder, who)
+        log.warning("%s: the job that ran here before, %s, still runs; this job trains only the seeds it does "
+                    "not hold", folder, who)
         return
-    remove_leftovers(temporaries_under(folder), folder, "killed jobs", log)
     write_json_atomic(folder / JOB, owner_record())
 
 
@@ -161,8 +162,10 @@ def seed_lock(seed: int, out: Path) -> RunLock:
 def train_seed(seed: int, out: Path, given: dict[str, Any], train_one: Callable[[int, Path], dict[str, Any]]) -> None:
     """One seed, under its lock (`seed_lock`): kept when done before (`why_not_done`), otherwise trained
     (going on from its checkpoint where it has one), its result files checked and recorded. Raises what
-    `train_one` raises (InputError, `Stopped`, a failure)."""
+    `train_one` raises (InputError, `Stopped`, a failure). What killed writers left in the seed's folder goes
+    first, once the lock is held (tacl.io.temporaries_under), with one warning naming each and its size."""
     with seed_lock(seed, out):
+        remove_leftovers(temporaries_under(out), out, "killed jobs", log)
         why = why_not_done(out, given)
         if why is None:
             log.info("seed %d: done before with these settings and this start model (%s), kept", seed, out)

@@ -27,8 +27,8 @@ no scheduler and no Snakemake for it).
   what was set aside and is kept until deleted (damaged checkpoints, `superseded/` runs); the results
   directory's folders, and every file or folder written under a temporary name elsewhere in it
   (tacl.io.atomic_path: a fine-tune's checkpoint.pt being saved, an export, a report file), which a job still
-  writes or a killed one left (the next job that writes the same file, or the fine-tuning job of its setting,
-  removes it).
+  writes or a killed one left (the next job on the same host that writes the same file, or the next holder of
+  the seed's lock, removes it; one written on another host is left to the lock holder, or to you).
 - Hours of the finished jobs, from the Snakemake benchmark files (wall seconds `s`): all jobs, and GPU-hours,
   each job's seconds times the GPUs it had (a chunk: its ranks when it ran on GPUs, as its marker says; a
   fine-tuning job: one when its seeds' metrics.json say they ran on a GPU; a similarity job: one when the
@@ -402,8 +402,9 @@ def _disk_lines(disk: dict[str, Any], results_dir: str) -> list[str]:
     out = [f"disk: {size_text(disk['bytes'])} in {results_dir}" + (f" ({parts})" if parts else "")]
     if disk["temporaries"]:
         out.append(f"written under a temporary name ({size_text(sum(e['bytes'] for e in disk['temporaries']))}; "
-                   "a running job's, or left by a killed one: the next job that writes the same file, or the "
-                   f"fine-tuning job of its setting, removes it): {_listed(disk['temporaries'])}")
+                   "a running job's, or left by a killed one: the next job on the same host that writes the same "
+                   "file, or the next holder of its seed's lock, removes it; one whose job is gone on another "
+                   f"host is yours to delete): {_listed(disk['temporaries'])}")
     return out
 
 
