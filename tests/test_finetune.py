@@ -356,7 +356,7 @@ def test_seeds_side_by_side_count_cores_and_command(tmp_path, monkeypatch):
     MAX_AUTO allow, spread evenly (the job's own decision with CUDA's answer faked: a 40 GiB GPU, 8 cores, the
     model's config.json and the family's batch and length); the cores are cut into contiguous shares; a
     seed's command is the job's own for that seed alone (every option of the job's command passed on: parsed
-    back, the same namespace)."""
+    back, the same namespace), saying how many seeds share the GPU."""
     import tacl.device
     from tacl.cli import build_parser
     from tacl.finetune import side_by_side
@@ -391,11 +391,11 @@ def test_seeds_side_by_side_count_cores_and_command(tmp_path, monkeypatch):
                                  "reference", "--device", "cuda", "--compile", "true", "--shapes", "buckets",
                                  "--checkpoint-minutes", "0.5", "--out", "/r/lr1e-05", "--marker", "/r/seeds.json",
                                  "--seeds-per-gpu", "2", *extra])
-        command = seed_command(job, 1)
+        command = seed_command(job, 1, 2)
         assert command[1:3] == ["-m", "tacl"]
         seed = parser.parse_args(command[3:])
         expected = {**vars(job), "seed": 1, "seeds": None, "out": "/r/lr1e-05/seed1", "marker": None,
-                    "seeds_per_gpu": "1"}
+                    "seeds_per_gpu": "2"}
         assert vars(seed) == expected
 
 
@@ -466,3 +466,87 @@ print("threads", os.environ["OMP_NUM_THREADS"], flush=True)
     assert sorted(line.split(" ", 1)[1] for line in log.read_text().splitlines()) == [
         "3 SIGUSR1", "3 start", "4 SIGUSR1", "4 start"]
     assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL, "the job's handlers are put back"
+
+
+# A seed's process (`tacl ARGS`) on a clock of its own, read by its deadline, its scheduler query and its loop:
+# ten seconds per training step and none otherwise (start-up, saves, a busy machine).
+SEED_CLOCK = """
+import sys, time
+from tacl import scheduler
+from tacl.finetune import common
+from tacl.pretrain import deadline
+
+class Clock:
+    now = 1_764_000_000.0
+    def time(self):
+        return self.now
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+clock = Clock()
+scheduler.time = deadline.time = common.time = clock
+real_step = common.train_step
+
+def train_step(*args, **kwargs):
+    clock.now += 10.0
+    return real_step(*args, **kwargs)
+
+common.train_step = train_step
+from tacl.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("scheduler", ["SLURM", "PBS"])  # (not `slurm`: the name of the real cluster's tests)
+def test_seeds_near_their_jobs_end_time_save_and_stop_before_it(tmp_path, demo_data, monkeypatch, capfd, scheduler):
+    """A job of two seeds side by side, its end time 120 s after its seeds start as the scheduler gives it (a
+    stand-in squeue's time left under SLURM; under PBS, which sends no warning, a stand-in qstat's walltime
+    and start time), each seed on a clock of 10 s a step: each reads the end time itself and, keeping 30 s
+    and two seeds' saves (tiny ones) and a step and a half, saves and stops at step 8 of 24 (80 s: 8 x 10 + 15
+    > 120 - 30, 7 x 10 + 15 is not), 40 s before the end; the job stops (exit status 3), naming why."""
+    import os
+    import re
+    import sys
+
+    from tacl.cli import main
+    from tacl.finetune import cli
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    if scheduler == "SLURM":
+        monkeypatch.setenv("SLURM_JOB_ID", "7")
+        (bin_dir / "squeue").write_text('#!/bin/sh\ncase "$*" in *%L*) echo 2:00;; *) echo RUNNING;; esac\n')
+        (bin_dir / "squeue").chmod(0o755)
+        source = "squeue, SLURM job 7"
+    else:
+        monkeypatch.setenv("PBS_JOBID", "77.pbs01")
+        record = {"Jobs": {"77.pbs01": {"job_state": "R", "stime": 1_764_000_000 - 600,
+                                        "Resource_List": {"walltime": "00:12:00"}}}}
+        (tmp_path / "qstat.json").write_text(json.dumps(record))
+        (bin_dir / "qstat").write_text(f'#!/bin/sh\ncat "{tmp_path}/qstat.json"\n')
+        (bin_dir / "qstat").chmod(0o755)
+        source = "qstat, PBS job 77.pbs01"
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    real = cli.seed_command
+    monkeypatch.setattr(cli, "seed_command", lambda a, seed, at_once: [sys.executable, "-c", SEED_CLOCK,
+                                                                       *real(a, seed, at_once)[3:]])
+    hp = {"max_len": 32, "batch": 4, "lr": 1e-4, "epochs": 1, "max_train_examples": 96, "max_eval_examples": 16}
+    out = tmp_path / "setting"
+    capfd.readouterr()
+    assert main(["finetune", "glue", "--model", str(demo_data["start"]), "--task", "qnli", "--seeds", "0", "1",
+                 "--source", json.dumps({"kind": "tsv", "data_dir": str(REPO / "examples/demo/glue")}),
+                 "--hparams", json.dumps(hp), "--device", "cpu", "--seeds-per-gpu", "2", "--out", str(out),
+                 "--marker", str(tmp_path / "seeds.json")]) == 3
+    err = capfd.readouterr().err
+    for seed in (0, 1):
+        lines = [line for line in err.splitlines() if line.startswith(f"[seed {seed}] ")]
+        assert any("fine-tune: this job ends " in line and f"({source})" in line for line in lines), lines
+        assert any("saves and stops once a step and a half and 30 s are left before " in line and
+                   "2 seeds' checkpoints of " in line for line in lines), lines
+        assert lines[-1].endswith(f"tacl: stopped: stopped before the job's time limit at step 8/24, saved in "
+                                  f"{out}/seed{seed}/checkpoint.pt: running the job again resumes this seed there")
+        assert (out / f"seed{seed}" / "checkpoint.pt").is_file()
+        assert not (out / f"seed{seed}" / "metrics.json").exists()
+    assert re.search(r"^tacl: stopped: stopped with seed [01] \(stopped before the job's time limit at step 8/24\): "
+                     r"seed\(s\) \[0, 1\] not finished", err, re.M), err[-2000:]
+    assert not (tmp_path / "seeds.json").exists()

@@ -59,6 +59,27 @@ def test_requests_and_chunks():
     assert [ends for _, _, ends in capped] == ["max_steps"] * 3 + ["target"]
 
 
+def test_a_fine_tune_keeps_time_to_save_every_seed_it_trains_at_once():
+    """BERT-base's fine-tuning checkpoint (fp32 weights and AdamW's two moments: the 1.3 GB docs/finetuning.md
+    names); the margin before a job's end: 30 s and every seed's save at 100 MB/s, or at the pace a save was
+    measured where slower; the plan says it for config.yaml's jobs (5 seeds, 3 at once at most)."""
+    from tacl.plan import finetune_checkpoint_bytes, save_margin_s
+    from tacl.workplan import stops_before_limit
+
+    one = finetune_checkpoint_bytes(Shape(**BERT_BASE).total)
+    assert 1.3e9 < one < 1.35e9
+    assert save_margin_s(one, 4) == pytest.approx(30 + 4 * one / 100e6) and 82 < save_margin_s(one, 4) < 84
+    assert save_margin_s(one, 1, measured_s=60.0) == 90.0 and save_margin_s(one, 2, measured_s=1.0) < 60
+
+    class Sizing:  # (what stops_before_limit reads)
+        config = yaml.safe_load((REPO / "config.yaml").read_text())
+        shape = Shape(**BERT_BASE)
+
+    line = stops_before_limit(Sizing(), 3)
+    assert "a pretraining chunk 10 min (pretrain.chunk.margin_minutes)" in line
+    assert "a fine-tune 70 s and a step and a half before it (3 seeds' checkpoints of 1.3 GB at 100 MB/s" in line
+
+
 def test_the_plan_counts_chunks_that_end_on_their_deadline_as_at_least_and_changed_jobs_as_to_run():
     """A rule with chunks estimated to end on their deadline, still to run, counts "at least" (>=), and so do
     the jobs in all; chunks that end on their step count, or are done, count as they are. A job whose output

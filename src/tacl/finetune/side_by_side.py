@@ -16,6 +16,10 @@ input (the seed is being trained by another process, say) stops the others the s
 naming it; a seed that fails otherwise does not stop the others, and the job fails at the end naming it,
 as one after the other (tacl.finetune.seeds.run_seeds).
 
+Each seed reads the job's end time itself (the scheduler's job id is in its environment) and saves and stops
+before it with time for every seed that saves at the same moment (tacl.finetune.resume.TimeLimit: its
+command's `--seeds-per-gpu` says how many share the GPU); the job then says which seed stopped, and why.
+
 Each seed's output lines go to the job's log, each line led by `[seed N]`.
 
 `auto` (`seeds_per_gpu`): one on a CPU (a seed already uses every core it is given). On a GPU, as many as
@@ -135,13 +139,15 @@ class SeedProcess:
     share: list[int]
     pump: threading.Thread
     error: list[str]  # the seed's `tacl: error:` lines, for the job's own message
+    stopped: list[str]  # its `tacl: stopped:` lines
 
 
-def _pump(seed: int, stream, error: list[str]) -> None:
+def _pump(seed: int, stream, error: list[str], stopped: list[str]) -> None:
     """The seed's output, line by line, into the job's log, each line led by `[seed N]`."""
     for line in iter(stream.readline, ""):
-        if line.startswith("tacl: error: "):
-            error.append(line[len("tacl: error: "):].strip())
+        for lead, lines in (("tacl: error: ", error), ("tacl: stopped: ", stopped)):
+            if line.startswith(lead):
+                lines.append(line[len(lead):].strip())
         sys.stderr.write(f"[seed {seed}] {line}")
         sys.stderr.flush()
     stream.close()
@@ -157,10 +163,11 @@ def start_seed(seed: int, command: list[str], share: list[int]) -> SeedProcess:
     except (OSError, AttributeError):  # (gone already, or no affinity on this system: threads alone)
         pass
     error: list[str] = []
-    pump = threading.Thread(target=_pump, args=(seed, proc.stdout, error), daemon=True)
+    stopped: list[str] = []
+    pump = threading.Thread(target=_pump, args=(seed, proc.stdout, error, stopped), daemon=True)
     pump.start()
     log.info("seed %d: started, process %d on CPU %s", seed, proc.pid, _cores_text(share))
-    return SeedProcess(seed, proc, share, pump, error)
+    return SeedProcess(seed, proc, share, pump, error, stopped)
 
 
 def _cores_text(share: list[int]) -> str:
@@ -181,6 +188,7 @@ def run_side_by_side(seeds: list[int], count: int, command: Callable[[int], list
     received: list[int] = []  # the job's signals
     stopped: list[int] = []  # seeds that stopped at a signal (theirs or the job's): no seed starts after them
     refused: tuple[int, str] | None = None
+    reasons: dict[int, str] = {}  # each stopped seed's own words
     before = {sig: signal.signal(sig, lambda signum, frame: received.append(signum)) for sig in STOP_SIGNALS}
     forwarded = 0
     log.info("%d seeds, %d at a time, each in its own process", len(seeds), count)
@@ -203,6 +211,8 @@ def run_side_by_side(seeds: list[int], count: int, command: Callable[[int], list
                 elif code == EXIT_STOPPED or received:
                     log.info("seed %d: stopped (exit status %d)", p.seed, code)
                     stopped.append(p.seed)
+                    if p.stopped:
+                        reasons[p.seed] = p.stopped[-1].split(", saved in ")[0]
                 elif code == 2 and refused is None:
                     refused = (p.seed, p.error[-1] if p.error else "bad input (its lines above say which)")
                     log.error("seed %d refused: %s; the other seeds save and stop", p.seed, refused[1])
@@ -221,7 +231,9 @@ def run_side_by_side(seeds: list[int], count: int, command: Callable[[int], list
     if refused is not None:
         raise InputError(f"seed {refused[0]}: {refused[1]}")
     if received or stopped:
-        why = f"by {signal.Signals(received[0]).name}" if received else f"with seed {stopped[0]}"
+        first = stopped[0] if stopped else None
+        why = (f"by {signal.Signals(received[0]).name}" if received else
+               f"with seed {first}" + (f" ({reasons[first]})" if first in reasons else ""))
         left = [s for s in seeds if not (run_dir(s) / METRICS).is_file()]
         raise Stopped(f"stopped {why}: seed(s) {left} not finished; running the job again goes on with them, "
                       "each from its checkpoint where it has one")
