@@ -83,7 +83,7 @@ def register(stages: argparse._SubParsersAction) -> None:
         c.add_argument("--seeds-per-gpu", default="auto", type=_count_or_auto,
                        help="with --seeds: train this many seeds at once, each in its own process with its share "
                             "of the CPU cores (finetune.seeds_per_gpu; auto: one on a CPU, as many as the GPU's "
-                            "memory and the cores allow on a GPU); with --seed: this many seeds of "
+                            "compute mode, memory and the cores allow on a GPU); with --seed: this many seeds of "
                             "the job share the GPU and save at once before the job's end")
         c.set_defaults(func=_finetune)
 
@@ -95,15 +95,19 @@ def _prepare(a: argparse.Namespace) -> None:
 
 
 def _finetune(a: argparse.Namespace) -> None:
-    from tacl.device import resolve_device
+    from tacl.device import GpuUnavailable, open_gpu, resolve_device
     from tacl.finetune import EXIT_STOPPED, Stopped, finetune_given
     from tacl.finetune.resume import Checkpointing
     from tacl.finetune.seeds import claim, run_seeds, weights_fingerprint
-    from tacl.finetune.side_by_side import run_side_by_side, seeds_at_once
+    from tacl.finetune.side_by_side import cannot_share, run_side_by_side, seeds_at_once
 
-    # (a seed of a job of several, `--seed` with `--seeds-per-gpu N`: N seeds share its GPU and save at once)
+    # (a seed of a job of several, `--seed` with `--seeds-per-gpu N`: N seeds share its GPU and save at once;
+    # one whose GPU will not take it says which setting lets the job run)
     together = int(a.seeds_per_gpu) if a.seeds is None and a.seeds_per_gpu != "auto" else 1
-    device = resolve_device(a.device)  # a GPU asked for and none usable: stop before anything is written
+    try:
+        device = resolve_device(a.device)  # a GPU asked for and none usable: stop before anything is written
+    except GpuUnavailable as e:
+        raise cannot_share(e, together) from e
     model, start_from = a.model, None
     if getattr(a, "start_selection", None):
         from tacl.finetune.submissions import selected_run
@@ -118,8 +122,12 @@ def _finetune(a: argparse.Namespace) -> None:
                                                                a.command, hparams)
     given: dict = {}
     checkpointing = Checkpointing(a.checkpoint_minutes)
-    if count == 1:  # (this process trains; side by side, each seed's process reads the job's end time, hashes
-        # the start model and checks its own input)
+    if count == 1:  # (this process trains; side by side, each seed's process opens the GPU, reads the job's end
+        # time, hashes the start model and checks its own input)
+        try:
+            open_gpu(device)
+        except GpuUnavailable as e:
+            raise cannot_share(e, together) from e
         checkpointing = Checkpointing(a.checkpoint_minutes, end=job_end(), at_once=together)
         given = {**finetune_given(spec, hparams, a.precision, a.preset),
                  "model_sha256": weights_fingerprint(model_dir)}
