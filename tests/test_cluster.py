@@ -187,6 +187,10 @@ def test_paper_config_on_supek_profile_passes_the_slurm_plugin(tmp_path, nodes):
     finetune = flags(lines["finetune"])
     assert finetune["--gpus"] == "1" and finetune["--cpus-per-task"] == "8" and "--nodes" not in finetune
     assert " -p cpu " in lines["clean"] and "--gpus" not in flags(lines["clean"])
+    # every GPU job is warned ten minutes before its time limit (a fine-tune's seeds save; the analysis ignores it)
+    gpu_jobs = {rule: flags(line) for rule, line in lines.items() if {"--gpus", "--gres"} & flags(line).keys()}
+    assert set(gpu_jobs) == {"pretrain_chunk", "finetune", "similarity"}
+    assert {rule: f.get("--signal") for rule, f in gpu_jobs.items()} == dict.fromkeys(gpu_jobs, "USR1@600")
 
 
 @pytest.mark.slow

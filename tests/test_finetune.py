@@ -345,14 +345,20 @@ def test_a_seed_is_trained_by_one_process_at_a_time(tmp_path, demo_data, caplog,
 def test_seeds_side_by_side_count_cores_and_command(tmp_path, monkeypatch):
     """finetune.seeds_per_gpu: auto is one on a CPU and on a GPU the fewest of what cores, memory and
     MAX_AUTO allow, spread evenly (the job's own decision with CUDA's answer faked: a 40 GiB GPU, 8 cores, the
-    model's config.json and the family's batch and length); the cores are cut into contiguous shares; a
-    seed's command is the job's own for that seed alone (every option of the job's command passed on: parsed
-    back, the same namespace)."""
+    model's config.json and the family's batch and length), and one where NVML says the GPU's compute mode
+    is Exclusive_Process (or nvidia-smi, without pynvml); the cores are cut into contiguous shares, pinned
+    only where the affinity mask is the job's own (its size what SLURM or PBS gave the job); a seed's command
+    is the job's own for that seed alone (every option of the job's command passed on: parsed back, the same
+    namespace), saying how many seeds share the GPU."""
+    import sys
+    import types
+
     import tacl.device
     from tacl.cli import build_parser
     from tacl.finetune import side_by_side
     from tacl.finetune.cli import seed_command
-    from tacl.finetune.side_by_side import MAX_AUTO, auto_count, core_shares, evenly, seed_memory_gib, seeds_at_once
+    from tacl.finetune.side_by_side import (MAX_AUTO, JobCpus, Share, auto_count, core_shares, evenly, job_cpus,
+                                            seed_memory_gib, seeds_at_once, shares)
 
     assert auto_count(5, None, 16, 3.0)[0] == 1
     base = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072}
@@ -369,12 +375,41 @@ def test_seeds_side_by_side_count_cores_and_command(tmp_path, monkeypatch):
     assert core_shares([2, 3], 3) == [[2], [3], [2]]
     (tmp_path / "config.json").write_text(json.dumps({**base, "vocab_size": 30522}))
     monkeypatch.setattr(tacl.device, "gpu_memory_gib", lambda device: 40.0 if device == "cuda:0" else None)
-    monkeypatch.setattr(side_by_side, "job_cores", lambda: list(range(8)))
+    monkeypatch.setattr(side_by_side, "job_cpus", lambda: JobCpus(8, list(range(8)), "8 CPUs"))
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))  # (no nvidia-smi but the stand-in below)
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # (import pynvml: ImportError, as on a node without it)
     count, why = seeds_at_once("auto", 5, "cuda:0", tmp_path, "glue", {"lr": 2e-5})
     assert count == 3 and why.startswith("auto: 8 CPU cores at 2 a seed, 40 GiB of GPU memory at 1.5 x 4.2 GiB")
     assert seeds_at_once("auto", 5, "cuda:0", tmp_path, "glue", {"batch": 128, "max_len": 512})[0] == 1
     assert seeds_at_once("auto", 5, "cpu", tmp_path, "glue", {})[0] == 1
     assert seeds_at_once("2", 1, "cuda:0", tmp_path, "glue", {}) == (1, "finetune.seeds_per_gpu: 2")
+    # NVML's answer: Exclusive_Process (3), a second process could not open the GPU: one seed at a time
+    modes = {"GPU-0a": 3, "GPU-1b": 0}
+    nvml = types.SimpleNamespace(
+        nvmlInit=lambda: None, nvmlShutdown=lambda: None, nvmlDeviceGetCount=lambda: len(modes),
+        nvmlDeviceGetHandleByIndex=lambda i: list(modes)[i], nvmlDeviceGetUUID=lambda h: h,
+        nvmlDeviceGetComputeMode=lambda h: modes[h])
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.setattr(tacl.device, "_gpu_uuid", lambda device: {"cuda:0": "0a", "cuda:1": "1b"}[device])
+    count, why = seeds_at_once("auto", 5, "cuda:0", tmp_path, "glue", {})
+    assert count == 1 and why.startswith("auto: the GPU's compute mode is Exclusive_Process, where a second process")
+    modes["GPU-1b"] = 3  # (the UUID not known: the mode every GPU of the node has)
+    monkeypatch.setattr(tacl.device, "_gpu_uuid", lambda device: None)
+    assert seeds_at_once("auto", 5, "cuda:0", tmp_path, "glue", {})[0] == 1
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # nvidia-smi instead: Default, as above
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU-0a, Default'\n")
+    (tmp_path / "bin" / "nvidia-smi").chmod(0o755)
+    assert tacl.device.gpu_compute_mode("cuda:0") == "Default"
+    assert seeds_at_once("auto", 5, "cuda:0", tmp_path, "glue", {})[0] == 3
+    # pinned only to the job's own cpuset: SLURM's or PBS's count on the node, or less than the machine
+    assert job_cpus({"SLURM_JOB_ID": "7", "SLURM_CPUS_ON_NODE": "8"}, list(range(8, 16)), 64).cores == \
+        list(range(8, 16))
+    for environ in ({"SLURM_JOB_ID": "7", "SLURM_CPUS_PER_TASK": "8"}, {"PBS_JOBID": "7.pbs", "NCPUS": "8"}):
+        assert job_cpus(environ, list(range(64)), 64) == JobCpus(8, None, job_cpus(environ, list(range(64)), 64).why)
+    assert job_cpus({}, [4, 5], 64).cores == [4, 5] and job_cpus({}, list(range(64)), 64).cores is None
+    assert shares(JobCpus(8, None, ""), 3) == [Share(3), Share(3), Share(2)]
+    assert shares(JobCpus(4, [4, 5, 6, 7], ""), 2) == [Share(2, (4, 5)), Share(2, (6, 7))]
 
     parser = build_parser()
     for extra in ([], ["--contrastive", "scl", "--save-model", "--cache-dir", "/c"]):
@@ -383,20 +418,20 @@ def test_seeds_side_by_side_count_cores_and_command(tmp_path, monkeypatch):
                                  "reference", "--device", "cuda", "--compile", "true", "--shapes", "buckets",
                                  "--checkpoint-minutes", "0.5", "--out", "/r/lr1e-05", "--marker", "/r/seeds.json",
                                  "--seeds-per-gpu", "2", *extra])
-        command = seed_command(job, 1)
+        command = seed_command(job, 1, 2)
         assert command[1:3] == ["-m", "tacl"]
         seed = parser.parse_args(command[3:])
         expected = {**vars(job), "seed": 1, "seeds": None, "out": "/r/lr1e-05/seed1", "marker": None,
-                    "seeds_per_gpu": "1"}
+                    "seeds_per_gpu": "2"}
         assert vars(seed) == expected
 
 
-def test_seeds_side_by_side_pass_signals_on_and_a_refused_or_failed_seed_is_named(tmp_path, capfd):
+def test_seeds_side_by_side_pass_signals_on_and_a_refused_or_failed_seed_is_named(tmp_path, capfd, caplog):
     """`run_side_by_side` with stand-in seed processes (Python that starts in milliseconds): two at a time,
     the third once a place is free; each one's lines in the job's log led by [seed N]; a seed that fails
-    does not stop the others and the job fails naming it; one refused for bad input (exit status 2) makes
-    the others save and stop (SIGTERM) and the job fails with its message; the job's SIGUSR1 reaches every
-    running seed, and no seed starts after it."""
+    does not stop the others and the job fails naming it (one ended by a signal the job did not send: the
+    signal named); one refused for bad input (exit status 2) makes the others save and stop (SIGTERM) and the
+    job fails with its message; the job's SIGUSR1 reaches every running seed, and no seed starts after it."""
     import os
     import signal
     import sys
@@ -443,6 +478,13 @@ print("threads", os.environ["OMP_NUM_THREADS"], flush=True)
     assert starts[2] > min(ends[0], starts[1]), "the third starts once a place is free"
     err = capfd.readouterr().err
     assert "[seed 1] Traceback: broken" in err and "[seed 0] threads 1" in err  # (2 cores or more: 1 each)
+    assert "seed 1 failed (exit status 1; its lines above say why)" in caplog.messages
+
+    log.unlink()  # a seed killed from outside the job (here by itself): the signal named, not "its lines above"
+    with pytest.raises(RuntimeError, match=r"fine-tuning seed\(s\) \[4\] failed"):
+        run_side_by_side([4], 1, stand_in(lambda seed: "os.kill(os.getpid(), signal.SIGKILL)"), seed_dir)
+    assert caplog.messages[-1].startswith("seed 4 failed: ended by SIGKILL, a signal this job did not send (from "
+                                          "another process")
 
     log.unlink()
     refused = stand_in(lambda seed: "print('tacl: error: seed 0 is being trained by another process'); sys.exit(2)"
@@ -458,3 +500,236 @@ print("threads", os.environ["OMP_NUM_THREADS"], flush=True)
     assert sorted(line.split(" ", 1)[1] for line in log.read_text().splitlines()) == [
         "3 SIGUSR1", "3 start", "4 SIGUSR1", "4 start"]
     assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL, "the job's handlers are put back"
+
+
+def test_a_seed_that_cannot_open_the_gpu_names_its_compute_mode_and_fails_its_job(tmp_path, monkeypatch, capsys):
+    """A seed's process whose GPU will not take it (CUDA's "busy or unavailable" when it opens the GPU; NVML
+    says Exclusive_Process): one line naming the compute mode and finetune.seeds_per_gpu: 1, exit status 4,
+    not 2 (a refused seed's), nothing written. A job of seeds side by side reads that exit status as such
+    (stand-in seeds): the other seed saves and stops, and the job fails with the seed's line, exit status 4."""
+    import signal
+    import sys
+    import types
+
+    import torch
+
+    import tacl.device
+    from tacl.cli import main
+    from tacl.device import EXIT_GPU_UNAVAILABLE, GpuUnavailable
+    from tacl.finetune.side_by_side import run_side_by_side
+
+    nvml = types.SimpleNamespace(nvmlInit=lambda: None, nvmlShutdown=lambda: None, nvmlDeviceGetCount=lambda: 1,
+                                 nvmlDeviceGetHandleByIndex=lambda i: i, nvmlDeviceGetUUID=lambda h: "GPU-0a",
+                                 nvmlDeviceGetComputeMode=lambda h: 3)
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(tacl.device, "resolve_device", lambda requested, local_rank=0: torch.device("cuda", 0))
+
+    def busy(device):
+        raise RuntimeError("CUDA error: CUDA-capable device(s) is/are busy or unavailable\nCompile with ...")
+
+    monkeypatch.setattr(tacl.device, "_create_context", busy)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    argv = ["finetune", "glue", "--model", str(tmp_path / "model"), "--task", "rte", "--seed", "1", "--source",
+            '{"kind": "hf"}', "--device", "cuda", "--seeds-per-gpu", "2", "--out", str(tmp_path / "seed1")]
+    capsys.readouterr()
+    assert main(argv) == EXIT_GPU_UNAVAILABLE != 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == ("tacl: error: cannot open the GPU (cuda:0, CUDA_VISIBLE_DEVICES=(unset)): RuntimeError: CUDA "
+                    "error: CUDA-capable device(s) is/are busy or unavailable; its compute mode is Exclusive_Process "
+                    "(one process at a time, and another process holds it: `nvidia-smi` names it); this job trains "
+                    "2 seeds at once, each in its own process: set finetune.seeds_per_gpu: 1 (--seeds-per-gpu 1) to "
+                    "train them one after the other")
+    assert not (tmp_path / "seed1").exists()
+
+    ready, stopped = tmp_path / "ready", tmp_path / "stopped"
+
+    def seed(s):  # seed 0 as above (once seed 1 trains); seed 1 trains until the job stops it
+        script = (f"import os, time\nwhile not os.path.exists({str(ready)!r}): time.sleep(0.01)\n"
+                  f"print({line!r}); raise SystemExit({EXIT_GPU_UNAVAILABLE})" if s == 0 else
+                  "import signal, sys, time\n"
+                  f"signal.signal(signal.SIGTERM, lambda *a: (open({str(stopped)!r}, 'w').write('saved'), "
+                  f"sys.exit(3)))\nopen({str(ready)!r}, 'w').close()\ntime.sleep(60)")
+        return [sys.executable, "-c", script]
+
+    with pytest.raises(GpuUnavailable) as failed:
+        run_side_by_side([0, 1], 2, seed, lambda s: tmp_path / f"seed{s}")
+    assert str(failed.value) == f"seed 0: {line[len('tacl: error: '):]}" and failed.value.exit_status == 4
+    assert stopped.read_text() == "saved" and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+# A seed's process (`tacl ARGS`) on a clock of its own, read by its deadline, its scheduler query and its loop:
+# ten seconds per training step and none otherwise (start-up, saves, a busy machine).
+SEED_CLOCK = """
+import sys, time
+from tacl import scheduler
+from tacl.finetune import common
+from tacl.pretrain import deadline
+
+class Clock:
+    now = 1_764_000_000.0
+    def time(self):
+        return self.now
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+clock = Clock()
+scheduler.time = deadline.time = common.time = clock
+real_step = common.train_step
+
+def train_step(*args, **kwargs):
+    clock.now += 10.0
+    return real_step(*args, **kwargs)
+
+common.train_step = train_step
+from tacl.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("scheduler", ["SLURM", "PBS"])  # (not `slurm`: the name of the real cluster's tests)
+def test_seeds_near_their_jobs_end_time_save_and_stop_before_it(tmp_path, demo_data, monkeypatch, capfd, scheduler):
+    """A job of two seeds side by side, its end time 120 s after its seeds start as the scheduler gives it (a
+    stand-in squeue's time left under SLURM; under PBS, which sends no warning, a stand-in qstat's walltime
+    and start time), each seed on a clock of 10 s a step: each reads the end time itself and, keeping 30 s
+    and two seeds' saves (tiny ones) and a step and a half, saves and stops at step 8 of 24 (80 s: 8 x 10 + 15
+    > 120 - 30, 7 x 10 + 15 is not), 40 s before the end; the job stops (exit status 3), naming why."""
+    import os
+    import re
+    import sys
+
+    from tacl.cli import main
+    from tacl.finetune import cli
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    if scheduler == "SLURM":
+        monkeypatch.setenv("SLURM_JOB_ID", "7")
+        (bin_dir / "squeue").write_text('#!/bin/sh\ncase "$*" in *%L*) echo 2:00;; *) echo RUNNING;; esac\n')
+        (bin_dir / "squeue").chmod(0o755)
+        source = "squeue, SLURM job 7"
+    else:
+        monkeypatch.setenv("PBS_JOBID", "77.pbs01")
+        record = {"Jobs": {"77.pbs01": {"job_state": "R", "stime": 1_764_000_000 - 600,
+                                        "Resource_List": {"walltime": "00:12:00"}}}}
+        (tmp_path / "qstat.json").write_text(json.dumps(record))
+        (bin_dir / "qstat").write_text(f'#!/bin/sh\ncat "{tmp_path}/qstat.json"\n')
+        (bin_dir / "qstat").chmod(0o755)
+        source = "qstat, PBS job 77.pbs01"
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    real = cli.seed_command
+    monkeypatch.setattr(cli, "seed_command", lambda a, seed, at_once: [sys.executable, "-c", SEED_CLOCK,
+                                                                       *real(a, seed, at_once)[3:]])
+    hp = {"max_len": 32, "batch": 4, "lr": 1e-4, "epochs": 1, "max_train_examples": 96, "max_eval_examples": 16}
+    out = tmp_path / "setting"
+    capfd.readouterr()
+    assert main(["finetune", "glue", "--model", str(demo_data["start"]), "--task", "qnli", "--seeds", "0", "1",
+                 "--source", json.dumps({"kind": "tsv", "data_dir": str(REPO / "examples/demo/glue")}),
+                 "--hparams", json.dumps(hp), "--device", "cpu", "--seeds-per-gpu", "2", "--out", str(out),
+                 "--marker", str(tmp_path / "seeds.json")]) == 3
+    err = capfd.readouterr().err
+    for seed in (0, 1):
+        lines = [line for line in err.splitlines() if line.startswith(f"[seed {seed}] ")]
+        assert any("fine-tune: this job ends " in line and f"({source})" in line for line in lines), lines
+        assert any("saves and stops once a step and a half and 30 s are left before " in line and
+                   "2 seeds' checkpoints of " in line for line in lines), lines
+        assert lines[-1].endswith(f"tacl: stopped: stopped before the job's time limit at step 8/24, saved in "
+                                  f"{out}/seed{seed}/checkpoint.pt: running the job again resumes this seed there")
+        assert (out / f"seed{seed}" / "checkpoint.pt").is_file()
+        assert not (out / f"seed{seed}" / "metrics.json").exists()
+    assert re.search(r"^tacl: stopped: stopped with seed [01] \(stopped before the job's time limit at step 8/24\): "
+                     r"seed\(s\) \[0, 1\] not finished", err, re.M), err[-2000:]
+    assert not (tmp_path / "seeds.json").exists()
+
+
+def seed_processes(job: int) -> dict[int, int]:
+    """{seed: pid} of the seed processes a side-by-side job `job` started (their command's --seed)."""
+    import os
+
+    found = {}
+    for entry in os.listdir("/proc"):
+        try:
+            stat = open(f"/proc/{entry}/stat").read()
+            command = open(f"/proc/{entry}/cmdline").read().split("\0")
+        except (OSError, ValueError):
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == job and "--seed" in command:
+            found[int(command[command.index("--seed") + 1])] = int(entry)
+    return found
+
+
+def process_state(pid: int) -> str:
+    """/proc's state letter of a process (R, S, T, Z: ended, not yet reaped), or 'gone'."""
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+def test_a_killed_side_by_side_job_takes_its_seeds_with_it_and_the_rerun_resumes_them(tmp_path, demo_data):
+    """kill -9 of the process of a job of two seeds side by side, and of it alone (each seed caught with
+    SIGSTOP once it has saved a checkpoint): SIGTERM waits for each seed (Linux's parent-death signal); let go,
+    each saves at its next step and its process ends, the seed not finished. Run again, the job resumes both,
+    and each ends with the metrics and fine-tuned weights of the seed trained in one go (side by side, on
+    the same threads), bit for bit."""
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import run_tacl
+
+    hp = {"max_len": 32, "batch": 4, "lr": 1e-4, "epochs": 1, "max_train_examples": 96, "max_eval_examples": 16}
+
+    def job(out, *more):
+        return ["finetune", "glue", "--model", str(demo_data["start"]), "--task", "qnli", "--seeds", "0", "1",
+                "--source", json.dumps({"kind": "tsv", "data_dir": str(REPO / "examples/demo/glue")}), "--hparams",
+                json.dumps(hp), "--device", "cpu", "--save-model", "--out", str(out), *more]
+
+    run_tacl(*job(tmp_path / "once", "--seeds-per-gpu", "2"))  # (each seed on the same threads as below)
+    side = tmp_path / "side"
+    args = job(side, "--seeds-per-gpu", "2", "--checkpoint-minutes", "1e-9")  # (a checkpoint at every step)
+    with open(tmp_path / "job.log", "w") as log:
+        parent = subprocess.Popen([sys.executable, "-m", "tacl", *args], stdout=log, stderr=log)
+    seeds: dict[int, int] = {}
+    pending: dict[int, bool] = {}
+    try:
+        deadline = time.time() + 300
+        while len(seeds) < 2:
+            assert parent.poll() is None and time.time() < deadline, (tmp_path / "job.log").read_text()[-3000:]
+            for seed, pid in seed_processes(parent.pid).items():
+                if seed not in seeds and (side / f"seed{seed}" / "checkpoint.pt").is_file():
+                    os.kill(pid, signal.SIGSTOP)
+                    seeds[seed] = pid
+            time.sleep(0.01)
+        parent.kill()
+        parent.wait()  # (its children's parent-death signals are sent before it can be waited for)
+        pending = {seed: signal_pending(pid, signal.SIGTERM) for seed, pid in seeds.items()}
+    finally:
+        parent.kill()
+        for pid in seeds.values():  # (let go; killed where nothing would end them)
+            os.kill(pid, signal.SIGCONT if pending and all(pending.values()) else signal.SIGKILL)
+    assert pending == {0: True, 1: True}, "SIGTERM waits for each seed once its job is gone"
+    while any(process_state(pid) not in ("Z", "gone") for pid in seeds.values()):
+        assert time.time() < deadline, {pid: process_state(pid) for pid in seeds.values()}
+        time.sleep(0.05)
+    for seed in (0, 1):
+        assert (side / f"seed{seed}" / "checkpoint.pt").is_file(), seed
+        assert not (side / f"seed{seed}" / "metrics.json").exists(), f"seed {seed} trained on without its job"
+    again = run_tacl(*args)
+    for seed in (0, 1):
+        assert re.search(rf"\[seed {seed}\] .*fine-tune: resumed from .*seed{seed}/checkpoint.pt at step", again.stderr)
+        got, want = (json.loads((d / f"seed{seed}" / "metrics.json").read_text()) for d in (side, tmp_path / "once"))
+        assert got["train"]["resumed_at"] and got["dev"] == want["dev"], seed
+        assert got["train"]["final_loss"] == want["train"]["final_loss"], seed
+        weights = [(d / f"seed{seed}" / "model" / "model.safetensors").read_bytes() for d in (side, tmp_path / "once")]
+        assert weights[0] == weights[1], seed
+
+
+def signal_pending(pid: int, sig: int) -> bool:
+    """Whether `sig` waits to be delivered to process `pid` (a stopped one: /proc's ShdPnd)."""
+    status = dict(line.split(":\t", 1) for line in open(f"/proc/{pid}/status").read().splitlines() if ":\t" in line)
+    return bool(int(status["ShdPnd"], 16) >> (sig - 1) & 1)

@@ -2,7 +2,8 @@
 
 Each stage registers its commands in its own `cli.py`; the commands only parse arguments and call a
 function that tests call directly. Bad input ends with one line `tacl: error: ...` and exit status 2 (with
-the traceback before it when TACL_DEBUG is set).
+the traceback before it when TACL_DEBUG is set), or the error's own `exit_status` where it has one (a GPU
+that will not take the process: tacl.device.GpuUnavailable).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("TACL_DEBUG"):
             traceback.print_exc()
         print(f"tacl: error: {e}", file=sys.stderr)
-        return 2
+        return getattr(e, "exit_status", 2)
     return int(result or 0)
 
 

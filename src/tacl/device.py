@@ -37,6 +37,30 @@ class DeviceError(InputError):
     """A GPU was asked for and none is usable (exit status 2, like every bad input)."""
 
 
+# GPU compute modes, NVML's numbers (nvmlDeviceGetComputeMode) and nvidia-smi's names: Default lets any number
+# of processes use the GPU; Exclusive_Process one at a time (a second cannot create a CUDA context: "CUDA-capable
+# device(s) is/are busy or unavailable"; MPS lets several share it there); Prohibited none; Exclusive_Thread is
+# the old name of one at a time, gone from recent drivers.
+COMPUTE_MODES = {0: "Default", 1: "Exclusive_Thread", 2: "Prohibited", 3: "Exclusive_Process"}
+MODE_MEANINGS = {"Default": "any number of processes", "Exclusive_Process": "one process at a time",
+                 "Exclusive_Thread": "one process at a time", "Prohibited": "no process at all"}
+ONE_PROCESS_MODES = ("Exclusive_Process", "Exclusive_Thread", "Prohibited")  # (seeds side by side: never)
+EXIT_GPU_UNAVAILABLE = 4  # the exit status of a job whose GPU is there but will not take this process
+_BUSY = "busy or unavailable"  # CUDA's words when a compute mode turns a process away (cudaErrorDevicesUnavailable)
+
+
+class GpuUnavailable(DeviceError):
+    """The GPU is there, but this process cannot open it: its compute mode admits no more processes (another
+    holds it), or none. Exit status EXIT_GPU_UNAVAILABLE, not 2: a job of seeds side by side tells it from a
+    seed refused for bad input. `mode`: the GPU's compute mode, None where unknown."""
+
+    exit_status = EXIT_GPU_UNAVAILABLE
+
+    def __init__(self, message: str, mode: str | None = None):
+        super().__init__(message)
+        self.mode = mode
+
+
 def gpu_request(requested: str, environ: dict[str, str] | None = None) -> str | None:
     """Why this job must run on a GPU (a short phrase), or None when the CPU is allowed."""
     env = os.environ if environ is None else environ
@@ -95,12 +119,125 @@ def resolve_device(requested: str = "auto", local_rank: int = 0) -> torch.device
         if isinstance(index, int):
             return torch.device("cuda", index)
         problem = index
+    if _BUSY in problem:  # (a GPU that is there but taken: never the CPU instead)
+        raise gpu_unavailable(torch.device("cuda", local_rank), problem)
     if reason:
         raise DeviceError(f"a GPU was asked for ({reason}) but none is usable: {problem}; "
                           f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')}, "
                           f"torch {torch.__version__} built for CUDA {torch.version.cuda}. "
                           "Run `tacl doctor` on this node for details.")
     return torch.device("cpu")
+
+
+def open_gpu(device: torch.device) -> None:
+    """Open `device` now (this process's CUDA context; nothing on a CPU), before any work: a GPU that will not
+    take this process (its compute mode) stops the job here, GpuUnavailable naming the mode. Only a process
+    that computes on the GPU calls it: a context held elsewhere (a job's parent process that only starts
+    others) would keep its children off an Exclusive_Process GPU."""
+    if device.type != "cuda":
+        return
+    try:
+        _create_context(device)
+    except RuntimeError as e:  # (torch's AcceleratorError is one)
+        words = str(e).strip().splitlines()[0] if str(e).strip() else repr(e)
+        raise gpu_unavailable(device, f"{type(e).__name__}: {words}") from e
+
+
+def _create_context(device: torch.device) -> None:
+    import torch
+
+    torch.empty(1, device=device)  # (the first allocation creates the context)
+
+
+def gpu_unavailable(device: torch.device, error: str) -> GpuUnavailable:
+    """GpuUnavailable for `device`, whose opening failed with `error`: one line naming the GPU's compute mode."""
+    mode = gpu_compute_mode(device)
+    if mode is None:
+        what = "not known (neither NVML nor nvidia-smi answered)"
+    else:
+        held = ", and another process holds it: `nvidia-smi` names it" if "Exclusive" in mode else ""
+        what = f"{mode} ({MODE_MEANINGS.get(mode, 'a mode this code does not know')}{held})"
+    return GpuUnavailable(f"cannot open the GPU ({device}, CUDA_VISIBLE_DEVICES="
+                          f"{os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')}): {error}; its compute mode is {what}",
+                          mode)
+
+
+def gpu_compute_mode(device: torch.device | str) -> str | None:
+    """The compute mode of `device`'s GPU as nvidia-smi names it (Default, Exclusive_Process, Prohibited):
+    NVML's answer (pynvml, from the nvidia-ml-py package), else `nvidia-smi --query-gpu=uuid,compute_mode`;
+    the GPU found by its UUID (torch's), or, where that is not known, the mode that every GPU of the node
+    has. None where neither answers, or the node's GPUs differ and the UUID is not known. Opens no CUDA
+    context (NVML and nvidia-smi do not, nor does reading the UUID)."""
+    modes = _nvml_modes()
+    if modes is None:
+        modes = _smi_modes()
+    if not modes:
+        return None
+    uuid = _gpu_uuid(device)
+    if uuid in modes:
+        return modes[uuid]
+    found = set(modes.values())
+    return found.pop() if len(found) == 1 else None
+
+
+def _uuid_key(text: str) -> str:
+    """A GPU's UUID as NVML ("GPU-8f6c...") and torch ("8f6c...") write it, in one form."""
+    text = text.strip().lower()
+    return text[4:] if text.startswith("gpu-") else text
+
+
+def _gpu_uuid(device: torch.device | str) -> str | None:
+    try:
+        import torch
+
+        index = torch.device(device).index or 0
+        return _uuid_key(str(torch.cuda.get_device_properties(index).uuid))
+    except Exception:  # noqa: BLE001 (no CUDA, an older torch: the UUID is not known)
+        return None
+
+
+def _nvml_modes() -> dict[str, str] | None:
+    """{UUID: compute mode} of every GPU NVML shows; None without pynvml or a driver that answers."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 (NVMLError: no driver, no library)
+        return None
+    try:
+        modes = {}
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+                uuid, mode = pynvml.nvmlDeviceGetUUID(handle), pynvml.nvmlDeviceGetComputeMode(handle)
+            except Exception:  # noqa: BLE001 (a GPU this job may not see)
+                continue
+            modes[_uuid_key(uuid.decode() if isinstance(uuid, bytes) else uuid)] = COMPUTE_MODES.get(mode, str(mode))
+        return modes
+    except Exception:  # noqa: BLE001
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _smi_modes() -> dict[str, str] | None:
+    """{UUID: compute mode} from nvidia-smi; None where it is not there or fails."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=uuid,compute_mode", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    pairs = [line.split(",", 1) for line in out.stdout.splitlines() if "," in line]
+    return {_uuid_key(uuid): mode.strip() for uuid, mode in pairs if mode.strip()} or None
 
 
 def gpu_memory_gib(device: torch.device) -> float | None:

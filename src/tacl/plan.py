@@ -311,6 +311,30 @@ def checkpoint_bytes(shape: Shape, bf16: bool, zero_stage: int) -> float:
     return shape.total * (weights + masters + 8)
 
 
+# What a fine-tune keeps in hand before its job's time limit (tacl.finetune.common.train): it saves and stops
+# when one more step and a half, plus `save_margin_s`, would run past the job's end time. The margin holds the
+# checkpoints of every seed of the job that trains at once (side by side they save at the same moment, on the
+# same disk), each written at SAVE_BYTES_PER_S (or as slowly as the seed's own saves went, if slower), and
+# STOP_SLACK_S.
+SAVE_BYTES_PER_S = 100e6  # a busy shared file system's write rate to one job, conservatively (Lustre or GPFS
+#                           give a node several times this when quiet, a local disk far more)
+STOP_SLACK_S = 30.0  # the processes' exits, and the end time's precision (squeue and qstat answer in seconds)
+
+
+def finetune_checkpoint_bytes(params: float) -> float:
+    """A fine-tuning seed's checkpoint: its fp32 weights and AdamW's two fp32 moments, 12 bytes a parameter
+    (BERT-base with its head, 110M parameters: 1.3 GB)."""
+    return 12.0 * params
+
+
+def save_margin_s(checkpoint_bytes: float, at_once: int, measured_s: float = 0.0) -> float:
+    """Seconds a fine-tune keeps before its job's end to save and stop: `at_once` seeds' checkpoints, each
+    taking the longer of `checkpoint_bytes` at SAVE_BYTES_PER_S and the longest save measured (`measured_s`),
+    one after the other (seeds side by side save at the same moment and share the disk), and STOP_SLACK_S.
+    BERT-base, 4 seeds at once: 4 x 13 s + 30 s, about 1.4 minutes."""
+    return STOP_SLACK_S + at_once * max(checkpoint_bytes / SAVE_BYTES_PER_S, measured_s)
+
+
 def corpus_tokens(max_lines: int, source: dict[str, Any] | None = None) -> float:
     """Tokens of a cleaned corpus of max_lines lines (0: no cap), before the data stage has counted them:
     about 30 per line on the shared Wikipedia sample ([CLS] and [SEP] included), and, for local files (a

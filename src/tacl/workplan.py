@@ -30,6 +30,7 @@ from tacl.experiment import (
     tasks_of,
     trained_objectives,
 )
+from tacl.io import size_text
 from tacl.pretrain.chain import chunks_present
 from tacl.report.expected import RECORD as REPORT_RECORD
 from tacl.sizing import Sizing
@@ -191,6 +192,8 @@ def plan_text(sizing: Sizing, jobs: list[plan.Job]) -> str:
     chain = plan.longest_chain(jobs, config["finetune"]["start_from"])
     data = sizing.data_summary()
     assumptions = [f"start model ({shape.source}): {shape.encoder / 1e6:.3g} M encoder parameters"]
+    at_once = max((sizing.seeds_at_once(task) for task in config["finetune"]["tasks"]), default=1)
+    assumptions.append(stops_before_limit(sizing, at_once))
     if config["device"] == "cpu":
         assumptions.append("device: cpu, so no job asks for a GPU and the runtimes are the configured ones")
         return plan.format_plan(jobs, chain, _disk(sizing, data), assumptions, {})
@@ -202,7 +205,6 @@ def plan_text(sizing: Sizing, jobs: list[plan.Job]) -> str:
         (f"pretraining sequences {sizing.pretrain_seq():.0f} tokens padded ({seq_source}); fine-tuning: published "
          "task sizes and typical lengths (tacl.plan.TASK_SIZES) until prepare_task has counted the splits"),
     ]
-    at_once = max((sizing.seeds_at_once(task) for task in config["finetune"]["tasks"]), default=1)
     if at_once > 1:
         assumptions.append(
             f"fine-tunes: up to {at_once} seeds of a job at once on its GPU (finetune.seeds_per_gpu "
@@ -214,6 +216,20 @@ def plan_text(sizing: Sizing, jobs: list[plan.Job]) -> str:
         for g in plan.gpus_of(p).values()
     ]
     return plan.format_plan(jobs, chain, _disk(sizing, data), assumptions, expected_on_each_gpu(sizing, jobs))
+
+
+def stops_before_limit(sizing: Sizing, at_once: int) -> str:
+    """How long before its time limit each job saves and stops by itself, from the end time its scheduler
+    gives it (tacl.pretrain.deadline, tacl.finetune.resume.TimeLimit)."""
+    margin = sizing.config["pretrain"]["chunk"]["margin_minutes"]
+    checkpoint = plan.finetune_checkpoint_bytes(sizing.shape.total)
+    seeds = f"{at_once} seeds' checkpoints" if at_once > 1 else "its seed's checkpoint"
+    return (f"jobs save and stop by themselves before their time limit (the end time SLURM or PBS gives each): a "
+            f"pretraining chunk {margin:g} min (pretrain.chunk.margin_minutes), its longest save and a step and a "
+            f"half before it; a fine-tune {plan.save_margin_s(checkpoint, at_once):.0f} s and a step and a half "
+            f"before it ({seeds} of {size_text(checkpoint)} at {plan.SAVE_BYTES_PER_S / 1e6:.0f} MB/s, and "
+            f"{plan.STOP_SLACK_S:.0f} s; more where its saves were slower); SLURM's warning signal (profiles/slurm: "
+            "USR1 10 minutes before the limit) makes either save sooner; an analysis job holds nothing to save")
 
 
 def expected_on_each_gpu(sizing: Sizing, jobs: list[plan.Job]) -> dict[str, tuple[float, str]]:

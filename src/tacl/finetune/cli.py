@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 
 from tacl.device import DEVICES
@@ -82,7 +83,8 @@ def register(stages: argparse._SubParsersAction) -> None:
         c.add_argument("--seeds-per-gpu", default="auto", type=_count_or_auto,
                        help="with --seeds: train this many seeds at once, each in its own process with its share "
                             "of the CPU cores (finetune.seeds_per_gpu; auto: one on a CPU, as many as the GPU's "
-                            "memory and the cores allow on a GPU)")
+                            "compute mode, memory and the cores allow on a GPU); with --seed: this many seeds of "
+                            "the job share the GPU and save at once before the job's end")
         c.set_defaults(func=_finetune)
 
 
@@ -93,12 +95,19 @@ def _prepare(a: argparse.Namespace) -> None:
 
 
 def _finetune(a: argparse.Namespace) -> None:
-    from tacl.device import resolve_device
+    from tacl.device import GpuUnavailable, open_gpu, resolve_device
     from tacl.finetune import EXIT_STOPPED, Stopped, finetune_given
+    from tacl.finetune.resume import Checkpointing
     from tacl.finetune.seeds import note_job, run_seeds, weights_fingerprint
-    from tacl.finetune.side_by_side import run_side_by_side, seeds_at_once
+    from tacl.finetune.side_by_side import cannot_share, run_side_by_side, seeds_at_once
 
-    device = resolve_device(a.device)  # a GPU asked for and none usable: stop before anything is written
+    # (a seed of a job of several, `--seed` with `--seeds-per-gpu N`: N seeds share its GPU and save at once;
+    # one whose GPU will not take it says which setting lets the job run)
+    together = int(a.seeds_per_gpu) if a.seeds is None and a.seeds_per_gpu != "auto" else 1
+    try:
+        device = resolve_device(a.device)  # a GPU asked for and none usable: stop before anything is written
+    except GpuUnavailable as e:
+        raise cannot_share(e, together) from e
     model, start_from = a.model, None
     if getattr(a, "start_selection", None):
         from tacl.finetune.submissions import selected_run
@@ -112,13 +121,20 @@ def _finetune(a: argparse.Namespace) -> None:
     count, why = (1, "") if a.seeds is None else seeds_at_once(a.seeds_per_gpu, len(seeds), device, model_dir,
                                                                a.command, hparams)
     given: dict = {}
-    if count == 1:  # (side by side, each seed's process hashes the start model and checks its own input)
+    checkpointing = Checkpointing(a.checkpoint_minutes)
+    if count == 1:  # (this process trains; side by side, each seed's process opens the GPU, reads the job's end
+        # time, hashes the start model and checks its own input)
+        try:
+            open_gpu(device)
+        except GpuUnavailable as e:
+            raise cannot_share(e, together) from e
+        checkpointing = Checkpointing(a.checkpoint_minutes, end=job_end(), at_once=together)
         given = {**finetune_given(spec, hparams, a.precision, a.preset),
                  "model_sha256": weights_fingerprint(model_dir)}
     source = with_cache(spec, a.cache_dir)
 
     def train_one(seed: int, out: Path) -> dict:
-        result = _train(a, model, start_from, source, dict(hparams), seed, str(out))
+        result = _train(a, model, start_from, source, dict(hparams), seed, str(out), checkpointing)
         print(json.dumps({k: result[k] for k in ("task", "seed", "dev", "wall_s")}))
         return result
 
@@ -127,7 +143,7 @@ def _finetune(a: argparse.Namespace) -> None:
     try:
         if count > 1:
             log.info("seeds side by side (%s)", why)
-            run_side_by_side(seeds, count, lambda seed: seed_command(a, seed), run_dir, a.marker)
+            run_side_by_side(seeds, count, lambda seed: seed_command(a, seed, count), run_dir, a.marker)
         else:
             run_seeds(seeds, run_dir, given, train_one, a.marker)
     except Stopped as e:
@@ -142,13 +158,26 @@ def _count_or_auto(value: str) -> str:
     return value
 
 
-def seed_command(a: argparse.Namespace, seed: int) -> list[str]:
-    """The command of one seed of a job of several (`--seeds`), trained side by side with others: the job's
-    own command for that seed alone, in its folder (OUT/seedN), as a job of one seed runs."""
+def job_end() -> float | None:
+    """Unix time at which the job's scheduler ends it (SLURM's squeue, PBS's walltime and start time: the end
+    time a pretraining chunk reads, tacl.pretrain.deadline), said in the log; None where nothing limits it."""
+    from tacl.pretrain.deadline import describe, end_times
+
+    ends = end_times(time.time())
+    if ends:
+        log.info("fine-tune: this job %s", describe(ends))
+    return min(ends.values(), default=None)
+
+
+def seed_command(a: argparse.Namespace, seed: int, at_once: int) -> list[str]:
+    """The command of one seed of a job of several (`--seeds`), trained side by side with `at_once` - 1
+    others: the job's own command for that seed alone, in its folder (OUT/seedN), as a job of one seed runs;
+    its `--seeds-per-gpu` says how many seeds share its GPU (and save at the same moment before the job's
+    end)."""
     command = [sys.executable, "-m", "tacl", "finetune", a.command, "--task", a.task, "--seed", str(seed),
                "--source", a.source, "--hparams", a.hparams, "--precision", a.precision, "--preset", a.preset,
                "--device", a.device, "--compile", a.compile, "--shapes", a.shapes,
-               "--checkpoint-minutes", repr(a.checkpoint_minutes), "--seeds-per-gpu", "1",
+               "--checkpoint-minutes", repr(a.checkpoint_minutes), "--seeds-per-gpu", str(at_once),
                "--out", str(Path(a.out) / f"seed{seed}")]
     command += ["--model", a.model] if a.model else ["--start-selection", a.start_selection]
     if a.cache_dir:
@@ -166,11 +195,9 @@ def resolve_model(model: str) -> str:
     return resolve_pretrained(model)
 
 
-def _train(a: argparse.Namespace, model: str, start_from, source: dict, hp: dict, seed: int, out: str) -> dict:
+def _train(a: argparse.Namespace, model: str, start_from, source: dict, hp: dict, seed: int, out: str,
+           checkpointing) -> dict:
     """One seed of the task family's fine-tune."""
-    from tacl.finetune.resume import Checkpointing
-
-    checkpointing = Checkpointing(a.checkpoint_minutes)
     if a.command == "glue":
         from tacl.finetune.sequence import finetune_glue
 

@@ -222,8 +222,8 @@ def train(model: torch.nn.Module, rows: list[dict[str, Any]], hp: dict[str, Any]
     The loss is task_weight * the model's own loss + `extra_loss(model, batch, outputs)` (e.g. supervised
     TaCL for NER, a contrastive term on [CLS] for classification). With `checkpoint` (its path in the seed's
     folder), the seed resumes from the checkpoint there, saves every `checkpoint.minutes`, and on SIGUSR1,
-    SIGUSR2 or SIGTERM (or after `checkpoint.stop_after` steps) saves and raises `Stopped`
-    (tacl.finetune.resume)."""
+    SIGUSR2 or SIGTERM, before the job's end time (`checkpoint.end`, with time to save every seed that trains
+    at once) or after `checkpoint.stop_after` steps, saves and raises `Stopped` (tacl.finetune.resume)."""
     from tqdm import tqdm
 
     seed_everything(seed)
@@ -258,6 +258,9 @@ def train(model: torch.nn.Module, rows: list[dict[str, Any]], hp: dict[str, Any]
         log.info("fine-tune: resumed from %s at step %d/%d (epoch %d, batch %d of %d)", checkpoint.path, step,
                  total, first_epoch + 1, done_in_epoch, steps_per_epoch)
     last_save, steps_here = time.time(), 0
+    limit = resume.TimeLimit.of(checkpoint, model) if checkpoint else None
+    if limit is not None and checkpoint.end is not None:
+        log.info("fine-tune: %s", limit.describe())
     bar = tqdm(total=total, initial=step, desc="fine-tune", unit=" steps", disable=not sys.stderr.isatty())
     with resume.stop_signals(enabled=checkpoint is not None) as signals:
         for epoch in range(first_epoch, hp["epochs"]):
@@ -266,6 +269,7 @@ def train(model: torch.nn.Module, rows: list[dict[str, Any]], hp: dict[str, Any]
             for b, indices in enumerate(batches):
                 if epoch == first_epoch and b < done_in_epoch:
                     continue  # (done before the checkpoint)
+                step_started = time.time()
                 width = int(lengths[indices].max())
                 size = len(indices)
                 if run.buckets:  # (every batch full, of one of a few widths)
@@ -284,7 +288,9 @@ def train(model: torch.nn.Module, rows: list[dict[str, Any]], hp: dict[str, Any]
                 bar.update(1)
                 if checkpoint is None:
                     continue
-                stop = signals.received[:1] or (["step cap"] if steps_here == checkpoint.stop_after else [])
+                limit.deadline.observe_step(time.time() - step_started)
+                stop = (signals.received[:1] or (["step cap"] if steps_here == checkpoint.stop_after else [])
+                        or (["time limit"] if step < total and limit.near() else []))
                 due = checkpoint.minutes is not None and time.time() - last_save >= 60 * checkpoint.minutes
                 if stop or (due and step < total):
                     seconds = resume.save(checkpoint.path, {
@@ -296,11 +302,13 @@ def train(model: torch.nn.Module, rows: list[dict[str, Any]], hp: dict[str, Any]
                         "train_s": before_s + time.time() - started, "resumed_at": resumed_at})
                     log.info("fine-tune step %d/%d: checkpoint saved (%s, %.1f s)", step, total,
                              checkpoint.path, seconds)
+                    limit.saved(seconds)
                     last_save = time.time()
                 if stop:
                     bar.close()
-                    why = stop[0] if isinstance(stop[0], str) else signal.Signals(stop[0]).name
-                    raise resume.Stopped(f"stopped by {why} at step {step}/{total}, saved in "
+                    why = ("before the job's time limit" if stop[0] == "time limit" else
+                           f"by {stop[0] if isinstance(stop[0], str) else signal.Signals(stop[0]).name}")
+                    raise resume.Stopped(f"stopped {why} at step {step}/{total}, saved in "
                                          f"{checkpoint.path}: running the job again resumes this seed there")
     bar.close()
     return {"steps": total, "epochs": hp["epochs"], "train_examples": len(rows), "group_by_length": grouped,

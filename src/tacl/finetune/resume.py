@@ -12,6 +12,12 @@ losses, the padding counted). A seed resumed from it ends with the uninterrupted
 bit for bit on the CPU. The checkpoint names the fine-tune it belongs to (seed, steps, rows, hyperparameters):
 one of another fine-tune is not resumed. The seed's folder loses it once its metrics are written
 (tacl.finetune.seeds).
+
+A seed also saves and stops on its own before its job's time limit, as a pretraining chunk does (its
+Deadline, tacl.pretrain.deadline): the job's end time comes from its scheduler (squeue under SLURM, qstat's
+walltime and start time under PBS Pro, which sends no warning signal before the limit), and the seed stops
+when one more step and a half, plus the time to save the checkpoints of every seed of the job that trains at
+once (tacl.plan.save_margin_s: side by side they save at the same moment), would run past it (`TimeLimit`).
 """
 
 from __future__ import annotations
@@ -29,23 +35,62 @@ import numpy as np
 import torch
 
 from tacl.finetune import CHECKPOINT, Stopped  # noqa: F401 (Stopped: raised by train, named here)
-from tacl.io import atomic_path
-from tacl.pretrain.deadline import StopSignals
+from tacl.io import atomic_path, size_text
+from tacl.plan import SAVE_BYTES_PER_S, STOP_SLACK_S, finetune_checkpoint_bytes, save_margin_s
+from tacl.pretrain.deadline import Deadline, StopSignals
 
 log = logging.getLogger("tacl.finetune")
 
 
 @dataclass
 class Checkpointing:
-    """How `train` checkpoints inside a seed: every `minutes` (None: only when stopped), and, for tests, a
-    stop after `stop_after` steps of this process, as a signal would. `path` is the seed's checkpoint."""
+    """How `train` checkpoints inside a seed: every `minutes` (None: only when stopped), before the job's `end`
+    (`TimeLimit`), and, for tests, a stop after `stop_after` steps of this process, as a signal would. `path`
+    is the seed's checkpoint."""
 
     minutes: float | None = 30.0
     stop_after: int | None = None
     path: Path | None = None
+    end: float | None = None  # Unix time at which the job's scheduler ends it (None: no limit known)
+    at_once: int = 1  # the job's seeds that train at once, this one included: they save at the same moment
 
     def at(self, seed_dir: str | Path) -> "Checkpointing":
         return replace(self, path=Path(seed_dir) / CHECKPOINT)
+
+
+@dataclass
+class TimeLimit:
+    """When a seed saves and stops before its job's end: a Deadline whose margin holds the checkpoints of
+    the `at_once` seeds that save at the same moment (tacl.plan.save_margin_s: each at SAVE_BYTES_PER_S, or
+    as slowly as this seed's saves went, if slower), and one step and a half."""
+
+    deadline: Deadline
+    checkpoint_bytes: float
+    at_once: int
+    longest_save: float = 0.0
+
+    @classmethod
+    def of(cls, checkpointing: Checkpointing, model: torch.nn.Module) -> "TimeLimit":
+        nbytes = finetune_checkpoint_bytes(sum(p.numel() for p in model.parameters()))
+        margin = save_margin_s(nbytes, checkpointing.at_once)
+        return cls(Deadline(checkpointing.end, margin), nbytes, checkpointing.at_once)
+
+    def near(self) -> bool:
+        return self.deadline.near()
+
+    def saved(self, seconds: float) -> None:
+        """A save took `seconds`: the margin holds `at_once` saves as long as the longest one."""
+        self.longest_save = max(self.longest_save, seconds)
+        self.deadline.margin_s = save_margin_s(self.checkpoint_bytes, self.at_once, self.longest_save)
+
+    def describe(self) -> str:
+        """'saves and stops once a step and a half and 83 s are left before 2026-11-24T10:00:00 (4 seeds'
+        checkpoints of 1.3 GB at 100 MB/s, and 30 s)'."""
+        end = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.deadline.end)) if self.deadline.end else "?"
+        seeds = f"{self.at_once} seeds' checkpoints" if self.at_once > 1 else "its checkpoint"
+        return (f"saves and stops once a step and a half and {self.deadline.margin_s:.0f} s are left before {end} "
+                f"({seeds} of {size_text(self.checkpoint_bytes)} at {SAVE_BYTES_PER_S / 1e6:.0f} MB/s, and "
+                f"{STOP_SLACK_S:.0f} s)")
 
 
 def rng_states() -> dict[str, Any]:
