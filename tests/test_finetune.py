@@ -589,18 +589,23 @@ sys.exit(main(sys.argv[1:]))
 
 
 @pytest.mark.parametrize("scheduler", ["SLURM", "PBS"])  # (not `slurm`: the name of the real cluster's tests)
-def test_seeds_near_their_jobs_end_time_save_and_stop_before_it(tmp_path, demo_data, monkeypatch, capfd, scheduler):
-    """A job of two seeds side by side, its end time 120 s after its seeds start as the scheduler gives it (a
-    stand-in squeue's time left under SLURM; under PBS, which sends no warning, a stand-in qstat's walltime
-    and start time), each seed on a clock of 10 s a step: each reads the end time itself and, keeping 30 s
-    and two seeds' saves (tiny ones) and a step and a half, saves and stops at step 8 of 24 (80 s: 8 x 10 + 15
-    > 120 - 30, 7 x 10 + 15 is not), 40 s before the end; the job stops (exit status 3), naming why."""
-    import os
+def test_seeds_near_their_jobs_end_time_save_and_stop_before_it(tmp_path, demo_data, monkeypatch, capfd, caplog,
+                                                                scheduler):
+    """A job's end time 120 s after its seeds start, as the scheduler gives it (a stand-in squeue's time left
+    under SLURM; under PBS, which sends no warning, a stand-in qstat's walltime and start time), each seed on a
+    clock of 10 s a step. SLURM: two seeds side by side, each reading the end time itself in its own process;
+    PBS: the seeds one after the other in the job's process. Each seed that trains, keeping 30 s and the saves
+    of the seeds that train at once (tiny ones) and a step and a half, saves and stops at step 8 of 24 (80 s:
+    8 x 10 + 15 > 120 - 30, 7 x 10 + 15 is not), 40 s before the end; the job stops (exit status 3), naming
+    why, and no seed starts after it."""
     import re
     import sys
 
+    from conftest import Clock
+    from tacl import scheduler as queries
     from tacl.cli import main
-    from tacl.finetune import cli
+    from tacl.finetune import cli, common
+    from tacl.pretrain import deadline
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -608,7 +613,10 @@ def test_seeds_near_their_jobs_end_time_save_and_stop_before_it(tmp_path, demo_d
         monkeypatch.setenv("SLURM_JOB_ID", "7")
         (bin_dir / "squeue").write_text('#!/bin/sh\ncase "$*" in *%L*) echo 2:00;; *) echo RUNNING;; esac\n')
         (bin_dir / "squeue").chmod(0o755)
-        source = "squeue, SLURM job 7"
+        source, at_once = "squeue, SLURM job 7", 2
+        real = cli.seed_command
+        monkeypatch.setattr(cli, "seed_command", lambda a, seed, n: [sys.executable, "-c", SEED_CLOCK,
+                                                                     *real(a, seed, n)[3:]])
     else:
         monkeypatch.setenv("PBS_JOBID", "77.pbs01")
         record = {"Jobs": {"77.pbs01": {"job_state": "R", "stime": 1_764_000_000 - 600,
@@ -616,120 +624,44 @@ def test_seeds_near_their_jobs_end_time_save_and_stop_before_it(tmp_path, demo_d
         (tmp_path / "qstat.json").write_text(json.dumps(record))
         (bin_dir / "qstat").write_text(f'#!/bin/sh\ncat "{tmp_path}/qstat.json"\n')
         (bin_dir / "qstat").chmod(0o755)
-        source = "qstat, PBS job 77.pbs01"
+        source, at_once = "qstat, PBS job 77.pbs01", 1
+        clock = Clock(1_764_000_000.0)  # (what SEED_CLOCK does in a seed's process, here in this one)
+        for module in (queries, deadline, common):
+            monkeypatch.setattr(module, "time", clock)
+        step = common.train_step
+
+        def train_step(*args, **kwargs):
+            clock.now += 10.0
+            return step(*args, **kwargs)
+
+        monkeypatch.setattr(common, "train_step", train_step)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    real = cli.seed_command
-    monkeypatch.setattr(cli, "seed_command", lambda a, seed, at_once: [sys.executable, "-c", SEED_CLOCK,
-                                                                       *real(a, seed, at_once)[3:]])
     hp = {"max_len": 32, "batch": 4, "lr": 1e-4, "epochs": 1, "max_train_examples": 96, "max_eval_examples": 16}
     out = tmp_path / "setting"
     capfd.readouterr()
-    assert main(["finetune", "glue", "--model", str(demo_data["start"]), "--task", "qnli", "--seeds", "0", "1",
-                 "--source", json.dumps({"kind": "tsv", "data_dir": str(REPO / "examples/demo/glue")}),
-                 "--hparams", json.dumps(hp), "--device", "cpu", "--seeds-per-gpu", "2", "--out", str(out),
-                 "--marker", str(tmp_path / "seeds.json")]) == 3
+    with caplog.at_level("INFO", logger="tacl.finetune"):
+        assert main(["finetune", "glue", "--model", str(demo_data["start"]), "--task", "qnli", "--seeds", "0", "1",
+                     "--source", json.dumps({"kind": "tsv", "data_dir": str(REPO / "examples/demo/glue")}),
+                     "--hparams", json.dumps(hp), "--device", "cpu", "--seeds-per-gpu", str(at_once), "--out",
+                     str(out), "--marker", str(tmp_path / "seeds.json")]) == 3
     err = capfd.readouterr().err
-    for seed in (0, 1):
-        lines = [line for line in err.splitlines() if line.startswith(f"[seed {seed}] ")]
+    stopped = ("stopped before the job's time limit at step 8/24, saved in {}: running the job again resumes this "
+               "seed there")
+    for seed in range(at_once):
+        lines = [line for line in err.splitlines() if line.startswith(f"[seed {seed}] ")] if at_once > 1 else \
+            caplog.messages  # (this process's own log)
         assert any("fine-tune: this job ends " in line and f"({source})" in line for line in lines), lines
-        assert any("saves and stops once a step and a half and 30 s are left before " in line and
-                   "2 seeds' checkpoints of " in line for line in lines), lines
-        assert lines[-1].endswith(f"tacl: stopped: stopped before the job's time limit at step 8/24, saved in "
-                                  f"{out}/seed{seed}/checkpoint.pt: running the job again resumes this seed there")
+        saves = "2 seeds' checkpoints of " if at_once > 1 else "its checkpoint of "
+        assert any("saves and stops once a step and a half and 30 s are left before " in line and saves in line
+                   for line in lines), lines
+        assert (f"tacl: stopped: {stopped.format(out / f'seed{seed}' / 'checkpoint.pt')}" in lines[-1]
+                if at_once > 1 else True), lines[-1]
         assert (out / f"seed{seed}" / "checkpoint.pt").is_file()
         assert not (out / f"seed{seed}" / "metrics.json").exists()
-    assert re.search(r"^tacl: stopped: stopped with seed [01] \(stopped before the job's time limit at step 8/24\): "
-                     r"seed\(s\) \[0, 1\] not finished", err, re.M), err[-2000:]
+    if at_once > 1:
+        assert re.search(r"^tacl: stopped: stopped with seed [01] \(stopped before the job's time limit at step "
+                         r"8/24\): seed\(s\) \[0, 1\] not finished", err, re.M), err[-2000:]
+    else:
+        assert err.strip().splitlines()[-1] == f"tacl: stopped: {stopped.format(out / 'seed0' / 'checkpoint.pt')}"
+        assert not (out / "seed1").exists()
     assert not (tmp_path / "seeds.json").exists()
-
-
-def seed_processes(job: int) -> dict[int, int]:
-    """{seed: pid} of the seed processes a side-by-side job `job` started (their command's --seed)."""
-    import os
-
-    found = {}
-    for entry in os.listdir("/proc"):
-        try:
-            stat = open(f"/proc/{entry}/stat").read()
-            command = open(f"/proc/{entry}/cmdline").read().split("\0")
-        except (OSError, ValueError):
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == job and "--seed" in command:
-            found[int(command[command.index("--seed") + 1])] = int(entry)
-    return found
-
-
-def process_state(pid: int) -> str:
-    """/proc's state letter of a process (R, S, T, Z: ended, not yet reaped), or 'gone'."""
-    try:
-        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "gone"
-
-
-def test_a_killed_side_by_side_job_takes_its_seeds_with_it_and_the_rerun_resumes_them(tmp_path, demo_data):
-    """kill -9 of the process of a job of two seeds side by side, and of it alone (each seed caught with
-    SIGSTOP once it has saved a checkpoint): SIGTERM waits for each seed (Linux's parent-death signal); let go,
-    each saves at its next step and its process ends, the seed not finished. Run again, the job resumes both,
-    and each ends with the metrics and fine-tuned weights of the seed trained in one go (side by side, on
-    the same threads), bit for bit."""
-    import os
-    import re
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    from conftest import run_tacl
-
-    hp = {"max_len": 32, "batch": 4, "lr": 1e-4, "epochs": 1, "max_train_examples": 96, "max_eval_examples": 16}
-
-    def job(out, *more):
-        return ["finetune", "glue", "--model", str(demo_data["start"]), "--task", "qnli", "--seeds", "0", "1",
-                "--source", json.dumps({"kind": "tsv", "data_dir": str(REPO / "examples/demo/glue")}), "--hparams",
-                json.dumps(hp), "--device", "cpu", "--save-model", "--out", str(out), *more]
-
-    run_tacl(*job(tmp_path / "once", "--seeds-per-gpu", "2"))  # (each seed on the same threads as below)
-    side = tmp_path / "side"
-    args = job(side, "--seeds-per-gpu", "2", "--checkpoint-minutes", "1e-9")  # (a checkpoint at every step)
-    with open(tmp_path / "job.log", "w") as log:
-        parent = subprocess.Popen([sys.executable, "-m", "tacl", *args], stdout=log, stderr=log)
-    seeds: dict[int, int] = {}
-    pending: dict[int, bool] = {}
-    try:
-        deadline = time.time() + 300
-        while len(seeds) < 2:
-            assert parent.poll() is None and time.time() < deadline, (tmp_path / "job.log").read_text()[-3000:]
-            for seed, pid in seed_processes(parent.pid).items():
-                if seed not in seeds and (side / f"seed{seed}" / "checkpoint.pt").is_file():
-                    os.kill(pid, signal.SIGSTOP)
-                    seeds[seed] = pid
-            time.sleep(0.01)
-        parent.kill()
-        parent.wait()  # (its children's parent-death signals are sent before it can be waited for)
-        pending = {seed: signal_pending(pid, signal.SIGTERM) for seed, pid in seeds.items()}
-    finally:
-        parent.kill()
-        for pid in seeds.values():  # (let go; killed where nothing would end them)
-            os.kill(pid, signal.SIGCONT if pending and all(pending.values()) else signal.SIGKILL)
-    assert pending == {0: True, 1: True}, "SIGTERM waits for each seed once its job is gone"
-    while any(process_state(pid) not in ("Z", "gone") for pid in seeds.values()):
-        assert time.time() < deadline, {pid: process_state(pid) for pid in seeds.values()}
-        time.sleep(0.05)
-    for seed in (0, 1):
-        assert (side / f"seed{seed}" / "checkpoint.pt").is_file(), seed
-        assert not (side / f"seed{seed}" / "metrics.json").exists(), f"seed {seed} trained on without its job"
-    again = run_tacl(*args)
-    for seed in (0, 1):
-        assert re.search(rf"\[seed {seed}\] .*fine-tune: resumed from .*seed{seed}/checkpoint.pt at step", again.stderr)
-        got, want = (json.loads((d / f"seed{seed}" / "metrics.json").read_text()) for d in (side, tmp_path / "once"))
-        assert got["train"]["resumed_at"] and got["dev"] == want["dev"], seed
-        assert got["train"]["final_loss"] == want["train"]["final_loss"], seed
-        weights = [(d / f"seed{seed}" / "model" / "model.safetensors").read_bytes() for d in (side, tmp_path / "once")]
-        assert weights[0] == weights[1], seed
-
-
-def signal_pending(pid: int, sig: int) -> bool:
-    """Whether `sig` waits to be delivered to process `pid` (a stopped one: /proc's ShdPnd)."""
-    status = dict(line.split(":\t", 1) for line in open(f"/proc/{pid}/status").read().splitlines() if ":\t" in line)
-    return bool(int(status["ShdPnd"], 16) >> (sig - 1) & 1)

@@ -251,6 +251,14 @@ def signal_pending(pid: int, sig: int) -> bool:
     return bool(int(status["ShdPnd"], 16) >> (sig - 1) & 1)
 
 
+def process_state(pid: int) -> str:
+    """/proc's state letter of a process (R, S, T, Z: ended, not yet reaped), or 'gone'."""
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
 @pytest.mark.slow
 def test_seeds_one_after_the_other_or_side_by_side_resume_per_seed_and_agree(demo_data, tmp_path):
     """Seeds 0 and 1 of a setting in one job, one after the other, killed once seed 0 has finished: run again,
@@ -260,8 +268,11 @@ def test_seeds_one_after_the_other_or_side_by_side_resume_per_seed_and_agree(dem
     command of a job of that seed alone) on its share of the cores: SIGTERM to the job while both train (each
     caught, with SIGSTOP, once it has saved a checkpoint, and let go once the job has passed the signal on): each
     seed saves at its next step and stops, the job says so in one line, exit status 3, no marker. Run again, both
-    go on from their checkpoints and the marker lists both. Each seed's metrics equal those of the seed
-    trained in the job one after the other."""
+    go on from their checkpoints; killed outright this time (kill -9 of the job's process alone, each seed
+    caught once it has saved again), its seeds end with it (Linux's parent-death signal: each saves and stops
+    within seconds, not training on as an orphan). Run once more, both go on from their checkpoints and the
+    marker lists both. Each seed's metrics (its dev scores and final loss, bit for bit) equal those of the seed
+    trained in the job one after the other, uninterrupted."""
     hp = {"max_len": 32, "batch": 4, "lr": 1e-4, "epochs": 1, "max_train_examples": 96, "max_eval_examples": 16}
     root, marker = tmp_path / "setting", tmp_path / "setting" / "seeds.json"
     sequential = finetune_args(demo_data, root, "--seeds", "0", "1", "--marker", str(marker), hparams=hp)
@@ -322,13 +333,44 @@ def test_seeds_one_after_the_other_or_side_by_side_resume_per_seed_and_agree(dem
         assert (side / f"seed{seed}" / "checkpoint.pt").is_file()
         assert not (side / f"seed{seed}" / "metrics.json").exists()
     assert not marker.exists()
+    # run again, and this time the job's process killed outright (kill -9 of it alone) once each seed has saved
+    # again: SIGTERM waits for each seed (Linux's parent-death signal); let go, each saves at its next step and
+    # its process ends within seconds, the seed not finished
+    saved = {seed: (side / f"seed{seed}" / "checkpoint.pt").stat().st_mtime_ns for seed in (0, 1)}
+    job = subprocess.Popen([sys.executable, "-m", "tacl", *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           text=True, start_new_session=True)
+    held, pending = {}, {}
+    try:
+        while len(held) < 2:
+            assert job.poll() is None and time.time() < deadline, job.communicate()[1][-3000:]
+            for seed in {0, 1} - held.keys():
+                folder = side / f"seed{seed}"
+                if (folder / "checkpoint.pt").stat().st_mtime_ns != saved[seed]:
+                    held[seed] = json.loads((folder / "LOCK").read_text())["pid"]
+                    os.kill(held[seed], signal.SIGSTOP)
+            time.sleep(0.01)
+        job.kill()
+        job.wait()  # (its children's parent-death signals are sent before it can be waited for)
+        pending = {seed: signal_pending(pid, signal.SIGTERM) for seed, pid in held.items()}
+    finally:
+        job.kill()
+        for pid in held.values():  # (let go; killed where nothing would end them)
+            os.kill(pid, signal.SIGCONT if pending and all(pending.values()) else signal.SIGKILL)
+    assert pending == {0: True, 1: True}, "SIGTERM waits for each seed once its job is gone"
+    ends = time.time() + 60
+    while any(process_state(pid) not in ("Z", "gone") for pid in held.values()):
+        assert time.time() < ends, {pid: process_state(pid) for pid in held.values()}
+        time.sleep(0.05)
+    for seed in (0, 1):
+        assert (side / f"seed{seed}" / "checkpoint.pt").stat().st_mtime_ns != saved[seed]
+        assert not (side / f"seed{seed}" / "metrics.json").exists(), f"seed {seed} trained on without its job"
     again = run_tacl(*args)
     for seed in (0, 1):
         assert re.search(rf"\[seed {seed}\] .*fine-tune: resumed from .*seed{seed}/checkpoint.pt at step", again.stderr)
     assert json.loads(marker.read_text())["runs"] == [str(side / f"seed{s}" / "metrics.json") for s in (0, 1)]
     for seed in (0, 1):
         got, want = (json.loads((d / f"seed{seed}" / "metrics.json").read_text()) for d in (side, root))
-        assert got["train"]["resumed_at"] and not want["train"]["resumed_at"]
+        assert len(got["train"]["resumed_at"]) == 2 and not want["train"]["resumed_at"]
         assert got["dev"] == want["dev"], seed
         for key in ("final_loss", "padding", "steps"):
             assert got["train"][key] == want["train"][key], (seed, key)
