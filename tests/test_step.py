@@ -573,6 +573,59 @@ def test_a_failed_compilation_goes_on_eager_saying_so_once_and_out_of_memory_is_
     assert chunk.engine.module.compiled and not [r for r in caplog.records if "compile failed" in r.getMessage()]
 
 
+def test_a_compilation_failing_after_the_start_goes_on_eager_on_one_rank_and_stops_where_it_cannot(
+        demo_data, tmp_path, env, compiled_with, caplog):
+    """A compilation failing after the chunk's start (an unexpected recompilation; here the compiled call made to
+    raise inductor's error in its forward, then in its backward) cannot be agreed between ranks without a
+    collective in every step: failing in the forward, several ranks stop, naming pretrain.compile: false;
+    failing in the backward, the chunk stops on any number of ranks (DeepSpeed's backward has begun); one rank
+    failing in the forward goes on uncompiled, with one warning."""
+    import dataclasses
+
+    from torch._inductor.exc import InductorError
+
+    from tacl.pretrain.trainer import CompileFailedMidRun
+
+    def broken():
+        return InductorError(RuntimeError("no working C compiler"), None)
+
+    class FailingBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, loss):
+            return loss.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            raise broken()
+
+    compiled_with("aot_eager")
+    chunk, batches = start(demo_data, tmp_path, env, "mlm_nsp", steps=5, compile=True, packing=True)  # (one graph)
+    step(chunk, batches, env, contextlib.nullcontext())
+    module, fails = chunk.engine.module, []
+    compiled = module.losses
+
+    def losses(*args):
+        if fails == ["forward"]:
+            raise broken()
+        loss, terms, metrics = compiled(*args)
+        return FailingBackward.apply(loss) if fails == ["backward"] else loss, terms, metrics
+
+    module.losses = losses
+    chunk.env = dataclasses.replace(env, world_size=2)
+    with caplog.at_level("WARNING", logger="tacl.pretrain"):
+        for where in ("forward", "backward"):
+            fails[:] = [where]
+            with pytest.raises(CompileFailedMidRun, match=f"failed in the {where} .*pretrain.compile: false"):
+                step(chunk, batches, env, contextlib.nullcontext())
+            assert module.compiled
+        fails[:] = ["forward"]
+        chunk.env = env
+        got = step(chunk, batches, env, contextlib.nullcontext())
+    assert not module.compiled and all(math.isfinite(v) for v in got.values())
+    warned = [r.getMessage() for r in caplog.records if r.name == "tacl.pretrain" and r.levelname == "WARNING"]
+    assert len(warned) == 1 and "no working C compiler" in warned[0] and "uncompiled" in warned[0], warned
+
+
 def test_compile_failures_are_the_compilers_errors_and_never_out_of_memory():
     """What tacl.device.compile_failure takes for a failed compilation: dynamo's and inductor's errors, named by
     their root cause; not the model's own errors, and no out-of-memory error, whatever wraps it."""
