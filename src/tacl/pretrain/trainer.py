@@ -119,7 +119,7 @@ class Pretrainer(torch.nn.Module):
         """torch.compile the forward and loss, one graph for every micro-batch shape (`dynamic=True`: the
         widths of length groups and the number of masked positions vary from one micro-batch to the next;
         static shapes would compile once per width, up to max_len / 8 graphs), and one more for the host
-        flag `no_padding` (attention with or without a mask: `compile_key`). Parameter names, and so
+        flag `no_padding` (attention with or without a mask: `compile_variants`). Parameter names, and so
         checkpoints, stay as they are. transformers installs the hooks that collect `output_hidden_states`
         (TACO's student, tacl_attn's teacher) on the first forward that asks for them, under a lock that
         breaks the graph: installed here, on the teacher too."""
@@ -441,20 +441,15 @@ def optimizer_step(chunk: Chunk, batches: Iterator[dict[str, Any]], meter: Meter
     return tokens
 
 
-def compile_key(batch: dict[str, Any]) -> tuple:
-    """The host values of a micro-batch that the compiled step specialises on (a new one compiles a graph):
-    its layout, and whether its attention takes a mask (tacl.objectives.NO_PADDING)."""
-    return is_packed(batch), batch.get(NO_PADDING) is True
-
-
 def compile_variants(batch: dict[str, Any]) -> list[dict[str, Any]]:
-    """`batch` as every `compile_key` a run of its layout can meet, its own first: a packed micro-batch has
-    one; a padded one is given the `no_padding` flag both ways (the attention with and without a mask; where
-    the flag does not say what the batch holds, what it computes is only compiled, never used)."""
+    """`batch` as every graph a run of its layout can meet, its own first. The compiled step specialises on
+    host values of the micro-batch (a new one compiles a graph): its layout, and whether its attention takes
+    a mask (tacl.objectives.NO_PADDING). A packed micro-batch has no such flag: one graph; a padded one is
+    given the flag both ways (where the flag does not say what the batch holds, what it computes is only
+    compiled, never used)."""
     if is_packed(batch):
         return [batch]
-    own = batch.get(NO_PADDING) is True
-    return [batch, {**batch, NO_PADDING: not own}]
+    return [batch, {**batch, NO_PADDING: batch.get(NO_PADDING) is not True}]
 
 
 # why a compilation that fails after the chunk's start stops the run (`CompileFailedMidRun`), by where it failed
