@@ -573,6 +573,59 @@ def test_a_failed_compilation_goes_on_eager_saying_so_once_and_out_of_memory_is_
     assert chunk.engine.module.compiled and not [r for r in caplog.records if "compile failed" in r.getMessage()]
 
 
+def test_a_compilation_failing_after_the_start_goes_on_eager_on_one_rank_and_stops_where_it_cannot(
+        demo_data, tmp_path, env, compiled_with, caplog):
+    """A compilation failing after the chunk's start (an unexpected recompilation; here the compiled call made to
+    raise inductor's error in its forward, then in its backward) cannot be agreed between ranks without a
+    collective in every step: failing in the forward, several ranks stop, naming pretrain.compile: false;
+    failing in the backward, the chunk stops on any number of ranks (DeepSpeed's backward has begun); one rank
+    failing in the forward goes on uncompiled, with one warning."""
+    import dataclasses
+
+    from torch._inductor.exc import InductorError
+
+    from tacl.pretrain.trainer import CompileFailedMidRun
+
+    def broken():
+        return InductorError(RuntimeError("no working C compiler"), None)
+
+    class FailingBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, loss):
+            return loss.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            raise broken()
+
+    compiled_with("aot_eager")
+    chunk, batches = start(demo_data, tmp_path, env, "mlm_nsp", steps=5, compile=True, packing=True)  # (one graph)
+    step(chunk, batches, env, contextlib.nullcontext())
+    module, fails = chunk.engine.module, []
+    compiled = module.losses
+
+    def losses(*args):
+        if fails == ["forward"]:
+            raise broken()
+        loss, terms, metrics = compiled(*args)
+        return FailingBackward.apply(loss) if fails == ["backward"] else loss, terms, metrics
+
+    module.losses = losses
+    chunk.env = dataclasses.replace(env, world_size=2)
+    with caplog.at_level("WARNING", logger="tacl.pretrain"):
+        for where in ("forward", "backward"):
+            fails[:] = [where]
+            with pytest.raises(CompileFailedMidRun, match=f"failed in the {where} .*pretrain.compile: false"):
+                step(chunk, batches, env, contextlib.nullcontext())
+            assert module.compiled
+        fails[:] = ["forward"]
+        chunk.env = env
+        got = step(chunk, batches, env, contextlib.nullcontext())
+    assert not module.compiled and all(math.isfinite(v) for v in got.values())
+    warned = [r.getMessage() for r in caplog.records if r.name == "tacl.pretrain" and r.levelname == "WARNING"]
+    assert len(warned) == 1 and "no working C compiler" in warned[0] and "uncompiled" in warned[0], warned
+
+
 def test_compile_failures_are_the_compilers_errors_and_never_out_of_memory():
     """What tacl.device.compile_failure takes for a failed compilation: dynamo's and inductor's errors, named by
     their root cause; not the model's own errors, and no out-of-memory error, whatever wraps it."""
@@ -661,6 +714,98 @@ def test_compiled_fine_tune_step_is_one_graph_and_a_failed_one_goes_on_eager(dem
 
     with pytest.raises(Exception, match="out of memory"):
         losses(out_of_memory)
+
+
+def test_a_fine_tune_step_whose_backward_fails_to_compile_starts_again_from_no_gradient(demo_data, tokenizer,
+                                                                                       compiled_with, caplog):
+    """finetune.compile: the backward's compilation (AOTAutograd may leave it to the first backward) fails
+    after an uncompiled part of the loss (here an extra loss on a parameter outside the compiled forward) has
+    put its gradient in: the step is computed again uncompiled from no gradient (the optimizer has not
+    stepped), and the losses and weights are the eager fine-tune's."""
+    from torch._inductor.exc import InductorError
+    from transformers import AutoModelForSequenceClassification
+
+    from tacl.finetune.common import Run, load_task_model, optimizer_and_schedule, pad_batch, to_device, train_step
+
+    run = Run(torch.device("cpu"), bf16=False)
+    hp = {"lr": 1e-2, "weight_decay": 0.0, "warmup_ratio": 0.0, "grad_clip": 0.0}
+    enc = tokenizer(SENTENCES[:4], ["b"] * 4)
+    rows = [{**{k: enc[k][i] for k in ("input_ids", "token_type_ids", "attention_mask")}, "labels": i % 2}
+            for i in range(4)]
+    batch = to_device(pad_batch(rows, tokenizer.pad_token_id), run.device)
+
+    def extra(model, batch, outputs):
+        return (model.outside ** 2).sum()
+
+    def fine_tune(backend):
+        model = load_task_model(AutoModelForSequenceClassification, str(demo_data["start"]), 0, num_labels=2,
+                                problem_type="single_label_classification")
+        model.outside = torch.nn.Parameter(torch.ones(3))  # (the compiled forward never reads it)
+        if backend is not None:
+            model.compile(dynamic=True, backend=backend)
+        opt, sched = optimizer_and_schedule(model, hp, 10)
+        torch.manual_seed(0)
+        got = [float(train_step(model, batch, opt, sched, hp, run, extra_loss=extra)) for _ in range(2)]
+        return got, model
+
+    eager, reference = fine_tune(None)
+    aot_eager = torch._dynamo.lookup_backend("aot_eager")
+
+    def broken(graph, inputs):
+        raise InductorError(RuntimeError("no working C compiler"), None)
+
+    compiled_with("aot_eager")
+    with caplog.at_level("WARNING", logger="tacl.finetune"):
+        fallen, model = fine_tune(lambda graph, inputs: aot_eager(graph, inputs, bw_compiler=broken))
+    warnings = [r.getMessage() for r in caplog.records if r.name == "tacl.finetune"]
+    assert len(warnings) == 1 and "no working C compiler" in warnings[0], warnings
+    assert model._compiled_call_impl is None
+    assert fallen == eager
+    assert all(torch.equal(p, dict(reference.named_parameters())[n]) for n, p in model.named_parameters())
+
+
+def test_a_compiled_model_whose_prediction_fails_to_compile_predicts_uncompiled(demo_data, tokenizer, compiled_with,
+                                                                                caplog):
+    """finetune.compile: prediction is a graph of its own (eval mode, no gradient); where it fails to compile
+    after the training compiled, the evaluation goes on uncompiled with one warning and the uncompiled model's
+    predictions (the seed is not lost after its training), and this thread's state is as it was (the failed
+    compilation ran in a thread of its own)."""
+    from transformers import AutoModelForSequenceClassification
+
+    from tacl.finetune import common
+
+    enc = tokenizer(SENTENCES, ["b"] * len(SENTENCES))
+    rows = [{**{k: enc[k][i] for k in ("input_ids", "token_type_ids", "attention_mask")}, "labels": i % 2}
+            for i in range(len(SENTENCES))]
+    run = common.Run(torch.device("cpu"), bf16=False)  # (compiled below, with the backend of this test)
+    model = common.load_task_model(AutoModelForSequenceClassification, str(demo_data["start"]), 0, num_labels=2,
+                                   problem_type="single_label_classification")
+    graphs = []
+
+    def training_only(graph, inputs):  # (the first graph: training's)
+        graphs.append(graph)
+        if len(graphs) > 1:
+            raise RuntimeError("no working C compiler")
+        return graph.forward
+
+    compiled_with("eager")
+    model.compile(dynamic=True, backend=training_only)
+    hp = {"lr": 1e-3, "weight_decay": 0.01, "warmup_ratio": 0.1, "grad_clip": 1.0, "batch": 4, "epochs": 1,
+          "max_len": 64, "group_by_length": False}
+    with caplog.at_level("WARNING", logger="tacl.finetune"):
+        common.train(model, rows[:8], hp, 0, run, tokenizer.pad_token_id)  # (2 batches of 4 rows: one graph)
+        assert len(graphs) == 1 and model._compiled_call_impl is not None
+        compiled = model._compiled_call_impl
+        model._compiled_call_impl = None
+        expected = common.predict(model, rows, run, tokenizer.pad_token_id, 4, lambda o: (o.logits,))
+        model._compiled_call_impl = compiled
+        included = torch._C._dispatch_tls_local_include_set()
+        got = [common.predict(model, rows, run, tokenizer.pad_token_id, 4, lambda o: (o.logits,)) for _ in range(2)]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "tacl.finetune"]
+    assert len(warnings) == 1 and "no working C compiler" in warnings[0] and "uncompiled" in warnings[0], warnings
+    assert len(graphs) == 2 and model._compiled_call_impl is None
+    assert all(np.array_equal(a, b) for again in got for a, b in zip(again[0], expected[0], strict=True))
+    assert not torch.is_inference_mode_enabled() and torch._C._dispatch_tls_local_include_set() == included
 
 def test_bucketed_shapes_compile_once_per_width_for_training_and_prediction(demo_data, tokenizer, compiled_with,
                                                                           monkeypatch):

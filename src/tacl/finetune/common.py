@@ -38,7 +38,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 import numpy as np
 import torch
@@ -62,6 +62,7 @@ BUCKET_FLOOR = 16
 EVAL_TOKENS = 32768
 SHAPES = ("auto", "exact", "buckets")
 TASK_HEADS = ("classifier", "qa_outputs")  # the Hugging Face task models' heads, run in fp32
+T = TypeVar("T")
 
 
 def hyperparameters(defaults: dict[str, Any], preset: str, overrides: dict[str, Any]) -> dict[str, Any]:
@@ -380,20 +381,13 @@ def train_step(model: torch.nn.Module, batch: dict[str, torch.Tensor], opt: torc
                hp: dict[str, Any], run: Run, extra_loss: Callable | None = None,
                task_weight: float = 1.0) -> torch.Tensor:
     """One optimizer step on a batch already on the device (`to_device`); returns the loss, detached and on
-    the device: nothing here waits for the device."""
-    compiled = getattr(model, "_compiled_call_impl", None) is not None  # (what nn.Module.compile sets)
-    if not compiled:
-        loss = _loss_and_backward(model, batch, run, extra_loss, task_weight)
-    else:
-        loss, failure = _compiled_step(model, lambda: _loss_and_backward(model, batch, run, extra_loss, task_weight),
-                                       run.device)
-        if failure is not None:  # on uncompiled, saying so once (tacl.device.compile_failure)
-            torch.compiler.reset()
-            opt.zero_grad(set_to_none=True)  # (nothing of this batch's gradient counts twice)
-            model._compiled_call_impl = None
-            log.warning("finetune.compile: torch.compile failed (%s); this fine-tune goes on uncompiled (eager, "
-                        "slower)", failure)
-            loss = _loss_and_backward(model, batch, run, extra_loss, task_weight)
+    the device: nothing here waits for the device. A compiled model whose compilation fails goes on
+    uncompiled (`_compiled_or_eager`), the batch's gradient computed again from none (the optimizer has not
+    stepped, and every step starts without gradients)."""
+    def step() -> torch.Tensor:
+        return _loss_and_backward(model, batch, run, extra_loss, task_weight)
+
+    loss = _compiled_or_eager(model, step, batch, run, retry=lambda: opt.zero_grad(set_to_none=True))
     if hp.get("grad_clip"):
         torch.nn.utils.clip_grad_norm_(model.parameters(), hp["grad_clip"])
     opt.step()
@@ -402,29 +396,52 @@ def train_step(model: torch.nn.Module, batch: dict[str, torch.Tensor], opt: torc
     return loss.detach()
 
 
-# set on a compiled model once its first step has run compiled
-_COMPILED_ONCE = "_tacl_compiled_once"
+# set on a compiled model: the `_compile_key`s its compiled calls have run
+_COMPILED_KEYS = "_tacl_compiled_keys"
 
 
-def _compiled_step(model: torch.nn.Module, call: Callable[[], torch.Tensor],
-                   device: torch.device) -> tuple[torch.Tensor | None, str | None]:
-    """(loss, None) of a compiled model's step, or (None, what failed) where its compilation failed. The first
-    step compiles, in a thread of its own (tacl.device.compile_in_own_thread: what a failed compilation
-    leaves behind goes with that thread); a later failure (a recompilation: another width under buckets)
-    is handled here the same way (in this thread). An out-of-memory error, as every error that is not the compiler's,
-    propagates."""
-    if not getattr(model, _COMPILED_ONCE, False):
-        loss, failure = compile_in_own_thread(call, device)
+def _compile_key(model: torch.nn.Module, batch: dict[str, torch.Tensor], run: Run) -> tuple:
+    """What a compiled model's call compiles a graph for: training or prediction (the model's `training`
+    flag, which dynamo guards on), and under finetune.shapes buckets (static shapes) the batch's shape."""
+    return model.training, tuple(batch["input_ids"].shape) if run.buckets else None
+
+
+def _compiled_or_eager(model: torch.nn.Module, call: Callable[[], T], batch: dict[str, torch.Tensor], run: Run,
+                       retry: Callable[[], None] | None = None) -> T:
+    """`call()` (a training step's forward and backward, or a prediction batch's forward), on a compiled model
+    (`compile_model`) where it compiles. The first call of each `_compile_key` compiles, in a thread of its
+    own (tacl.device.compile_in_own_thread: what a failed compilation leaves behind, inference mode included,
+    goes with that thread; `call` sets its own grad mode and autocast, which are the thread's); a later
+    failure (a recompilation, not expected) is handled in this thread. A failed compilation
+    (tacl.device.compile_failure) sends the model on uncompiled, saying so once: torch.compiler.reset(), the
+    model's compiled call dropped, `retry()` (training: the gradients set to none), and `call()` again. An
+    out-of-memory error, as every error that is not the compiler's, propagates."""
+    if getattr(model, "_compiled_call_impl", None) is None:  # (what nn.Module.compile sets)
+        return call()
+    key = _compile_key(model, batch, run)
+    seen = getattr(model, _COMPILED_KEYS, None)
+    if seen is None:
+        seen = set()
+        setattr(model, _COMPILED_KEYS, seen)
+    if key not in seen:
+        out, failure = compile_in_own_thread(call, run.device)
         if failure is None:
-            setattr(model, _COMPILED_ONCE, True)
-        return loss, failure
-    try:
-        return call(), None
-    except Exception as e:
-        failure = compile_failure(e)
-        if failure is None:
-            raise
-        return None, failure
+            seen.add(key)
+            return out
+    else:
+        try:
+            return call()
+        except Exception as e:
+            failure = compile_failure(e)
+            if failure is None:
+                raise
+    torch.compiler.reset()
+    model._compiled_call_impl = None
+    log.warning("finetune.compile: torch.compile failed (%s); this fine-tune goes on uncompiled (eager, slower)",
+                failure)
+    if retry is not None:
+        retry()
+    return call()
 
 
 @torch.no_grad()
@@ -435,15 +452,20 @@ def predict(model: torch.nn.Module, rows: list[dict[str, Any]], run: Run, pad_id
     `outputs_of(model_output)` picks tensors of shape [B, ...]; for each, one float32 array per row comes
     back, in the rows' order; `per_token` outputs ([B, L, ...]) are cut to the row's own length. Under
     finetune.shapes buckets (`prediction_batches`), batches of `max_len`'s bucket widths (default: the
-    longest row's)."""
+    longest row's). A compiled model whose prediction graph fails to compile goes on uncompiled, with one
+    warning (`_compiled_or_eager`)."""
     model.to(run.device).eval()
     lengths = np.array([len(r["input_ids"]) for r in rows])
     kept: list[list[Any]] = []
     for chunk, width, size in prediction_batches(lengths, batch_size, run.buckets, max_len):
         batch = to_device(pad_batch([{k: v for k, v in rows[j].items() if k != "labels"} for j in chunk], pad_id,
                                     width=width, size=size), run.device)
-        with torch.autocast(run.device.type, dtype=torch.bfloat16, enabled=run.bf16):
-            out = outputs_of(model(**batch))
+
+        def forward() -> Sequence[torch.Tensor]:  # (grad mode and autocast are per thread: set here)
+            with torch.no_grad(), torch.autocast(run.device.type, dtype=torch.bfloat16, enabled=run.bf16):
+                return outputs_of(model(**batch))
+
+        out = _compiled_or_eager(model, forward, batch, run)
         for k, t in enumerate(out):
             arr = t.float().cpu().numpy()
             if len(kept) <= k:

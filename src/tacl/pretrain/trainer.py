@@ -38,7 +38,7 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -119,7 +119,7 @@ class Pretrainer(torch.nn.Module):
         """torch.compile the forward and loss, one graph for every micro-batch shape (`dynamic=True`: the
         widths of length groups and the number of masked positions vary from one micro-batch to the next;
         static shapes would compile once per width, up to max_len / 8 graphs), and one more for the host
-        flag `no_padding` (attention with or without a mask: `compile_key`). Parameter names, and so
+        flag `no_padding` (attention with or without a mask: `compile_variants`). Parameter names, and so
         checkpoints, stay as they are. transformers installs the hooks that collect `output_hidden_states`
         (TACO's student, tacl_attn's teacher) on the first forward that asks for them, under a lock that
         breaks the graph: installed here, on the teacher too."""
@@ -273,7 +273,7 @@ class Chunk:
     tokens: int = 0  # tokens trained on by all ranks, up to the last time they were summed
     skipped: int = 0  # DeepSpeed's count of skipped (non-finite) steps, as last seen
     nonfinite: torch.Tensor | None = None  # ZeRO 0: the first step whose gradient norm was not finite (-1: none)
-    compiled_keys: set = field(default_factory=set)  # the `compile_key`s the compiled step has run (compiled)
+    compile_agreed: bool = False  # every rank has agreed whether the chunk runs compiled (`_agree_to_compile`)
 
     @property
     def settings(self) -> TrainSettings:
@@ -441,49 +441,128 @@ def optimizer_step(chunk: Chunk, batches: Iterator[dict[str, Any]], meter: Meter
     return tokens
 
 
-def compile_key(batch: dict[str, Any]) -> tuple:
-    """The host values of a micro-batch that the compiled step specialises on (a new one compiles a graph):
-    its layout, and whether its attention takes a mask (tacl.objectives.NO_PADDING)."""
-    return is_packed(batch), batch.get(NO_PADDING) is True
+def compile_variants(batch: dict[str, Any]) -> list[dict[str, Any]]:
+    """`batch` as every graph a run of its layout can meet, its own first. The compiled step specialises on
+    host values of the micro-batch (a new one compiles a graph): its layout, and whether its attention takes
+    a mask (tacl.objectives.NO_PADDING). A packed micro-batch has no such flag: one graph; a padded one is
+    given the flag both ways (where the flag does not say what the batch holds, what it computes is only
+    compiled, never used)."""
+    if is_packed(batch):
+        return [batch]
+    return [batch, {**batch, NO_PADDING: batch.get(NO_PADDING) is not True}]
+
+
+# why a compilation that fails after the chunk's start stops the run (`CompileFailedMidRun`), by where it failed
+MID_RUN_WHY = {"forward": "the other ranks run compiled, and one rank going on uncompiled alone would produce "
+                          "its gradients in another order than theirs (at ZeRO 1 and 2 the buckets' reductions would "
+                          "not match)",
+               "backward": "the backward had begun (DeepSpeed's gradient hooks may have taken part of this "
+                           "micro-batch's gradient), so the micro-batch cannot be computed again"}
+
+
+class CompileFailedMidRun(InputError):
+    """A compilation failed after every rank had agreed to run compiled, where going on uncompiled could not
+    be agreed or could not be done safely: the run stops (nothing after the last checkpoint is saved)."""
+
+    def __init__(self, chunk: "Chunk", failure: str, where: str):
+        super().__init__(
+            f"pretraining {chunk.settings.objective}, optimizer step {chunk.step + 1}, rank {chunk.env.rank} of "
+            f"{chunk.env.world_size}: torch.compile failed in the {where} after the chunk's start had compiled "
+            f"({failure}); {MID_RUN_WHY[where]}. The run stopped without saving; its latest checkpoint "
+            f"({checkpoint.latest_tag(chunk.args.run_dir) or 'none'}) is intact. pretrain.compile: false runs it "
+            "uncompiled")
 
 
 def _compiled_or_eager(chunk: Chunk, batch: dict[str, Any], j: int):
-    """Micro-batch j's forward and backward (`_forward_backward`), compiled where the chunk compiles. The first
-    micro-batch of each `compile_key` compiles (the chunk's first micro-batch is one: its compilation comes
-    before any optimizer step), in a thread of its own (tacl.device.compile_in_own_thread), where a failed
-    compilation leaves what it leaves. A compilation that fails (tacl.device.compile_failure: dynamo's and
-    inductor's errors; an out-of-memory error propagates, as every other error does) sends the chunk on
-    uncompiled, torch.compiler.reset() and the same micro-batch computed again with the same seeds (the failed
-    call added no gradient: the step is one graph, whose backward fails before it computes anything)."""
+    """Micro-batch j's forward and backward (`_forward_backward`), compiled where the chunk compiles.
+
+    The chunk's first micro-batch decides, for every rank alike, whether the chunk runs compiled
+    (`_agree_to_compile`): each rank compiles every graph it can meet (`compile_variants`) on its own first
+    micro-batch, in a trial that touches no gradient, then one collective tells every rank whether any rank's
+    compilation failed; if one did, every rank goes on uncompiled (Pretrainer.go_eager) from that micro-batch
+    on, so no rank runs compiled beside an uncompiled one (whose gradients would reach DeepSpeed's buckets in
+    another order: at ZeRO 1 and 2, mismatched reductions). The steady step has no collective and no host read
+    of its own.
+
+    A compilation that fails later (an unexpected recompilation: every graph was compiled at the start) cannot
+    be agreed without a collective in every step. Where it fails in the forward, nothing of the micro-batch is
+    in the gradient: on one rank the chunk goes on uncompiled and computes the micro-batch again (the same
+    seeds); on several it stops with CompileFailedMidRun, naming pretrain.compile: false (the others would go on
+    compiled). Where it fails in the backward, DeepSpeed's backward has begun and may hold part of the
+    micro-batch's gradient: the chunk stops, on any number of ranks. An out-of-memory error, as every error
+    that is not the compiler's (tacl.device.compile_failure), propagates."""
     module = chunk.engine.module
+    if module.compiled and not chunk.compile_agreed:
+        _agree_to_compile(chunk, batch, j)
     if not module.compiled:
         return _forward_backward(chunk, batch, j)
-    key = compile_key(batch)
-    if key not in chunk.compiled_keys:
-        out, failure = compile_in_own_thread(lambda: _forward_backward(chunk, batch, j), chunk.env.device)
+    try:
+        out = _forward(chunk, batch, j)
+    except Exception as e:
+        failure = compile_failure(e)
         if failure is None:
-            chunk.compiled_keys.add(key)
-            return out
-    else:  # (compiled for this key already: a recompilation here is not expected, and handled the same way,
-        try:  # but in this thread)
-            return _forward_backward(chunk, batch, j)
-        except Exception as e:
-            failure = compile_failure(e)
-            if failure is None:
-                raise
-    module.go_eager(failure)
-    return _forward_backward(chunk, batch, j)
+            raise
+        if chunk.env.world_size > 1:
+            error = CompileFailedMidRun(chunk, failure, "forward")
+            log.error("%s", error)  # (said here too: the other ranks may keep this one from reaching its exit)
+            raise error from e
+        module.go_eager(failure)
+        return _forward_backward(chunk, batch, j)
+    try:
+        chunk.engine.backward(out[0])
+    except Exception as e:
+        failure = compile_failure(e)
+        if failure is None:
+            raise
+        error = CompileFailedMidRun(chunk, failure, "backward")
+        log.error("%s", error)
+        raise error from e
+    return out
+
+
+def _agree_to_compile(chunk: Chunk, batch: dict[str, Any], j: int) -> None:
+    """Compile every graph the chunk can meet on this rank's first micro-batch (j), in a thread of its own
+    (tacl.device.compile_in_own_thread: what a failed compilation leaves behind goes with that thread), as a
+    trial: each of `compile_variants(batch)` through the compiled forward and loss, then the loss's gradient
+    with respect to the trainable parameters (torch.autograd.grad: the compiled backward runs, and compiles,
+    but no parameter's `.grad` is written and none of DeepSpeed's gradient hooks, which follow the gradient's
+    accumulation, runs), with the micro-batch's own seeds, its results dropped. Then one collective (the
+    highest rank whose compilation failed, over every rank): where any failed, every rank goes on uncompiled
+    (Pretrainer.go_eager, torch.compiler.reset), and the micro-batch is then computed as if nothing had been
+    tried (it reseeds, and no gradient holds anything of the trial)."""
+    module = chunk.engine.module
+    params = [p for p in module.parameters() if p.requires_grad]
+
+    def trial() -> None:
+        for variant in compile_variants(batch):
+            loss = _forward(chunk, variant, j, module)[0]
+            torch.autograd.grad(loss, params, allow_unused=True)
+
+    _, failure = compile_in_own_thread(trial, chunk.env.device)
+    (failed,) = all_max([float(chunk.env.rank + 1) if failure is not None else 0.0], chunk.env)
+    chunk.compile_agreed = True
+    if failure is not None:
+        module.go_eager(failure)
+    elif failed:
+        module.go_eager(f"on rank {int(failed) - 1}, whose log names the error")
 
 
 def _forward_backward(chunk: Chunk, batch: dict[str, torch.Tensor], j: int):
-    """Micro-batch j of the step: its seeds (dropout: per micro-batch; the objective's draws: per group of the
-    step, tacl.objectives.GroupDraws), forward, loss and backward."""
-    s, engine, step = chunk.settings, chunk.engine, chunk.step
+    """Micro-batch j of the step: its seeds, forward and loss (`_forward`), and backward."""
+    loss, losses, metrics = _forward(chunk, batch, j)
+    chunk.engine.backward(loss)  # (the last micro-batch's backward reduces the gradient: ds_config)
+    return loss, losses, metrics
+
+
+def _forward(chunk: Chunk, batch: dict[str, torch.Tensor], j: int, module: Any = None):
+    """Micro-batch j's seeds (dropout: per micro-batch; the objective's draws: per group of the step,
+    tacl.objectives.GroupDraws), forward and loss, through the engine (or `module`, the engine's module called
+    directly: nothing of DeepSpeed's backward is attached to its loss)."""
+    s, step = chunk.settings, chunk.step
     torch.manual_seed(derive_seed(s.seed, step, j, 0))  # dropout
     draws = GroupDraws(chunk.generator, lambda group: derive_seed(s.seed, step, group, 1), first=j * s.micro_batch)
-    loss, losses, metrics = engine(batch, chunk.teacher, draws)  # (bf16 autocast inside: Pretrainer)
-    engine.backward(loss)  # (the last micro-batch's backward reduces the gradient: ds_config)
-    return loss, losses, metrics
+    call = chunk.engine if module is None else module
+    return call(batch, chunk.teacher, draws)  # (bf16 autocast inside: Pretrainer)
 
 
 def _clip(chunk: Chunk) -> None:
