@@ -148,10 +148,14 @@ def barrier() -> None:
         dist.barrier()
 
 
-def shutdown() -> None:
-    """barrier + destroy, or an occasional SIGABRT at exit (docs/development.md)."""
+def shutdown(failed: bool = False) -> None:
+    """barrier + destroy, or an occasional SIGABRT at exit (docs/development.md). A rank that `failed` (an
+    error that the others may not share) skips the barrier: it would wait for ranks that sit in another
+    collective, and the job would hang until its time limit instead of ending (torchrun and srun end the other
+    ranks once one exits with an error)."""
     if dist.is_initialized():
-        dist.barrier()
+        if not failed:
+            dist.barrier()
         dist.destroy_process_group()
 
 

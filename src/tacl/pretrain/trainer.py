@@ -244,11 +244,14 @@ def train_chunk(args: ChunkArgs) -> dict[str, Any]:
     signals = StopSignals().install()
     env = init_distributed(args.settings.device)  # a job that asked for a GPU and has none stops here
     lock = RunLock(args.run_dir)
+    failed = True
     try:
-        return _run_chunk(_setup(args, env, lock), signals, started)
+        result = _run_chunk(_setup(args, env, lock), signals, started)
+        failed = False
+        return result
     finally:
         lock.release()
-        shutdown()
+        shutdown(failed)
         # The chunk is saved and over: a late SIGUSR1 (SLURM's --signal) must not kill the process while the
         # interpreter shuts down (Python restores the default action, termination, during finalisation).
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)
