@@ -1,5 +1,6 @@
 """One trainer per run directory (and per fine-tuning seed, tacl.finetune.seeds): a lock file created
-atomically (O_EXCL), holding who owns it.
+atomically and whole (written under a name of its own, then linked to LOCK: the link fails where LOCK
+exists), holding who owns it.
 
 A lock whose holder is gone is taken over: a SLURM or PBS job that its scheduler no longer runs (finished,
 failed, requeued, or forgotten), a process on this host that no longer exists, or an earlier run of this very
@@ -13,7 +14,7 @@ as gone.
 
 Taking over is atomic, one winner whatever the timing: the taker first links the lock file to a name made of
 the record it judged (`.LOCK.taking-<hash>`, which only one process can create), checks through that link
-that the lock still holds that record, and only then removes it and creates its own with O_EXCL; a second
+that the lock still holds that record, and only then removes it and creates its own (the link); a second
 taker of the same record cannot link, and one that judged an older record finds another one there. `release`
 removes the lock the same way, and only while it still holds this process's record (its `token`).
 """
@@ -178,33 +179,53 @@ class RunLock:
     def acquire(self) -> "RunLock":
         self.path.parent.mkdir(parents=True, exist_ok=True)
         for attempt in range(20):
+            record = json.dumps(owner_record()).encode()
+            if self._create(record):
+                self.record, self.held = record, True
+                return self
             try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                try:
-                    record = self.path.read_bytes()
-                except FileNotFoundError:
-                    continue  # (released or taken over just now: try again)
-                try:
-                    owner = json.loads(record or b"{}")
-                except (UnicodeDecodeError, json.JSONDecodeError):
-                    owner = {}
-                alive, who = holder(owner) if isinstance(owner, dict) and owner else (True, "an unreadable lock")
-                if alive:
-                    raise InputError(f"{self.path}: {self.busy}, {who}; if that one is really gone, delete the "
-                                     "file") from None
-                removed = remove_if_still(self.path, record)
-                if removed:
-                    self.log.warning("%s: took over the stale lock of %s", self.path, who)
-                elif removed is None:
-                    time.sleep(0.05 * (attempt + 1))  # (another process takes it over now: see who wins)
-                continue
-            self.record = json.dumps(owner_record()).encode()
-            with os.fdopen(fd, "wb") as f:
-                f.write(self.record)
-            self.held = True
-            return self
+                record = self._read()
+            except FileNotFoundError:
+                continue  # (released or taken over just now: try again)
+            try:
+                owner = json.loads(record or b"{}")
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                owner = {}
+            alive, who = holder(owner) if isinstance(owner, dict) and owner else (True, "an unreadable lock")
+            if alive:
+                raise InputError(f"{self.path}: {self.busy}, {who}; if that one is really gone, delete the "
+                                 "file") from None
+            removed = remove_if_still(self.path, record)
+            if removed:
+                self.log.warning("%s: took over the stale lock of %s", self.path, who)
+            elif removed is None:
+                time.sleep(0.05 * (attempt + 1))  # (another process takes it over now: see who wins)
         raise InputError(f"{self.path}: could not take the lock (it kept changing hands)")
+
+    def _create(self, record: bytes) -> bool:
+        """Create the lock holding `record`, whole (written under a name of this process's, then linked to LOCK,
+        which fails where LOCK exists: no reader sees it half written); False where it exists."""
+        new = self.path.with_name(f".{self.path.name}.new-{socket.gethostname()}-{os.getpid()}")
+        new.write_bytes(record)
+        try:
+            os.link(new, self.path)
+        except FileExistsError:
+            return False
+        finally:
+            new.unlink(missing_ok=True)
+        return True
+
+    def _read(self) -> bytes:
+        """The lock's record; one that does not parse yet (written by a version that filled it after creating
+        it) is read again for up to a second before it counts as unreadable."""
+        for _ in range(10):
+            record = self.path.read_bytes()
+            try:
+                json.loads(record)
+                return record
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                time.sleep(0.1)
+        return record
 
     def release(self) -> None:
         """Remove the lock if it still holds this process's record (one taken over meanwhile, by a process
