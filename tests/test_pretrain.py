@@ -63,13 +63,13 @@ def assert_same_losses(run_dir, reference_dir, steps: int) -> None:
         assert [x for x in a[1:] if x is not None] == pytest.approx([x for x in b[1:] if x is not None], rel=1e-5)
 
 
-def assert_same_weights(a, b, exact=True):
+def assert_same_weights(a, b, exact=True, atol=1e-5):
     assert a.keys() == b.keys()
     for k in a:
         if exact:
             assert torch.equal(a[k], b[k]), k
         else:
-            torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
+            torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=atol, msg=k)
 
 
 class References(dict):
@@ -700,7 +700,10 @@ def test_another_micro_batch_and_number_of_ranks_train_the_same_run(demo_data, t
     proc = train(data, run, settings("taco", steps=6, micro=4, objective_params=params))
     assert "resumed from step00000003 at step 3 (written by 2 rank(s), now 1)" in proc.stderr
     assert_same_losses(run, whole, 6)
-    assert_same_weights(final_weights(run), final_weights(whole), exact=False)
+    # (AdamW divides each gradient by its own running size: where an embedding row's gradient is as small as
+    # the float reordering's noise, two orders of summation move it apart by up to about 2e-5, seen on 2 of
+    # its 976,704 weights)
+    assert_same_weights(final_weights(run), final_weights(whole), exact=False, atol=5e-5)
     written = checkpoint.checkpoint_dir(run) / "step00000003"  # (ZeRO 0: no universal checkpoint needed)
     assert written.is_dir() and not (written / "universal").exists()
 
