@@ -78,7 +78,7 @@ def group_error(objectives: list[str], group: int | None, micro_batch: int | str
         return None
     if group is None:
         return (f"pretrain.negatives_group: not set for {grouped}, which take their negatives from fixed groups of "
-                "sequences (settings made by tacl.experiment from a config always carry it)")
+                "sequences (settings made by tacl.experiment.design from a config always carry it)")
     size, key = (per_rank, "global_batch / ranks") if micro_batch == "auto" else (micro_batch, "micro_batch")
     if size % group:
         return (f"pretrain.micro_batch: {micro_batch}, but {grouped} take their negatives from fixed groups of "
