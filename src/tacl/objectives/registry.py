@@ -1,7 +1,7 @@
 """The one list of pretraining objectives: what a name builds, which `pretrain.<section>` keys it reads and
 what the workflow must know about it. Everything else that names objectives comes from here: the
 trainer (`build_objective`), the settings (`objective_params`), the config check and the trainer
-(`two_sequences`, `packing_error`), the rules' wildcard constraints (`OBJECTIVE_PATTERN` in
+(`group_error`, `packing_error`), the rules' wildcard constraints (`OBJECTIVE_PATTERN` in
 workflow/rules/common.smk), the command line and the benchmark's choices; the schema's enums are checked
 equal to it (tests/test_registry.py).
 
