@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO / "src"))
 
 from tacl.data.clean import clean_corpus, read_documents  # noqa: E402
 from tacl.data.download import download_corpus, fetch_tokenizer  # noqa: E402
-from tacl.hub import load_tokenizer  # noqa: E402
+from tacl.runtime.hub import load_tokenizer  # noqa: E402
 
 
 def reference_data_path(corpus: str, index: str, tokenizer_dir: str, out: str, max_len: int, seed: int) -> int:

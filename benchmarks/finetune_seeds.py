@@ -77,7 +77,7 @@ def main() -> None:
                   f"({r['examples_per_s'] / base:.2f}x the first job's); each seed's own "
                   f"{', '.join(f'{s:.1f}' for s in r['seed_wall_s'])} s")
             if args.json:
-                from tacl.io import write_text_atomic
+                from tacl.runtime.io import write_text_atomic
 
                 write_text_atomic(args.json, json.dumps(record, indent=1))
 

@@ -276,7 +276,7 @@ def _aten_above(event: Any) -> bool:
 
 
 def main() -> None:
-    from tacl.hub import load_tokenizer, resolve_pretrained
+    from tacl.runtime.hub import load_tokenizer, resolve_pretrained
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tasks", default="sst2,rte", help="GLUE tasks to time (comma-separated)")
@@ -313,7 +313,7 @@ def main() -> None:
                                                tokenizer.pad_token_id, args.steps, args.compile, args.compiled_steps,
                                                args.backend, args.shapes, args.profile)
         if args.json:
-            from tacl.io import write_text_atomic
+            from tacl.runtime.io import write_text_atomic
 
             write_text_atomic(args.json, json.dumps(record, indent=1))
         print(f"   {task:5s} random  {r['random']['ms_per_step']:8.1f} ms/step {r['random']['tokens_per_s']:9.0f} "

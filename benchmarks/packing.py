@@ -54,7 +54,7 @@ def padding_and_flops(manifest: str, tokenizer, grouped: bool, steps: int, confi
 def main() -> None:
     from transformers import BertConfig
 
-    from tacl.hub import load_tokenizer
+    from tacl.runtime.hub import load_tokenizer
     from tacl.pretrain.distributed import init_distributed
     from tacl.pretrain.model import init_start_model
     from tacl.data.shards import ShardSet

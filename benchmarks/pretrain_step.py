@@ -25,9 +25,9 @@ project's own data stage (not timed).
    bf16 at ZeRO 0 as config.yaml runs it (autocast over fp32 weights), the reference in fp32 with TF32 matmuls
    (PyTorch's default from 1.7 to 1.11, the reference's time; without it the ratio would be inflated), model
    FLOPs utilisation (MFU, DESIGN.md section 11's model FLOPs, the same for both) against the GPU's dense bf16
-   peak by its exact model (tacl.device.dense_bf16_peak; none for a model not known exactly), and the host-device
-   synchronisations per step of ours, counted under torch.cuda.set_sync_debug_mode("warn") and named by where
-   they come from (DeepSpeed's own optimizer step apart), and the peak GPU memory. --micro 64,128: every
+   peak by its exact model (tacl.runtime.device.dense_bf16_peak; none for a model not known exactly), and the
+   host-device synchronisations per step of ours, counted under torch.cuda.set_sync_debug_mode("warn") and named
+   by where they come from (DeepSpeed's own optimizer step apart), and the peak GPU memory. --micro 64,128: every
    objective at the largest micro-batch, MLM+NSP and TaCL at each; --plain: the plain transformers loop
    (the ceiling; `time_plain`) at each, in two forms: on our micro-batches with their 2-D padding mask
    ("plain mlm_nsp"), and the dense loop on full-length rows of random ids with no mask at all, which lets
@@ -77,9 +77,9 @@ from tacl.data.masking import IGNORE_INDEX, MaskingSpec  # noqa: E402
 from tacl.data.pretraining import (Batching, MicroBatches, PretrainingData, micro_batch_loader,  # noqa: E402
                                    padding_fraction, unpack)
 from tacl.data.shards import ShardSet  # noqa: E402
-from tacl.device import dense_bf16_peak, fast_fp32_matmul  # noqa: E402
-from tacl.io import write_text_atomic  # noqa: E402
 from tacl.objectives.registry import NEGATIVES_GROUP, OBJECTIVES, objective_params  # noqa: E402
+from tacl.runtime.device import dense_bf16_peak, fast_fp32_matmul  # noqa: E402
+from tacl.runtime.io import write_text_atomic  # noqa: E402
 
 A100_PEAK, ASSUMED_MFU = 312e12, 0.5
 MAX_LEN = 256
@@ -290,9 +290,9 @@ def time_ours(objective: str, manifest: str, start: str, tmp: str, device: str, 
     """The trainer's own step: s per optimizer step, real tokens and model FLOPs per step, and the
     synchronisations seen in the timed steps (on a GPU). `settings`: more TrainSettings (e.g. packing)."""
     from tacl.pretrain.distributed import all_sum, broadcast_object
-    from tacl.pretrain.lock import RunLock
     from tacl.pretrain.settings import TrainSettings
     from tacl.pretrain.trainer import ChunkArgs, Meter, _setup, optimizer_step
+    from tacl.runtime.lock import RunLock
 
     warm = 3 if compile else 2  # (a compiled step compiles in the first one)
     ranks = ENV.world_size  # (several: one more step, profiled, for the gradient's reduction)
@@ -509,9 +509,9 @@ def profile_step(objective: str, manifest: str, start: str, tmp: str, device: st
                  workers: int, zero_stage: int) -> dict[str, Any]:
     """Where one optimizer step's time goes (torch.profiler, after two warm-up steps): wall time, the GPU's
     busy time (kernels), the number of kernels, and the 12 kernels that take the most time."""
-    from tacl.pretrain.lock import RunLock
     from tacl.pretrain.settings import TrainSettings
     from tacl.pretrain.trainer import ChunkArgs, Meter, _setup, optimizer_step
+    from tacl.runtime.lock import RunLock
 
     settings = TrainSettings(objective=objective, steps=3, global_batch=global_batch, micro_batch=micro,
                              precision="auto", max_len=MAX_LEN, loader_workers=workers, device=device,
@@ -590,9 +590,9 @@ def dispatches_per_micro_batch(objective: str, manifest: str, start: str, tmp: s
                                micro: int, zero_stage: int, precision: str) -> dict[str, Any]:
     """aten operations per micro-batch of the trainer's real step (`optimizer_step`, eager, the optimizer's
     share included), after a first step, and DeepSpeed's optimizer class."""
-    from tacl.pretrain.lock import RunLock
     from tacl.pretrain.settings import TrainSettings
     from tacl.pretrain.trainer import ChunkArgs, Meter, _setup, optimizer_step
+    from tacl.runtime.lock import RunLock
 
     settings = TrainSettings(objective=objective, steps=2, global_batch=global_batch, micro_batch=micro,
                              precision=precision, max_len=MAX_LEN, loader_workers=0, device=device,
@@ -708,10 +708,10 @@ def main() -> None:
     global ENV
     from transformers import BertConfig
 
-    from tacl.hub import load_tokenizer
-    from tacl.io import InputError
     from tacl.pretrain.distributed import barrier, broadcast_object, init_distributed
     from tacl.pretrain.model import init_start_model
+    from tacl.runtime.hub import load_tokenizer
+    from tacl.runtime.io import InputError
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--files", type=int, default=2, help="how many of the Wikipedia files to use")

@@ -98,7 +98,7 @@ def main() -> None:
     args = ap.parse_args()
     device = "cuda" if args.gpu else "cpu"
     if device == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True  # as the trainer (tacl.device.fast_fp32_matmul)
+        torch.backends.cuda.matmul.allow_tf32 = True  # as the trainer (tacl.runtime.device.fast_fp32_matmul)
     shape = (args.batch, args.length, args.hidden)
     g, valid, positive, negatives = inputs(*shape, device)
     n = args.batch * args.length

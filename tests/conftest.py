@@ -40,7 +40,7 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    from tacl.hub import load_tokenizer
+    from tacl.runtime.hub import load_tokenizer
 
     return load_tokenizer(MINILM)
 

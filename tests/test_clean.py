@@ -1,6 +1,6 @@
 from tacl.data.clean import clean_article, clean_corpus, is_heldout, read_documents
 from tacl.data.sources import read_wikiextractor
-from tacl.io import InputError, write_json_atomic
+from tacl.runtime.io import InputError, write_json_atomic
 
 import numpy as np
 import pytest

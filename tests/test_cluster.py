@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from tacl.cluster.preflight import JobRequest, parse_node_states, parse_partitions, problems
-from tacl.scheduler import slurm_minutes, slurm_seconds
+from tacl.cluster.scheduler import slurm_minutes, slurm_seconds
 from tacl.cluster.submit import PretrainRun, run_from_config
-from tacl.io import InputError
+from tacl.runtime.io import InputError
 
 SCONTROL = (
     "PartitionName=cpu AllowGroups=ALL AllowAccounts=ALL Default=YES MaxTime=1-00:00:00 State=UP\n"

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from conftest import REPO, run_tacl
-from tacl.device import DeviceError, device_info, gpu_request, resolve_device
-from tacl.io import InputError
+from tacl.runtime.device import DeviceError, device_info, gpu_request, resolve_device
+from tacl.runtime.io import InputError
 
 
 needs_no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour on a machine without GPU")
@@ -82,7 +82,7 @@ def test_doctor_names_what_compile_and_transformers_need(monkeypatch, tmp_path):
     naming each missing piece; a transformers older than 5 is a problem whether compiling or not."""
     import sysconfig
 
-    from tacl import device
+    from tacl.runtime import device
 
     assert device.doctor("cpu", compile=True)[1] == []  # this machine: cc and Python.h, no GPU so no Triton
     monkeypatch.setenv("PATH", str(tmp_path))  # no compiler on PATH
@@ -106,12 +106,12 @@ def test_doctor_names_what_compile_and_transformers_need(monkeypatch, tmp_path):
 def test_a_rank_that_sees_only_its_own_gpu_uses_it(monkeypatch):
     """A site that binds one GPU per task (--gpus-per-task=1, --gpu-bind=single) shows each rank one device:
     ranks 1..3 use cuda:0 instead of stopping; with every GPU visible, rank r uses GPU r."""
-    from tacl.device import rank_gpu
+    from tacl.runtime.device import rank_gpu
 
     assert [rank_gpu(r, 1) for r in range(4)] == [0, 0, 0, 0]
     assert [rank_gpu(r, 4) for r in range(4)] == [0, 1, 2, 3]
     assert rank_gpu(3, 2) == "rank 3 on this node needs GPU 3, 2 visible"
-    monkeypatch.setattr("tacl.device.cuda_problem", lambda: None)
+    monkeypatch.setattr("tacl.runtime.device.cuda_problem", lambda: None)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     assert resolve_device("cuda", local_rank=3) == torch.device("cuda", 0)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
@@ -122,7 +122,7 @@ def test_a_rank_that_sees_only_its_own_gpu_uses_it(monkeypatch):
 
 def test_dense_bf16_peak_by_exact_model():
     """Names as torch.cuda.get_device_name() gives them; a model not known exactly has no peak (and no MFU)."""
-    from tacl.device import dense_bf16_peak
+    from tacl.runtime.device import dense_bf16_peak
 
     peaks = {"NVIDIA A100-SXM4-40GB": 312, "NVIDIA A100 80GB PCIe": 312, "NVIDIA H100 80GB HBM3": 989,
              "NVIDIA H100 PCIe": 756, "NVIDIA H100 NVL": 835, "NVIDIA H200": 989, "NVIDIA GH200 480GB": 989,

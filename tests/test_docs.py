@@ -11,7 +11,7 @@ import sys
 import yaml
 
 from conftest import REPO, demo_config
-from tacl.config import generated_reference, load_schema, reference_markdown
+from tacl.experiment.config import generated_reference, load_schema, reference_markdown
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 TOP = ("src", "workflow", "profiles", "envs", "benchmarks", "tests", "examples", "docs", ".ci")
@@ -128,7 +128,7 @@ def test_one_html_report_where_the_readme_and_the_makefile_say(tmp_path):
     every job's), and `make demo` and the README point at it; `make demo` asks Snakemake for no page of its
     own beside it, and no document names another."""
     from conftest import run_snakemake
-    from tacl.layout import Layout
+    from tacl.experiment.layout import Layout
 
     page = f"{Layout.of(yaml.safe_load((REPO / 'examples/demo/config.yaml').read_text())).report}/report.html"
     make = (REPO / "Makefile").read_text()
@@ -142,15 +142,15 @@ def test_one_html_report_where_the_readme_and_the_makefile_say(tmp_path):
 
 
 def test_every_figure_the_documents_quote_comes_from_its_one_place():
-    """Each generated block of README.md and docs/ holds what tacl.figures makes of its one source:
+    """Each generated block of README.md and docs/ holds what tacl.planning.figures makes of its one source:
     config.yaml's plan (jobs, GPU-hours asked and expected, disk) and the GPUs' rates it assumes, the demo's
     time measured on a stated machine (docs/figures.yaml). The demo's GLUE table (from a finished demo, which
     CI does not run) has the rows of the demo's models and the chance row. `tacl figures --write` rewrites
     them; README.md and docs/clusters.md quote the same plan."""
     from snakemake.utils import validate
 
-    from tacl import experiment
-    from tacl.figures import BLOCK, rendered
+    from tacl.experiment import design
+    from tacl.planning.figures import BLOCK, rendered
 
     figures = rendered()
     found: dict[str, list[str]] = {}
@@ -166,4 +166,4 @@ def test_every_figure_the_documents_quote_comes_from_its_one_place():
     validate(demo, str(REPO / "workflow/schemas/config.schema.yaml"), set_default=True)
     (table,) = [text for name, text in BLOCK.findall((REPO / "README.md").read_text()) if name == "demo-glue"]
     rows = [line.split("|")[1].strip() for line in table.strip().splitlines()[2:]]
-    assert rows == experiment.tabled_models(demo) + ["majority class / constant"]
+    assert rows == design.tabled_models(demo) + ["majority class / constant"]

@@ -1,5 +1,6 @@
-"""The workflow's logic as the package holds it (tacl.layout, tacl.experiment, tacl.sizing, tacl.workplan,
-tacl.reruns.finished_jobs, tacl.handlers), called on the demo's config without Snakemake."""
+"""The workflow's logic as the package holds it (tacl.experiment.layout, tacl.experiment.design,
+tacl.planning.sizing, tacl.planning.plan, tacl.experiment.reruns.finished_jobs, tacl.cluster.handlers), called on
+the demo's config without Snakemake."""
 
 from __future__ import annotations
 
@@ -11,13 +12,14 @@ import pytest
 import yaml
 from conftest import demo_config
 
-from tacl import experiment, handlers
-from tacl.config import SCHEMA
-from tacl.io import InputError
-from tacl.layout import Layout
-from tacl.reruns import finished_jobs, rerun_tags
-from tacl.sizing import Sizing
-from tacl.workplan import plan_jobs, plan_text, planned_chunks
+from tacl.cluster import handlers
+from tacl.experiment import design
+from tacl.experiment.config import SCHEMA
+from tacl.experiment.layout import Layout
+from tacl.experiment.reruns import finished_jobs, rerun_tags
+from tacl.planning.plan import plan_jobs, plan_text, planned_chunks
+from tacl.planning.sizing import Sizing
+from tacl.runtime.io import InputError
 
 LOCAL = {"download_corpus", "fetch_tokenizer", "gather_shards", "init_model", "export_start", "extra_model",
          "prepare_task", "select_setting", "submissions", "similarity_plot", "embeddings_data", "report"}
@@ -60,7 +62,7 @@ def test_the_report_reads_the_analyses_where_the_workflow_writes_them(tmp_path):
     cfg = filled(demo_config(tmp_path))
     layout = Layout.of(cfg)
     wanted = {"version": 1, **handlers.expected_of(cfg, layout)}
-    assert wanted["models"] == experiment.finetune_models(cfg) + ["mlm_nsp+scl"]
+    assert wanted["models"] == design.finetune_models(cfg) + ["mlm_nsp+scl"]
     assert "--embeddings-disabled" in handlers.report_args(cfg, layout).split()
     Path(layout.similarity("tacl")).parent.mkdir(parents=True)
     Path(layout.similarity("tacl")).write_text("{}")
@@ -70,26 +72,26 @@ def test_the_report_reads_the_analyses_where_the_workflow_writes_them(tmp_path):
 
 def test_the_config_lists_models_tasks_settings_and_runs():
     cfg = filled(demo_config(Path("/x")))
-    assert experiment.contrastive_models(cfg) == ["mlm_nsp+scl"]
-    assert experiment.tasks_of(cfg, "mlm_nsp+scl") == ["qnli"]
-    assert experiment.tasks_of(cfg, "tacl") == ["qnli", "squad_v2"]
-    runs = experiment.expected_runs(cfg)
-    pairs = experiment.model_tasks(cfg)
-    assert len(pairs) == 2 * len(experiment.finetune_models(cfg)) + 1
-    assert len(runs) == sum(len(experiment.settings_of(cfg, t)) * len(experiment.task_seeds(cfg, t)) for _, t in pairs)
-    assert experiment.finetune_start(cfg, Layout("r"), "tacl+scl", "qnli") == {"model": "r/models/tacl"}
+    assert design.contrastive_models(cfg) == ["mlm_nsp+scl"]
+    assert design.tasks_of(cfg, "mlm_nsp+scl") == ["qnli"]
+    assert design.tasks_of(cfg, "tacl") == ["qnli", "squad_v2"]
+    runs = design.expected_runs(cfg)
+    pairs = design.model_tasks(cfg)
+    assert len(pairs) == 2 * len(design.finetune_models(cfg)) + 1
+    assert len(runs) == sum(len(design.settings_of(cfg, t)) * len(design.task_seeds(cfg, t)) for _, t in pairs)
+    assert design.finetune_start(cfg, Layout("r"), "tacl+scl", "qnli") == {"model": "r/models/tacl"}
     cfg["finetune"]["start_from"] = {"qnli": "squad_v2"}
     selected = {"selected": "r/finetune/tacl/squad_v2/selected.json"}
-    assert experiment.finetune_start(cfg, Layout("r"), "tacl", "qnli") == selected
+    assert design.finetune_start(cfg, Layout("r"), "tacl", "qnli") == selected
     cfg["finetune"]["contrastive"]["tasks"] = ["stsb"]
     with pytest.raises(InputError, match="stsb is a regression task"):
-        experiment.check(cfg)
+        design.check(cfg)
     cfg["finetune"]["contrastive"]["models"] = ["bert"]
     with pytest.raises(InputError, match="finetune.contrastive.models: bert not among the fine-tuned models"):
-        experiment.check(cfg)
+        design.check(cfg)
     cfg["pretrain"].update(launcher="torchrun", nodes=2)
     with pytest.raises(InputError, match="torchrun starts ranks on one node"):
-        experiment.check(cfg)
+        design.check(cfg)
 
 
 def test_the_plan_of_the_demo_config_without_snakemake(tmp_path):
@@ -101,10 +103,10 @@ def test_the_plan_of_the_demo_config_without_snakemake(tmp_path):
     sizing = Sizing.of(cfg, layout)
     jobs = plan_jobs(sizing, LOCAL, set())
     count = Counter(j.rule for j in jobs)
-    pairs = experiment.model_tasks(cfg)
-    assert count["finetune"] == sum(len(experiment.settings_of(cfg, t)) for _, t in pairs)
-    assert count["select_setting"] == len(pairs) and count["similarity"] == len(experiment.finetune_models(cfg))
-    assert count["export_model"] == len(experiment.trained_objectives(cfg)) and count["all"] == 1
+    pairs = design.model_tasks(cfg)
+    assert count["finetune"] == sum(len(design.settings_of(cfg, t)) for _, t in pairs)
+    assert count["select_setting"] == len(pairs) and count["similarity"] == len(design.finetune_models(cfg))
+    assert count["export_model"] == len(design.trained_objectives(cfg)) and count["all"] == 1
     assert not any(j.done for j in jobs) and {j.where for j in jobs} == {"login", "cpu"}
     marker = Path(layout.chunk_marker("tacl", 0))
     marker.parent.mkdir(parents=True)
@@ -131,9 +133,9 @@ def test_finished_jobs_follow_the_config(tmp_path):
     cfg = filled(demo_config(tmp_path))
     layout = Layout.of(cfg)
     jobs = finished_jobs(cfg, layout)
-    assert Counter(j.rule for j in jobs)["finetune"] == len(experiment.expected_runs(cfg))
+    assert Counter(j.rule for j in jobs)["finetune"] == len(design.expected_runs(cfg))
     assert rerun_tags(jobs) == set()
-    run = experiment.expected_runs(cfg)[0]
+    run = design.expected_runs(cfg)[0]
     job = next(j for j in jobs if j.rule == "finetune")
     Path(layout.run_dir(run)).mkdir(parents=True)
     Path(job.done).write_text("{}")
@@ -144,22 +146,22 @@ def test_finished_jobs_follow_the_config(tmp_path):
 
 def test_the_workflow_logic_imports_neither_snakemake_nor_torch():
     """The floor rule: what common.smk wires is plain package code (Snakemake's errors stay at the edge), and
-    the results folder's layout imports nothing of the package."""
+    the results folder's layout imports nothing of the package (its package, tacl.experiment, imports nothing)."""
     import subprocess
     import sys
 
-    code = ("import sys, tacl.layout; layout = [m for m in sys.modules if m.startswith('tacl.')]; "
-            "import tacl.workplan, tacl.reruns, tacl.handlers, tacl.cluster.submit; "
+    code = ("import sys, tacl.experiment.layout; layout = [m for m in sys.modules if m.startswith('tacl.')]; "
+            "import tacl.planning.plan, tacl.experiment.reruns, tacl.cluster.handlers, tacl.cluster.submit; "
             "print(layout, 'snakemake' in sys.modules, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.split() == ["['tacl.layout']", "False", "False"]
+    assert out.split() == ["['tacl.experiment',", "'tacl.experiment.layout']", "False", "False"]
 
 
 def test_the_inputs_a_config_names_are_checked_for_the_jobs_still_to_run(tmp_path):
-    """tacl.inputs on the demo's config: nothing to say as shipped; a corpus pattern, a GLUE folder, a SQuAD
+    """tacl.experiment.inputs on the demo's config: nothing to say as shipped; a corpus pattern, a GLUE folder, a SQuAD
     file and an extra model that are not there, one line each naming the key and the path; the inputs of jobs
     that are done are not needed again (the corpus once the data stage has run), those of jobs to run are."""
-    from tacl.inputs import input_errors
+    from tacl.experiment.inputs import input_errors
 
     cfg = filled(demo_config(tmp_path))
     layout = Layout.of(cfg)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import MINILM, REPO, SHARED_DATA, needs_shared
-from tacl.io import InputError
+from tacl.runtime.io import InputError
 
 pytestmark = pytest.mark.slow
 
@@ -206,7 +206,7 @@ def test_a_seed_stopped_midway_resumes_to_the_uninterrupted_seeds_metrics(tmp_pa
     from tacl.finetune import CHECKPOINT, Stopped, common
     from tacl.finetune.resume import Checkpointing
     from tacl.finetune.seeds import run_seeds
-    from tacl.io import size_text
+    from tacl.runtime.io import size_text
     from tacl.finetune.sequence import finetune_glue
 
     glue = tmp_path / "glue" / "QNLI"  # (train and dev only: no test predictions to make)
@@ -353,7 +353,7 @@ def test_seeds_side_by_side_count_cores_and_command(tmp_path, monkeypatch):
     import sys
     import types
 
-    import tacl.device
+    import tacl.runtime.device
     from tacl.cli import build_parser
     from tacl.finetune import side_by_side
     from tacl.finetune.cli import seed_command
@@ -374,7 +374,7 @@ def test_seeds_side_by_side_count_cores_and_command(tmp_path, monkeypatch):
     assert core_shares(list(range(8)), 3) == [[0, 1, 2], [3, 4, 5], [6, 7]]
     assert core_shares([2, 3], 3) == [[2], [3], [2]]
     (tmp_path / "config.json").write_text(json.dumps({**base, "vocab_size": 30522}))
-    monkeypatch.setattr(tacl.device, "gpu_memory_gib", lambda device: 40.0 if device == "cuda:0" else None)
+    monkeypatch.setattr(tacl.runtime.device, "gpu_memory_gib", lambda device: 40.0 if device == "cuda:0" else None)
     monkeypatch.setattr(side_by_side, "job_cpus", lambda: JobCpus(8, list(range(8)), "8 CPUs"))
     monkeypatch.setenv("PATH", str(tmp_path / "bin"))  # (no nvidia-smi but the stand-in below)
     monkeypatch.setitem(sys.modules, "pynvml", None)  # (import pynvml: ImportError, as on a node without it)
@@ -390,17 +390,17 @@ def test_seeds_side_by_side_count_cores_and_command(tmp_path, monkeypatch):
         nvmlDeviceGetHandleByIndex=lambda i: list(modes)[i], nvmlDeviceGetUUID=lambda h: h,
         nvmlDeviceGetComputeMode=lambda h: modes[h])
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
-    monkeypatch.setattr(tacl.device, "_gpu_uuid", lambda device: {"cuda:0": "0a", "cuda:1": "1b"}[device])
+    monkeypatch.setattr(tacl.runtime.device, "_gpu_uuid", lambda device: {"cuda:0": "0a", "cuda:1": "1b"}[device])
     count, why = seeds_at_once("auto", 5, "cuda:0", tmp_path, "glue", {})
     assert count == 1 and why.startswith("auto: the GPU's compute mode is Exclusive_Process, where a second process")
     modes["GPU-1b"] = 3  # (the UUID not known: the mode every GPU of the node has)
-    monkeypatch.setattr(tacl.device, "_gpu_uuid", lambda device: None)
+    monkeypatch.setattr(tacl.runtime.device, "_gpu_uuid", lambda device: None)
     assert seeds_at_once("auto", 5, "cuda:0", tmp_path, "glue", {})[0] == 1
     monkeypatch.setitem(sys.modules, "pynvml", None)  # nvidia-smi instead: Default, as above
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU-0a, Default'\n")
     (tmp_path / "bin" / "nvidia-smi").chmod(0o755)
-    assert tacl.device.gpu_compute_mode("cuda:0") == "Default"
+    assert tacl.runtime.device.gpu_compute_mode("cuda:0") == "Default"
     assert seeds_at_once("auto", 5, "cuda:0", tmp_path, "glue", {})[0] == 3
     # pinned only to the job's own cpuset: SLURM's or PBS's count on the node, or less than the machine
     assert job_cpus({"SLURM_JOB_ID": "7", "SLURM_CPUS_ON_NODE": "8"}, list(range(8, 16)), 64).cores == \
@@ -513,22 +513,22 @@ def test_a_seed_that_cannot_open_the_gpu_names_its_compute_mode_and_fails_its_jo
 
     import torch
 
-    import tacl.device
+    import tacl.runtime.device
     from tacl.cli import main
-    from tacl.device import EXIT_GPU_UNAVAILABLE, GpuUnavailable
     from tacl.finetune.side_by_side import run_side_by_side
+    from tacl.runtime.device import EXIT_GPU_UNAVAILABLE, GpuUnavailable
 
     nvml = types.SimpleNamespace(nvmlInit=lambda: None, nvmlShutdown=lambda: None, nvmlDeviceGetCount=lambda: 1,
                                  nvmlDeviceGetHandleByIndex=lambda i: i, nvmlDeviceGetUUID=lambda h: "GPU-0a",
                                  nvmlDeviceGetComputeMode=lambda h: 3)
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.setattr(tacl.device, "resolve_device", lambda requested, local_rank=0: torch.device("cuda", 0))
+    monkeypatch.setattr(tacl.runtime.device, "resolve_device", lambda requested, local_rank=0: torch.device("cuda", 0))
 
     def busy(device):
         raise RuntimeError("CUDA error: CUDA-capable device(s) is/are busy or unavailable\nCompile with ...")
 
-    monkeypatch.setattr(tacl.device, "_create_context", busy)
+    monkeypatch.setattr(tacl.runtime.device, "_create_context", busy)
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("{}")
     argv = ["finetune", "glue", "--model", str(tmp_path / "model"), "--task", "rte", "--seed", "1", "--source",
@@ -563,7 +563,7 @@ def test_a_seed_that_cannot_open_the_gpu_names_its_compute_mode_and_fails_its_jo
 # ten seconds per training step and none otherwise (start-up, saves, a busy machine).
 SEED_CLOCK = """
 import sys, time
-from tacl import scheduler
+from tacl.cluster import scheduler
 from tacl.finetune import common
 from tacl.pretrain import deadline
 
@@ -602,7 +602,7 @@ def test_seeds_near_their_jobs_end_time_save_and_stop_before_it(tmp_path, demo_d
     import sys
 
     from conftest import Clock
-    from tacl import scheduler as queries
+    from tacl.cluster import scheduler as queries
     from tacl.cli import main
     from tacl.finetune import cli, common
     from tacl.pretrain import deadline

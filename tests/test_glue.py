@@ -15,7 +15,7 @@ import pytest
 from conftest import SHARED_DATA, needs_shared
 from tacl.finetune import glue
 from tacl.finetune.glue import TASKS, Example
-from tacl.io import InputError
+from tacl.runtime.io import InputError
 
 GLUE_DATA = SHARED_DATA / "glue"
 

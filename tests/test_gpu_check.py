@@ -6,7 +6,7 @@ import subprocess
 import yaml
 
 from conftest import REPO
-from tacl.config import checked_config, load_schema
+from tacl.experiment.config import checked_config, load_schema
 
 SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
 

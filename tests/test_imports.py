@@ -2,12 +2,12 @@
 floor up to a higher one, directly or through other modules. Every import of tacl counts, at the top of a
 module and inside its functions (an import inside a function only delays the arrow, it does not turn it).
 
-Floors, lowest first: tacl.scheduler (imports nothing from tacl); the base (tacl, io, changes, hub, device,
-layout: only each other); the stages, in their order (data, objectives, pretrain, finetune, analysis,
-report: a stage imports its own and lower stages); the config floor (tacl.config, tacl.experiment: what the
-workflow derives from config.yaml); tacl.cluster; tacl.cli on top. Any other top-level module (plan, reruns,
-workstation, ...) stands where its imports put it: it may import and be imported, as long as no arrow runs up
-through it and no circle closes.
+Floors, lowest first: two modules that import nothing from tacl (tacl.cluster.scheduler, the scheduler queries;
+tacl.experiment.layout, the results folder's paths), their packages' __init__ importing nothing either; the
+runtime (tacl itself and tacl.runtime: only each other); the stages, in their order (data, objectives,
+pretrain, finetune, analysis, report: a stage imports its own and lower stages); tacl.experiment (what the
+workflow derives from the config); tacl.planning (what a run will cost); the rest of tacl.cluster; tacl.cli
+on top. Every module stands on one of them, by its name.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from conftest import REPO
 
 SRC = REPO / "src"
 STAGES = ("data", "objectives", "pretrain", "finetune", "analysis", "report")  # lowest first
-SCHEDULER = "tacl.scheduler"
-BASE = ("tacl", "tacl.io", "tacl.changes", "tacl.hub", "tacl.device", SCHEDULER, "tacl.layout")
-CONFIG = ("tacl.config", "tacl.experiment")
+SCHEDULER, LAYOUT = "tacl.cluster.scheduler", "tacl.experiment.layout"
+ALONE = (SCHEDULER, LAYOUT)  # import nothing from tacl, and stand below everything
 CLI = ("tacl.cli", "tacl.__main__")
+FLOORS = ("alone", "runtime", *STAGES, "experiment", "planning", "cluster", "cli")  # lowest first
 
 
 def module_name(path: Path) -> str:
@@ -37,8 +37,8 @@ MODULES = {module_name(p): p for p in sorted((SRC / "tacl").rglob("*.py"))}
 
 
 def nearest_module(name: str) -> str | None:
-    """The module an imported name lives in: itself, or the closest enclosing module (tacl.io.read_json ->
-    tacl.io)."""
+    """The module an imported name lives in: itself, or the closest enclosing module (tacl.runtime.io.read_json ->
+    tacl.runtime.io)."""
     while name and name not in MODULES:
         name = name.rpartition(".")[0]
     return name or None
@@ -77,17 +77,19 @@ def reach(name: str) -> dict[str, list[str]]:
 
 
 def floor(name: str) -> str:
-    """The floor a module stands on, by its name; "free" for a top-level module not named above."""
+    """The floor a module stands on, by its name; "none" for a module outside every floor."""
     parts = name.split(".")
+    if name in ALONE:
+        return "alone"
     if name in CLI:
         return "cli"
-    if name == "tacl.cluster" or name.startswith("tacl.cluster."):
-        return "cluster"
-    if name in CONFIG:
-        return "config"
-    if len(parts) > 1 and parts[1] in STAGES:
-        return parts[1]
-    return "base" if name in BASE else "free"
+    if len(parts) == 1 or parts[1] == "runtime":
+        return "runtime"
+    return parts[1] if parts[1] in FLOORS else "none"
+
+
+def above(level: str) -> set[str]:
+    return set(FLOORS[FLOORS.index(level) + 1:])
 
 
 def cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -114,12 +116,15 @@ def cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def test_the_graph_is_read():
-    """The parse finds what is known to be there: top-level and function-level imports."""
+    """The parse finds what is known to be there: top-level and function-level imports; every module stands
+    on a floor."""
     assert len(MODULES) > 80 and "tacl.finetune" in MODULES and "tacl.pretrain.trainer" in MODULES
-    assert SCHEDULER in GRAPH["tacl.pretrain.deadline"]
+    assert SCHEDULER in GRAPH["tacl.pretrain.deadline"] and LAYOUT in GRAPH["tacl.report.expected"]
     assert "tacl.finetune.glue" in GRAPH["tacl.analysis.embeddings"]  # (inside a function)
     assert {"tacl.finetune", "tacl.finetune.sweep"} <= GRAPH["tacl.finetune.cli"]  # (the package: its own node)
+    assert "tacl.experiment.design" in GRAPH["tacl.cluster.handlers"]  # (`from tacl.experiment import design`)
     assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert [m for m in MODULES if floor(m) == "none"] == []
 
 
 def test_no_import_circles():
@@ -127,23 +132,28 @@ def test_no_import_circles():
     assert found is None, "an import circle: " + " -> ".join(found)
 
 
-def test_the_scheduler_queries_import_nothing_from_tacl():
-    """tacl.scheduler (what a job asks SLURM or PBS) stands below everything: the trainer's deadline and lock,
-    the report's status and the cluster package all ask it."""
-    assert GRAPH[SCHEDULER] == set()
+def test_the_lowest_floor_imports_nothing_from_tacl():
+    """tacl.cluster.scheduler (what a job asks SLURM or PBS) and tacl.experiment.layout (every path under the
+    results folder) stand below everything: the run lock, the trainer's deadline, the report's status and
+    tacl.cluster ask the first; the report's expected runs, the workflow and `tacl submit` name their files
+    from the second. Importing either runs its package's __init__, which therefore imports nothing either
+    (tacl.cluster and tacl.experiment as a whole stand above the stages)."""
+    for name in (*ALONE, "tacl.cluster", "tacl.experiment"):
+        assert GRAPH[name] == set(), f"{name} imports {sorted(GRAPH[name])}"
 
 
-@pytest.mark.parametrize("name", sorted(m for m in MODULES if floor(m) == "base"))
-def test_the_base_imports_only_the_base(name):
-    wrong = {m: path for m, path in reach(name).items() if floor(m) != "base"}
+@pytest.mark.parametrize("name", sorted(m for m in MODULES if floor(m) == "runtime"))
+def test_the_runtime_imports_only_the_runtime(name):
+    wrong = {m: path for m, path in reach(name).items() if floor(m) not in ("alone", "runtime")}
     assert not wrong, f"{name} imports {' -> '.join(next(iter(wrong.values())))}"
 
 
 @pytest.mark.parametrize("stage", STAGES)
 def test_a_stage_imports_no_higher_floor(stage):
-    """A stage imports its own and lower stages, the base and other modules that do the same: never a higher
-    stage, the config floor (tacl.config reads the stages' settings: above them), tacl.cluster or tacl.cli."""
-    higher = {"config", "cluster", "cli", *STAGES[STAGES.index(stage) + 1:]}
+    """A stage imports its own and lower stages, the runtime and the lowest floor: never a higher stage,
+    tacl.experiment (tacl.experiment.config reads the stages' settings: above them), tacl.planning, the rest of
+    tacl.cluster or tacl.cli."""
+    higher = above(stage)
     names = [m for m in MODULES if floor(m) == stage]
     assert names
     for name in names:
@@ -151,11 +161,13 @@ def test_a_stage_imports_no_higher_floor(stage):
             assert floor(target) not in higher, f"{name} imports a higher floor: {' -> '.join(path)}"
 
 
-@pytest.mark.parametrize("level, above", [("config", {"cluster", "cli"}), ("cluster", {"cli"})])
-def test_the_upper_floors_import_nothing_above_them(level, above):
-    for name in (m for m in MODULES if floor(m) == level):
+@pytest.mark.parametrize("level", ["experiment", "planning", "cluster"])
+def test_the_upper_floors_import_nothing_above_them(level):
+    names = [m for m in MODULES if floor(m) == level]
+    assert names
+    for name in names:
         for target, path in reach(name).items():
-            assert floor(target) not in above, f"{name} imports a higher floor: {' -> '.join(path)}"
+            assert floor(target) not in above(level), f"{name} imports a higher floor: {' -> '.join(path)}"
 
 
 def test_only_the_entry_point_imports_the_command_line():

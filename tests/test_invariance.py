@@ -27,7 +27,7 @@ GLOBAL, GROUP, STEP = 8, 2, 8  # (step 8: micro-batches of width 40 and 64 at mi
 
 @pytest.fixture(scope="module")
 def shards_and_spec(demo_data):
-    from tacl.hub import load_tokenizer
+    from tacl.runtime.hub import load_tokenizer
 
     return (ShardSet(str(demo_data["manifest"]), verify=False),
             MaskingSpec.from_tokenizer(load_tokenizer(str(demo_data["start"])), 64))

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from tacl.finetune.ner import encode, entity_metrics, label_list, read_conll, word_predictions
-from tacl.io import InputError
 from tacl.objectives import accuracy
 from tacl.objectives.tacl import supervised_tacl_loss
+from tacl.runtime.io import InputError
 
 CONLL = """-DOCSTART- -X- -X- O
 

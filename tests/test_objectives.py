@@ -518,8 +518,8 @@ def test_tacl_attn_weights_are_the_teachers_own_attention():
 def test_tacl_attn_bad_settings_name_the_key(tmp_path):
     from transformers import BertConfig
 
-    from tacl.io import InputError
     from tacl.objectives.tacl_attn import TaCLAttn
+    from tacl.runtime.io import InputError
 
     BertConfig(num_hidden_layers=2).save_pretrained(tmp_path)
     for layer in (1, 2, -1, -2):

@@ -21,9 +21,9 @@ import torch.distributed as dist
 
 from tacl.data.pretraining import MicroBatches, micro_batch_loader
 from tacl.pretrain import trainer
-from tacl.pretrain.lock import RunLock
 from tacl.pretrain.settings import TrainSettings
 from tacl.pretrain.trainer import ChunkArgs, Meter, _setup, optimizer_step
+from tacl.runtime.lock import RunLock
 
 pytestmark = pytest.mark.slow  # (2 ranks, each about 5 s)
 
@@ -98,10 +98,10 @@ def reductions(demo_data, tmp_path_factory):
     """Each run's events and weights on each rank."""
     from deepspeed.runtime.zero.muon import muon_optimizer  # noqa: F401  (what a ZeRO engine imports: once,
 
-    from tacl.hub import load_tokenizer
     from tacl.objectives import packed  # noqa: F401  before the fork)
     from tacl.pretrain.distributed import free_port
     from tacl.pretrain.model import load_student
+    from tacl.runtime.hub import load_tokenizer
 
     assert not dist.is_initialized(), "a process group left over in this process would be the ranks' own"
     load_tokenizer(str(demo_data["start"]))  # (transformers' lazy imports, once)

@@ -34,7 +34,7 @@ OBJECTIVES = ("mlm_nsp", "tacl", "tacl_batch", "taco", "coco_lm")
 
 @pytest.fixture(scope="module")
 def data(demo_data):
-    from tacl.hub import load_tokenizer
+    from tacl.runtime.hub import load_tokenizer
 
     tokenizer = load_tokenizer(str(demo_data["start"]))
     shards = ShardSet(str(demo_data["manifest"]), verify=False)
@@ -229,9 +229,9 @@ def test_packed_resume_is_bit_exact(demo_data, tmp_path, env):  # noqa: F811 (th
     from test_step import step
 
     from tacl.data.pretraining import MicroBatches, micro_batch_loader
-    from tacl.pretrain.lock import RunLock
     from tacl.pretrain.settings import TrainSettings
     from tacl.pretrain.trainer import ChunkArgs, _save, _setup
+    from tacl.runtime.lock import RunLock
 
     s = TrainSettings(objective="taco", steps=4, global_batch=8, micro_batch=4, lr=2e-3, seed=3, max_len=64,
                       zero_stage=0, precision="fp32", loader_workers=0, device="cpu", log_every=1, packing=True,

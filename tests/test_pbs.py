@@ -1,4 +1,4 @@
-"""PBS Pro (profiles/pbs, src/tacl/cluster/{pbs,query,launch,preflight}.py) without a PBS server: qsub command
+"""PBS Pro (profiles/pbs, src/tacl/cluster/{pbs,scheduler,launch,preflight}.py) without a PBS server: qsub command
 lines, the job script's exit file, job states from qstat output in PBS Pro's documented formats (`qstat -f -F
 json`, and the text form `qstat -f` that stands in when PBS 2022 prints broken JSON), holds, jobs PBS no longer
 knows, queue limits, the PBS preflight through Snakemake, two torchrun agents that rendezvous through the same
@@ -23,12 +23,12 @@ import pytest
 import yaml
 
 from conftest import REPO, demo_config, run_snakemake, run_tacl
-from tacl import scheduler as query
+from tacl.cluster import scheduler as query
 from tacl.cluster import launch
 from tacl.cluster.pbs import exported_env, job_script, job_status, qsub_command, status_of
 from tacl.cluster.preflight import PbsRequest, launcher_problem, parse_queues, pbs_problems
-from tacl.scheduler import end_of, job_record, parse_qstat_text, parse_walltime, pbs_time_left
-from tacl.io import InputError
+from tacl.cluster.scheduler import end_of, job_record, parse_qstat_text, parse_walltime, pbs_time_left
+from tacl.runtime.io import InputError
 
 # -- fixtures in PBS Pro's formats --------------------------------------------------------------------------
 
@@ -592,7 +592,7 @@ def test_data_stage_through_cluster_generic_and_a_stand_in_pbs(tmp_path):
 def test_doctor_counts_gpus_given_as_uuids(monkeypatch):
     """PBS on Supek sets CUDA_VISIBLE_DEVICES to GPU UUIDs: `tacl doctor` counts them as GPUs, and says so when
     they name more GPUs than this node has (a UUID of another node's GPU)."""
-    from tacl import device
+    from tacl.runtime import device
 
     uuids = "GPU-8f6c2a31-5e0b-11ee-8c99-0242ac120002,GPU-1b0e77d2-5e0b-11ee-8c99-0242ac120002"
     assert device.visible_gpus(uuids) == uuids.split(",")

@@ -16,8 +16,9 @@ import pytest
 import yaml
 
 from conftest import REPO, demo_config, run_snakemake, run_tacl, silent_schedulers
-from tacl import experiment
-from tacl.plan import BERT_BASE, Gpu, Shape, chunk_requests, finetune_minutes, pretrain_minutes, request
+from tacl.experiment import design
+from tacl.planning.estimates import BERT_BASE, Gpu, chunk_requests, finetune_minutes, pretrain_minutes, request
+from tacl.runtime.shape import Shape
 
 A100 = Gpu("A100 40 GB", 312, 0.3, 0.2)
 PLAN = {"safety": 2.0, "startup_minutes": 5, "min_runtime_minutes": 15}
@@ -63,8 +64,8 @@ def test_a_fine_tune_keeps_time_to_save_every_seed_it_trains_at_once():
     """BERT-base's fine-tuning checkpoint (fp32 weights and AdamW's two moments: the 1.3 GB docs/finetuning.md
     names); the margin before a job's end: 30 s and every seed's save at 100 MB/s, or at the pace a save was
     measured where slower; the plan says it for config.yaml's jobs (5 seeds, 3 at once at most)."""
-    from tacl.plan import finetune_checkpoint_bytes, save_margin_s
-    from tacl.workplan import stops_before_limit
+    from tacl.finetune import finetune_checkpoint_bytes, save_margin_s
+    from tacl.planning.plan import stops_before_limit
 
     one = finetune_checkpoint_bytes(Shape(**BERT_BASE).total)
     assert 1.3e9 < one < 1.35e9
@@ -84,7 +85,7 @@ def test_the_plan_counts_chunks_that_end_on_their_deadline_as_at_least_and_chang
     """A rule with chunks estimated to end on their deadline, still to run, counts "at least" (>=), and so do
     the jobs in all; chunks that end on their step count, or are done, count as they are. A job whose output
     is there but made with settings that changed (done False, as the workflow marks it) is to run."""
-    from tacl.plan import Disk, Job, format_plan
+    from tacl.planning.estimates import Disk, Job, format_plan
 
     def table(jobs):
         text = format_plan(jobs, [], Disk({"x": 1e9}), [], {})
@@ -149,8 +150,8 @@ def test_the_plan_of_the_paper_config_adds_up(tmp_path, monkeypatch):
     assert requested == pytest.approx(sum(asked.values()), abs=0.1)
     assert ratio <= 3.0 and requested / expected == pytest.approx(ratio, abs=0.05)
     assert "longest chain:" in plan and "disk at the peak:" in plan and "checkpoints (3 x 3)" in plan
-    # the figures README.md and docs/clusters.md quote (tacl.figures): this plan's
-    from tacl.figures import paper_plan
+    # the figures README.md and docs/clusters.md quote (tacl.planning.figures): this plan's
+    from tacl.planning.figures import paper_plan
 
     jobs = re.search(r"^  jobs: (\d+) \((\d+) with GPUs", plan, re.M).groups()
     disk = re.search(r"^  disk at the peak: (\S+ [GM]B)", plan, re.M).group(1)
@@ -229,7 +230,7 @@ def test_the_plans_to_run_are_the_jobs_snakemake_runs(tmp_path):
     assert "Nothing to be done" in proc.stdout + proc.stderr and plan_and_jobs(proc) == ({}, {})
     cfg["finetune"]["hparams"]["squad"]["lr"] *= 3
     planned, listed = plan_and_jobs(run_snakemake(tmp_path, cfg, "-n"))
-    models = len(experiment.finetune_models(cfg))  # (every model but mlm_nsp+scl fine-tunes SQuAD)
+    models = len(design.finetune_models(cfg))  # (every model but mlm_nsp+scl fine-tunes SQuAD)
     assert planned == listed == {"finetune": models, "select_setting": models, "submissions": models, "report": 1,
                                  "all": 1}
     (tmp_path / "results/models/tacl.json").unlink()
@@ -399,7 +400,7 @@ def test_tacl_plan_passes_snakemakes_arguments(tmp_path, monkeypatch, capsys):
     """Snakemake's arguments after the dry run's own (a target may come first); a config file that is not
     YAML is named with its line before Snakemake starts."""
     from tacl import cli
-    from tacl.workplan import configfiles
+    from tacl.planning.cli import configfiles
 
     seen = []
     monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: seen.append(cmd) or subprocess.CompletedProcess(cmd, 0,
@@ -450,7 +451,7 @@ def test_keys_left_to_the_schema_defaults_that_config_yaml_sets_otherwise_are_na
     keys whose schema default then differs from config.yaml's value (and only those)."""
     from snakemake.utils import validate
 
-    from tacl.config import defaults_unlike, load_schema, unset_keys
+    from tacl.experiment.config import defaults_unlike, load_schema, unset_keys
 
     schema_path = REPO / "workflow/schemas/config.schema.yaml"
     paper = yaml.safe_load((REPO / "config.yaml").read_text())
@@ -469,7 +470,7 @@ def test_keys_left_to_the_schema_defaults_that_config_yaml_sets_otherwise_are_na
 
 
 def test_corpus_tokens_before_the_data_stage_follow_the_local_files_and_the_cap():
-    from tacl.plan import corpus_tokens
+    from tacl.planning.estimates import corpus_tokens
 
     files = {"kind": "wikiextractor", "paths": [str(REPO / "examples/demo/wikipedia/wiki_*")]}
     size = sum(p.stat().st_size for p in (REPO / "examples/demo/wikipedia").glob("wiki_*"))

@@ -15,12 +15,12 @@ import pytest
 import torch
 
 from conftest import run_params, run_tacl
-from tacl.io import InputError, disk_bytes, read_json, size_text
 from tacl.pretrain import checkpoint
-from tacl.pretrain.lock import RunLock
 from tacl.pretrain.metrics import read_events, read_metrics
 from tacl.pretrain.model import checkpoint_state_dict
 from tacl.pretrain.settings import TrainSettings
+from tacl.runtime.io import InputError, disk_bytes, read_json, size_text
+from tacl.runtime.lock import RunLock
 
 pytestmark = pytest.mark.slow
 
@@ -528,7 +528,7 @@ def test_a_lock_of_this_same_job_is_gone_only_with_its_process(tmp_path, monkeyp
     only while it is still its holder's own."""
     import socket
 
-    from tacl.pretrain import lock
+    from tacl.runtime import lock
 
     for var in ("SLURM_RESTART_COUNT", "PBS_JOBID"):
         monkeypatch.delenv(var, raising=False)
@@ -578,7 +578,7 @@ def test_a_lock_of_this_same_job_is_gone_only_with_its_process(tmp_path, monkeyp
 def _race_for_lock(run: Path, start, done, results) -> None:
     """One of several takers of a stale lock (multiprocessing, forked): each judges the holder gone before any
     of them acts on it (`start`), then tries to take the lock over; the winner holds it until `done`."""
-    from tacl.pretrain import lock
+    from tacl.runtime import lock
 
     judge, first = lock.holder, []
 

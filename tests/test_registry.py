@@ -9,7 +9,7 @@ import pytest
 
 from conftest import REPO, demo_config, run_snakemake
 from tacl.cli import build_parser
-from tacl.config import load_schema
+from tacl.experiment.config import load_schema
 from tacl.finetune import CONTRASTIVE_FORM_PATTERN, CONTRASTIVE_FORMS, GLUE_CLASSIFICATION, GLUE_TASKS, TASKS
 from tacl.objectives.registry import (MODELS, NEGATIVES_GROUP, OBJECTIVE_PATTERN, OBJECTIVES, REGISTRY,
                                      objective_params)
@@ -47,7 +47,7 @@ def test_each_task_has_its_spec_and_headline_number():
     from tacl.finetune import glue
     from tacl.finetune.data import NER_TASKS, SQUAD_TASKS
     from tacl.finetune.sweep import HEADLINE_DEV
-    from tacl.plan import TASK_SIZES
+    from tacl.planning.estimates import TASK_SIZES
     from tacl.report.tables import HEADLINE
 
     by_family = {f: [t for t, family in TASKS.items() if family == f] for f in ("glue", "squad", "ner")}

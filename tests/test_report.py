@@ -156,8 +156,8 @@ def test_headline_rows_use_the_selected_setting(tree):
 def test_a_layer_a_model_does_not_have_is_a_dash_and_no_plan_is_one_error(tmp_path):
     """Models of 2 and 3 layers side by side: '-' in the 2-layer row's L3, never `nan`, in every file; `tacl
     report RESULTS_DIR` without the workflow's expected.json stops with one message naming it."""
-    from tacl.io import InputError
     from tacl.report.expected import report_now
+    from tacl.runtime.io import InputError
 
     paths = []
     for name, values in (("small", [0.5, 0.4]), ("large", [0.6, 0.5, 0.45])):
@@ -312,13 +312,13 @@ def test_the_demos_report_says_why_its_figures_sit_at_chance_and_when_two_object
     from snakemake.utils import validate
 
     from conftest import DEMO_CONFIG, REPO
-    from tacl import experiment
+    from tacl.experiment import design
     from tacl.report.compose import glue_figure
     from tacl.report.curves import curves_figure, pretraining_runs
 
     cfg = yaml.safe_load(DEMO_CONFIG.read_text())
     validate(cfg, str(REPO / "workflow/schemas/config.schema.yaml"), set_default=True)
-    models, tasks = experiment.tabled_models(cfg), cfg["finetune"]["tasks"]
+    models, tasks = design.tabled_models(cfg), cfg["finetune"]["tasks"]
     assert "tacl_attn" in models and "tacl_batch" not in models and tasks == ["qnli", "squad_v2"]
     for model in models:
         acc = 0.655 if model == "minilm" else 0.468
@@ -332,13 +332,13 @@ def test_the_demos_report_says_why_its_figures_sit_at_chance_and_when_two_object
         "name": "majority class", "dev": {"dev": {"accuracy": 0.532}}}}))
     (data / "squad_v2.json").write_text(json.dumps({"splits": {"train": 30, "dev": 16}, "baseline": {
         "name": "no answer to any question", "dev": {"dev": {"exact": 18.75, "f1": 18.75}}}}))
-    for objective in experiment.trained_objectives(cfg):
+    for objective in design.trained_objectives(cfg):
         run = tmp_path / "pretrain" / objective / "run"
         run.mkdir(parents=True)
         lines = [{"step": s, "lr": 1e-3, "loss": 9.0 - s / 100, "mlm": 8.0 - s / 100,
                   **({"tacl_weight_ess": 0.9995} if objective == "tacl_attn" else {})} for s in (125, 250)]
         (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
-    expected = [{"model": m, "task": t, "setting": S, "seed": 0} for m, t in experiment.model_tasks(cfg)]
+    expected = [{"model": m, "task": t, "setting": S, "seed": 0} for m, t in design.model_tasks(cfg)]
     build_report(str(tmp_path), models, tasks, expected, [], str(tmp_path / "report"))
     md = (tmp_path / "report" / "report.md").read_text()
     tiny = ", ".join(m for m in models if m != "minilm")
@@ -375,9 +375,9 @@ def test_status_shows_the_disk_a_run_holds_with_what_killed_processes_left(tmp_p
     import socket
 
     from tacl.cli import main
-    from tacl.io import disk_bytes
     from tacl.pretrain.rundir import clear_leftovers
     from tacl.report.status import status
+    from tacl.runtime.io import disk_bytes
 
     folder = tmp_path / "pretrain" / "tacl"
     run, root = folder / "run", folder / "run" / "checkpoints"

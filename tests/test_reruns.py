@@ -13,17 +13,17 @@ import shutil
 import pytest
 
 from conftest import REPO, demo_config, run_snakemake
-from tacl.changes import changed_keys
-from tacl.config import OPERATIONAL_CONFIG_KEYS, load_schema, schema_roles
+from tacl.runtime.io import changed_keys
+from tacl.experiment.config import OPERATIONAL_CONFIG_KEYS, load_schema, schema_roles
 from tacl.pretrain.settings import OPERATIONAL_KEYS, RESULT_KEYS, TrainSettings
-from tacl.reruns import plans_jobs
+from tacl.experiment.reruns import plans_jobs
 
 PROFILE = str(REPO / "profiles" / "local")
 
 
 def test_the_schema_says_per_key_what_the_code_says():
     """Every key of the schema is marked result or operational, and the operational ones are exactly the
-    code's (tacl.config.OPERATIONAL_CONFIG_KEYS, built from tacl.pretrain.settings); every trainer setting
+    code's (tacl.experiment.config.OPERATIONAL_CONFIG_KEYS, built from tacl.pretrain.settings); every trainer setting
     is one or the other."""
     roles = schema_roles(load_schema(REPO / "workflow" / "schemas" / "config.schema.yaml"))
     assert set(roles.values()) == {"result", "operational"}, {k: v for k, v in roles.items() if v == "(none)"}

@@ -8,7 +8,7 @@ from tacl.data.build import build_shard, gather_shards
 from tacl.data.clean import clean_corpus
 from tacl.data.download import download_corpus
 from tacl.data.shards import Shard, ShardSet, write_shard
-from tacl.io import InputError
+from tacl.runtime.io import InputError
 
 from conftest import REPO
 
@@ -98,7 +98,7 @@ def test_other_tokenizer_is_refused(corpus, tokenizer_dir, tmp_path):
     with pytest.raises(InputError, match=r"manifest\.json: shards were written with tokenizer"):
         ShardSet(tmp_path / "s" / "manifest.json", tokenizer_hash="0" * 16)
     # the same vocabulary without lower-casing gives other ids: the effective normaliser is in the hash
-    from tacl.hub import load_tokenizer, tokenizer_hash
+    from tacl.runtime.hub import load_tokenizer, tokenizer_hash
 
     cased_dir = tmp_path / "cased"
     shutil.copytree(tokenizer_dir, cased_dir)
@@ -115,7 +115,7 @@ def test_a_failed_write_leaves_no_shard(tmp_path, monkeypatch):
     def killed(fd):
         raise KeyboardInterrupt("killed mid-write")
 
-    monkeypatch.setattr("tacl.io.os.fsync", killed)
+    monkeypatch.setattr("tacl.runtime.io.os.fsync", killed)
     with pytest.raises(KeyboardInterrupt):
         write_shard(tmp_path / "s.bin", np.arange(100), np.array([[0, 5, 10, 20]]), np.array([1]), 101, 102,
                     np.dtype(np.uint16))

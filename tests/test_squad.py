@@ -9,7 +9,7 @@ import pytest
 
 from tacl.finetune.squad import (SquadExample, evaluate, exact_match, f1, normalize_answer, postprocess,
                                  prepare_features, read_squad_json)
-from tacl.io import InputError
+from tacl.runtime.io import InputError
 
 
 def ex(id: str, answers: tuple[str, ...] = (), context: str = "", starts: tuple[int, ...] | None = None,

@@ -28,10 +28,10 @@ from tacl.data.tensors import as_tensors
 from tacl.objectives import seeded_draws
 from tacl.objectives.registry import OBJECTIVES
 from tacl.pretrain import checkpoint
-from tacl.pretrain.lock import RunLock
 from tacl.pretrain.model import checkpoint_state_dict
 from tacl.pretrain.settings import TrainSettings
 from tacl.pretrain.trainer import ChunkArgs, Meter, NonFiniteGradient, _save, _setup, optimizer_step
+from tacl.runtime.lock import RunLock
 
 STEPS = 3  # DeepSpeed's throughput timer synchronises from its third step on
 STRICT_TERMS = ("mlm", "nsp", "aux_mlm")
@@ -627,12 +627,12 @@ def test_a_compilation_failing_after_the_start_goes_on_eager_on_one_rank_and_sto
 
 
 def test_compile_failures_are_the_compilers_errors_and_never_out_of_memory():
-    """What tacl.device.compile_failure takes for a failed compilation: dynamo's and inductor's errors, named by
+    """What tacl.runtime.device.compile_failure takes for a failed compilation: dynamo's and inductor's errors, named by
     their root cause; not the model's own errors, and no out-of-memory error, whatever wraps it."""
     from torch._dynamo.exc import InternalTorchDynamoError
     from torch._inductor.exc import InductorError
 
-    from tacl.device import compile_failure
+    from tacl.runtime.device import compile_failure
 
     def wrapped(inner, outer):
         try:
@@ -654,8 +654,8 @@ def test_compile_failures_are_the_compilers_errors_and_never_out_of_memory():
 
 
 def test_compile_auto_is_on_for_a_gpu_only_where_it_was_measured_to_pay(monkeypatch):
-    from tacl import device
-    from tacl.device import compiles
+    from tacl.runtime import device
+    from tacl.runtime.device import compiles
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
     for stage in ("pretrain", "finetune"):

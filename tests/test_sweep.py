@@ -10,7 +10,7 @@ import pytest
 
 from tacl.finetune.sweep import (GRIDS, HEADLINE_DEV, number, parse_setting, select, select_runs,
                                  setting_hparams, setting_name, task_settings)
-from tacl.io import InputError
+from tacl.runtime.io import InputError
 
 
 @pytest.mark.parametrize("preset", ["reference", "standard"])

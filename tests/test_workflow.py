@@ -13,7 +13,7 @@ import yaml
 
 from conftest import (REPO, demo_config, fresh_clone, run_snakemake, start_snakemake, write_embeddings_fixture,
                       write_nli_fixture)
-from tacl.config import config_errors, load_schema
+from tacl.experiment.config import config_errors, load_schema
 from tacl.finetune.sweep import number
 
 SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
@@ -111,7 +111,7 @@ def test_config_overrides_keep_their_types(tmp_path):
     from snakemake.cli import parse_config
     from snakemake.utils import update_config
 
-    from tacl.config import typed_overrides
+    from tacl.experiment.config import typed_overrides
 
     schema = load_schema(SCHEMA)
     given = parse_config(["pretrain={chunk: {max_chunks: 60, max_steps: null}, lr: 1e-3, micro_batch: 2, "
@@ -182,7 +182,7 @@ def test_a_run_started_outside_the_repository_root_stops_in_one_line(tmp_path):
     import subprocess
     import sys
 
-    from tacl.config import working_directory_error
+    from tacl.experiment.config import working_directory_error
 
     cmd = [sys.executable, "-m", "snakemake", "--profile", "../profiles/local", "--configfile",
            "../examples/demo/config.yaml", "--replace-workflow-config", "-n"]
@@ -203,7 +203,7 @@ def with_defaults(cfg: dict) -> dict:
 
 
 def plan_errors_of(cfg: dict) -> list[str]:
-    from tacl.config import plan_errors
+    from tacl.experiment.config import plan_errors
 
     return plan_errors(with_defaults(cfg), load_schema(SCHEMA))
 
@@ -394,8 +394,8 @@ def test_demo_end_to_end_survives_a_kill(tmp_path, monkeypatch):
 def test_the_chain_is_followed_past_the_cap_and_the_cap_counts_one_runs_chunks(tmp_path):
     """pretrain.chunk.max_chunks bounds the chunks one run of the workflow starts: a run stopped by it goes on
     when the same command runs again, and a finished chain is found whatever the cap says (tacl.pretrain.chain)."""
-    from tacl.io import InputError
     from tacl.pretrain.chain import chunks_present, final_marker
+    from tacl.runtime.io import InputError
 
     class ToRun(Exception):
         """What Snakemake's checkpoint raises for a chunk still to run."""
@@ -440,7 +440,7 @@ def test_chunk_cap_fails_loudly_and_the_same_command_goes_on(tmp_path):
 @pytest.mark.slow
 def test_failed_task_sweep_extension_and_intermediate_start(tmp_path):
     """The fine-tuning protocol on a small DAG (the start model itself, QNLI, MNLI, RTE from fixtures, SQuAD
-    2.0). squad_v2 points at a damaged file (a missing one stops the run before any job: tacl.inputs): its
+    2.0). squad_v2 points at a damaged file (a missing one stops the run before any job: tacl.experiment.inputs): its
     jobs fail, the others run, and the tables are still written
     from what finished, listing the missing runs. RTE starts from the selected MNLI fine-tune. Rerunning
     after the fix, with a second QNLI learning rate in the sweep, does only the missing and the new work;
@@ -760,11 +760,11 @@ def test_a_failed_analysis_runs_again_though_tables_were_written_after_it(finish
 
 
 def claims(log: str) -> list[tuple[float, str]]:
-    """(time, GPUs) of each `tacl.workstation` claim line of a job's log."""
+    """(time, GPUs) of each `tacl.cluster.workstation` claim line of a job's log."""
     from datetime import datetime
 
     return [(datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp(), m.group(2))
-            for m in re.finditer(r"^(\S+ \S+) INFO tacl.workstation: GPU\(s\) (\S+) for this job", log, re.M)]
+            for m in re.finditer(r"^(\S+ \S+) INFO tacl.cluster.workstation: GPU\(s\) (\S+) for this job", log, re.M)]
 
 
 @pytest.mark.slow

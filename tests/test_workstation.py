@@ -1,4 +1,4 @@
-"""One machine with several GPUs and no scheduler (profiles/workstation, tacl.workstation), on stand-in GPUs:
+"""One machine with several GPUs and no scheduler (profiles/workstation, tacl.cluster.workstation), on stand-in GPUs:
 each job's own GPUs, a job that waits for a free one, a chunk's GPUs held across torchrun's exec, the
 profile's dry run and its errors. (The profile running real fine-tunes: tests/test_workflow.py.)"""
 
@@ -16,10 +16,10 @@ import time
 import pytest
 
 from conftest import REPO, demo_config, run_snakemake
-from tacl.workstation import gpus_needed, job_device
+from tacl.cluster.workstation import gpus_needed, job_device
 
 CLAIM = ("import argparse, logging, os, sys, time\n"
-         "from tacl.workstation import claim_for_job\n"
+         "from tacl.cluster.workstation import claim_for_job\n"
          "logging.basicConfig(level=logging.INFO)\n"
          "claim_for_job(argparse.Namespace(stage=sys.argv[1], command=sys.argv[2], nproc=int(sys.argv[3]),\n"
          "                                 device='auto'))\n"

@@ -3,7 +3,7 @@
 Each stage registers its commands in its own `cli.py`; the commands only parse arguments and call a
 function that tests call directly. Bad input ends with one line `tacl: error: ...` and exit status 2 (with
 the traceback before it when TACL_DEBUG is set), or the error's own `exit_status` where it has one (a GPU
-that will not take the process: tacl.device.GpuUnavailable).
+that will not take the process: tacl.runtime.device.GpuUnavailable).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import os
 import sys
 import traceback
 
-from tacl.io import InputError
-from tacl.workstation import claim_for_job
+from tacl.cluster.workstation import claim_for_job
+from tacl.runtime.io import InputError
 
 STAGES = ("data", "pretrain", "finetune", "analysis", "report", "cluster")
 
@@ -26,10 +26,10 @@ def build_parser() -> argparse.ArgumentParser:
     stages = parser.add_subparsers(dest="stage", required=True, metavar="STAGE")
     for name in STAGES:
         importlib.import_module(f"tacl.{name}.cli").register(stages)
-    importlib.import_module("tacl.device").register(stages)  # `tacl doctor`
-    importlib.import_module("tacl.workplan").register(stages)  # `tacl plan`
-    importlib.import_module("tacl.config").register(stages)  # `tacl config reference`
-    importlib.import_module("tacl.figures").register(stages)  # `tacl figures`
+    importlib.import_module("tacl.runtime.device").register(stages)  # `tacl doctor`
+    importlib.import_module("tacl.planning.cli").register(stages)  # `tacl plan`
+    importlib.import_module("tacl.experiment.config").register(stages)  # `tacl config reference`
+    importlib.import_module("tacl.planning.figures").register(stages)  # `tacl figures`
     return parser
 
 

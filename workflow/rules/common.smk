@@ -1,6 +1,7 @@
-# Helpers shared by all .smk files: paths derived from the config (tacl.layout), and the wiring of what the
-# package works out from it (tacl.experiment, tacl.sizing, tacl.workplan, tacl.reruns, tacl.handlers) into
-# the rules and handlers. What needs Snakemake's `workflow` or `checkpoints` stays here; the rest is tested.
+# Helpers shared by all .smk files: paths derived from the config (tacl.experiment.layout), and the wiring of what the
+# package works out from it (tacl.experiment.design, tacl.planning.sizing, tacl.planning.plan, tacl.experiment.reruns,
+# tacl.cluster.handlers) into the rules and handlers. What needs Snakemake's `workflow` or `checkpoints` stays here;
+# the rest is tested.
 import os
 import signal
 import sys
@@ -8,18 +9,20 @@ from argparse import Namespace
 from functools import cache, partial
 from pathlib import Path
 
-from tacl import RESULT_VERSIONS, experiment, handlers
+from tacl import RESULT_VERSIONS
+from tacl.cluster import handlers
 from tacl.cluster.hooks import data_summary, preflight, scheduler, scheduler_of_profile
-from tacl.inputs import input_errors
-from tacl.io import InputError
-from tacl.layout import Layout
+from tacl.cluster.workstation import machine_gpus
+from tacl.experiment import design
+from tacl.experiment.inputs import input_errors
+from tacl.experiment.layout import Layout
+from tacl.experiment.reruns import finished_jobs as finished_of, rerun_tags, summary as rerun_text
 from tacl.objectives.registry import OBJECTIVE_PATTERN
+from tacl.planning.plan import announce, plan_jobs, plan_text as plan_text_of
+from tacl.planning.sizing import Sizing
 from tacl.pretrain.chain import chunks_present, final_marker
 from tacl.report.expected import RECORD as REPORT_RECORD, write_expected as write_expected_of
-from tacl.reruns import finished_jobs as finished_of, rerun_tags, summary as rerun_text
-from tacl.sizing import Sizing
-from tacl.workplan import announce, plan_jobs, plan_text as plan_text_of
-from tacl.workstation import machine_gpus
+from tacl.runtime.io import InputError
 
 # Every job runs `python -m tacl` from this checkout's src/ (installed or not, venv or --sdm conda).
 REPO = os.path.abspath(os.path.join(workflow.basedir, ".."))
@@ -37,7 +40,7 @@ def at_edge(function, *args):
 def workstation_gpus():
     """config `gpus` (profiles/workstation: one machine with several GPUs, no scheduler): the GPUs the jobs
     share, found once here; Snakemake's `gpu` resource is their number, so that it starts no more GPU jobs
-    than fit, and each job takes GPUs of its own (tacl.workstation). None without `gpus`."""
+    than fit, and each job takes GPUs of its own (tacl.cluster.workstation). None without `gpus`."""
     try:
         gpus = machine_gpus(config["gpus"])
     except InputError as e:
@@ -94,34 +97,35 @@ REPORT = L.report
 DATASETS_CACHE = f"{config['resources_dir']}/datasets"
 
 # the config's impossible requests (torchrun across nodes, contrastive fine-tunes of a regression task), first
-at_edge(experiment.check, config)
+at_edge(design.check, config)
 
-# what the config lists (tacl.experiment) and where each job writes (tacl.layout), as the rules call them
-stamp = experiment.stamp
-launcher = partial(experiment.launcher, config)
-chunk_launch = partial(experiment.chunk_launch, config, L)
-chunk_operational = partial(experiment.chunk_operational, config, L)
-gpus_per_node = partial(experiment.gpus_per_node, config)
-extra_models = partial(experiment.extra_models, config)
-finetune_models = partial(experiment.finetune_models, config)
-contrastive_models = partial(experiment.contrastive_models, config)
-embeddings_enabled = partial(experiment.embeddings_enabled, config)
-embeddings_source = partial(experiment.embeddings_source, config)
+# what the config lists (tacl.experiment.design) and where each job writes (tacl.experiment.layout), as the rules
+# call them
+stamp = design.stamp
+launcher = partial(design.launcher, config)
+chunk_launch = partial(design.chunk_launch, config, L)
+chunk_operational = partial(design.chunk_operational, config, L)
+gpus_per_node = partial(design.gpus_per_node, config)
+extra_models = partial(design.extra_models, config)
+finetune_models = partial(design.finetune_models, config)
+contrastive_models = partial(design.contrastive_models, config)
+embeddings_enabled = partial(design.embeddings_enabled, config)
+embeddings_source = partial(design.embeddings_source, config)
 embeddings_outputs = partial(handlers.embeddings_outputs, config, L)
-task_family = experiment.task_family
-task_source = partial(experiment.task_source, config)
-task_seeds = partial(experiment.task_seeds, config)
-settings_of = partial(experiment.settings_of, config)
-setting_hparams = partial(experiment.setting_hparams, config)
-tasks_of = partial(experiment.tasks_of, config)
-keeps_weights = partial(experiment.keeps_weights, config)
-model_tasks = partial(experiment.model_tasks, config)
+task_family = design.task_family
+task_source = partial(design.task_source, config)
+task_seeds = partial(design.task_seeds, config)
+settings_of = partial(design.settings_of, config)
+setting_hparams = partial(design.setting_hparams, config)
+tasks_of = partial(design.tasks_of, config)
+keeps_weights = partial(design.keeps_weights, config)
+model_tasks = partial(design.model_tasks, config)
 chunk_marker = L.chunk_marker
 setting_dir = L.setting_dir
 seeds_marker = L.seeds_marker
 selection_file = L.selection_file
 
-# what the jobs will cost (tacl.sizing): the start model's size, looked up once, and the plan's GPU
+# what the jobs will cost (tacl.planning.sizing): the start model's size, looked up once, and the plan's GPU
 SIZING = Sizing.of(config, L)
 
 
@@ -148,7 +152,7 @@ def model_outputs():
 
 def train_settings(objective):
     """What a pretraining run computes (its result settings): the chunks' parameter, compared for a rerun."""
-    return stamp(experiment.pretrain_settings(config, objective).result())
+    return stamp(design.pretrain_settings(config, objective).result())
 
 
 def chunk_resources():
@@ -157,7 +161,7 @@ def chunk_resources():
     one node with every rank's CPUs. srun: pretrain.ranks_per_node tasks on each node, each with
     pretrain.cpus_per_rank CPUs, and the job's command runs in the batch step (`mpi`), so that its own srun
     starts the ranks. Under PBS (torchrun, mpiexec, pbsdsh) cpus_per_task, gpu and mem_mb are per node. The
-    runtime is sized to the work (tacl.sizing), at most pretrain.chunk.runtime_minutes."""
+    runtime is sized to the work (tacl.planning.sizing), at most pretrain.chunk.runtime_minutes."""
     p = config["pretrain"]
     resources = {
         "runtime": chunk_runtime,
@@ -264,7 +268,7 @@ def selection_inputs(wildcards):
 
 def finetune_start(wildcards):
     """What a fine-tune starts from: the exported model, or the selection of its finetune.start_from task."""
-    return experiment.finetune_start(config, L, wildcards.model, wildcards.task)
+    return design.finetune_start(config, L, wildcards.model, wildcards.task)
 
 
 def start_args(wildcards, input):
@@ -292,11 +296,11 @@ def intermediate_outputs():
 def chain_ends(wildcards):
     """The marker of each pretraining run's last chunk (final_chunk), asked for by `all` itself: a chunk that
     failed runs again even where an export of an earlier run of the chain is still there."""
-    return [final_chunk(Namespace(objective=o)) for o in experiment.trained_objectives(config)]
+    return [final_chunk(Namespace(objective=o)) for o in design.trained_objectives(config)]
 
 
 def report_args(wildcards=None, input=None):
-    """Arguments of `tacl report`, shared by the rule and the onerror handler (tacl.handlers)."""
+    """Arguments of `tacl report`, shared by the rule and the onerror handler (tacl.cluster.handlers)."""
     return handlers.report_args(config, L)
 
 
@@ -341,20 +345,20 @@ def dry_run_checks(wildcards):
 
 @cache
 def finished_jobs():
-    """The finished jobs and their recorded settings (tacl.reruns), made once: the plan and the rerun summary
+    """The finished jobs and their recorded settings (tacl.experiment.reruns), made once: the plan and the rerun summary
     printed at start read each record once between them."""
     return finished_of(config, L)
 
 
 @cache
 def planned_jobs():
-    """Every job of the experiment and whether it is to run (tacl.workplan): the local rules run on this
+    """Every job of the experiment and whether it is to run (tacl.planning.plan): the local rules run on this
     machine; made once, for the plan and the inputs' check."""
     return plan_jobs(SIZING, workflow._localrules, rerun_tags(finished_jobs()))
 
 
 def plan_text():
-    """The plan printed before anything runs (tacl.workplan)."""
+    """The plan printed before anything runs (tacl.planning.plan)."""
     return plan_text_of(SIZING, planned_jobs())
 
 
@@ -366,17 +370,17 @@ def defaults_summary():
     """Before anything runs: the keys that took the schema's default where config.yaml (the paper's
     experiment) gives another value; with a file merged over config.yaml (no --replace-workflow-config), none.
     """
-    announce(experiment.defaults_message(UNSET_KEYS, config, Path(workflow.basedir).parent / "config.yaml"))
+    announce(design.defaults_message(UNSET_KEYS, config, Path(workflow.basedir).parent / "config.yaml"))
 
 
 def rerun_summary():
-    """Before anything runs (dry runs too): the finished work this run does again, and why (tacl.reruns)."""
+    """Before anything runs (dry runs too): the finished work this run does again, and why (tacl.experiment.reruns)."""
     announce(rerun_text(finished_jobs()))
 
 
 def check_inputs():
     """Before any job (dry runs too), after the plan: the files and models the config names that a job still
-    to run (planned_jobs) would not find (tacl.inputs), one line each, naming the key and the path."""
+    to run (planned_jobs) would not find (tacl.experiment.inputs), one line each, naming the key and the path."""
     missing = input_errors(config, planned_jobs())
     if missing:  # (without Snakemake's traceback)
         print("inputs not found (checked before any job ran):\n  " + "\n  ".join(missing), file=sys.stderr)

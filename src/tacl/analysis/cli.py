@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from tacl.device import DEVICES
 from tacl.finetune import GLUE_CLASSIFICATION
+from tacl.runtime.device import DEVICES
 
 
 def register(stages: argparse._SubParsersAction) -> None:
@@ -73,7 +73,7 @@ def _plot(a: argparse.Namespace) -> None:
 
 def _embeddings_data(a: argparse.Namespace) -> None:
     from tacl.analysis.embeddings import prepare
-    from tacl.io import with_cache
+    from tacl.runtime.io import with_cache
 
     source = with_cache(json.loads(a.source), a.cache_dir)
     print(json.dumps(prepare(source, a.cluster_task, a.max_pairs, a.max_sentences, a.seed, a.out)))

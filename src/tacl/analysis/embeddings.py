@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from tacl.analysis.encoder import load_encoder
-from tacl.io import InputError, read_json, write_json_atomic
+from tacl.runtime.io import InputError, read_json, write_json_atomic
 
 POOLINGS = ("cls", "mean")
 
@@ -107,7 +107,7 @@ def embeddings_result(model: Any, data: dict[str, Any], name: str, device: str =
 
 def run_embeddings(model_dir: str, data_json: str, out_json: str, name: str | None = None, device: str = "auto",
                    max_len: int = 128, seed: int = 0) -> dict[str, Any]:
-    from tacl.device import resolve_device
+    from tacl.runtime.device import resolve_device
 
     resolve_device(device)  # a job that asked for a GPU and has none stops before reading anything
     result, _ = embeddings_result(model_dir, read_json(data_json), name or Path(model_dir).name, device, max_len,

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tacl.device import resolve_device
-from tacl.hub import resolve_pretrained
+from tacl.runtime.device import resolve_device
+from tacl.runtime.hub import resolve_pretrained
 
 if TYPE_CHECKING:  # (the annotation only: tacl.analysis.embeddings imports this module, and no torch)
     import torch

@@ -24,8 +24,8 @@ import torch
 
 from tacl import RESULT_VERSIONS
 from tacl.analysis.encoder import Encoder, load_encoder
-from tacl.device import resolve_device
-from tacl.io import InputError, read_json, write_json_atomic
+from tacl.runtime.device import resolve_device
+from tacl.runtime.io import InputError, read_json, write_json_atomic
 
 
 def sample_sentences(path: str, n: int, seed: int, min_tokens: int = 2) -> list[str]:
@@ -168,7 +168,7 @@ def plot(results: list[dict[str, Any]], out_png: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from tacl.io import atomic_path
+    from tacl.runtime.io import atomic_path
 
     fig, ax = plt.subplots(figsize=(9, 4))
     for k, r in enumerate(results):
@@ -198,7 +198,7 @@ def plot_cls(results: list[dict[str, Any]], out_png: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from tacl.io import atomic_path
+    from tacl.runtime.io import atomic_path
 
     results = [r for r in results if "cls_cosine" in r]
     values = [np.asarray(part.get("values", [])) for r in results for part in r["cls_cosine"].values()]

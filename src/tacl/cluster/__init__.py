@@ -1,1 +1,3 @@
-"""SLURM: checks before anything is submitted, and `tacl submit` (submitit) for single stages."""
+"""Schedulers and machines: SLURM and PBS, profiles, preflight, `tacl submit`, one machine's GPUs, the handlers."""
+
+# Nothing imported here: tacl.cluster.scheduler stands below the stages, which may import it without the rest.

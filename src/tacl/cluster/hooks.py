@@ -17,7 +17,7 @@ from snakemake.exceptions import WorkflowError
 
 from tacl.cluster.preflight import (JobRequest, PbsRequest, cluster_node_states, cluster_partitions,
                                     cluster_queues, launcher_problem, pbs_problems, problems)
-from tacl.workplan import announce
+from tacl.planning.plan import announce
 
 
 def scheduler(workflow: Any) -> str | None:

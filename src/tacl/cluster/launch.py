@@ -29,7 +29,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tacl.io import InputError, read_json, write_json_atomic, write_text_atomic
+from tacl.runtime.io import InputError, read_json, write_json_atomic, write_text_atomic
 
 STARTERS = ("mpiexec", "pbsdsh")
 DEFAULT_PORT = 29400  # torchrun's c10d default; nodes are the job's own (place=scatter:excl)

@@ -26,8 +26,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tacl.scheduler import format_walltime, qstat_job
-from tacl.io import InputError, write_text_atomic
+from tacl.cluster.scheduler import format_walltime, qstat_job
+from tacl.runtime.io import InputError, write_text_atomic
 
 # Q queued, R running, H held, W waiting (execution time), T transit, E exiting, B array begun, S/U
 # suspended, M moved; F finished and X finished subjob carry Exit_status
@@ -80,7 +80,7 @@ def job_script(snakemake_script: str, exit_dir: str, require_gpu: bool) -> str:
         "trap tacl_exit EXIT",
         "trap 'exit 143' TERM",
     ]
-    if require_gpu:  # the job asked PBS for GPUs: it must not fall back to the CPU (tacl.device)
+    if require_gpu:  # the job asked PBS for GPUs: it must not fall back to the CPU (tacl.runtime.device)
         lines.append("export TACL_REQUIRE_GPU=1")
     return "\n".join(lines) + "\n# Snakemake's job script:\n" + snakemake_script
 

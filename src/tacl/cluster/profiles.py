@@ -18,7 +18,7 @@ import os
 import sys
 from pathlib import Path
 
-from tacl.io import InputError
+from tacl.runtime.io import InputError
 
 REPO = Path(__file__).resolve().parents[3]  # the checkout this package was installed from
 NAMES = ("slurm", "pbs", "workstation")

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tacl.io import InputError, read_json, require_file
-from tacl.layout import Layout
+from tacl.experiment.layout import Layout
+from tacl.runtime.io import InputError, read_json, require_file
 
 
 class PretrainRun:
@@ -96,7 +96,7 @@ def run_from_config(config_path: str, objective: str) -> PretrainRun:
     """The same run the workflow would make for `objective` (its start model and shards must exist)."""
     import yaml
 
-    from tacl.config import SCHEMA, config_errors, load_schema
+    from tacl.experiment.config import SCHEMA, config_errors, load_schema
     from tacl.pretrain.settings import TrainSettings
 
     config = yaml.safe_load(require_file(config_path, "workflow config").read_text()) or {}

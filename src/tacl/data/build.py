@@ -13,7 +13,7 @@ from tacl.data.clean import read_documents
 from tacl.data.nsp import create_instances
 from tacl.data.shards import FORMAT_VERSION, token_dtype, write_shard
 from tacl.data.download import TOKENIZER_BACKEND, TOKENIZER_META
-from tacl.io import InputError, read_json, require_file, sha256_file, stable_hash, write_json_atomic
+from tacl.runtime.io import InputError, read_json, require_file, sha256_file, stable_hash, write_json_atomic
 
 GROUP = 64  # sentences per tokenizer call
 BATCH = 256  # calls per batch (the tokenizer spreads a batch over RAYON_NUM_THREADS threads)

@@ -30,7 +30,7 @@ import numpy as np
 
 from tacl.data.sources import Article, iter_articles
 from tacl import RESULT_VERSIONS
-from tacl.io import InputError, atomic_path, read_json, write_json_atomic
+from tacl.runtime.io import InputError, atomic_path, read_json, write_json_atomic
 
 STOP_PREFIXES = ("References", "External links", "Category:", "See also")
 MIN_PARAGRAPH_WORDS = 3
@@ -162,7 +162,7 @@ def capped_documents(articles: Iterable[Article], max_lines: int | None, heldout
 
 
 def clean_given(max_lines: int | None, heldout_fraction: float, splitter: str) -> dict[str, Any]:
-    """The settings a clean job ran with, as its record keeps them (tacl.reruns compares them)."""
+    """The settings a clean job ran with, as its record keeps them (tacl.experiment.reruns compares them)."""
     # (0 and None both mean no cap: the job is given `max_lines or None`)
     return {"max_lines": max_lines or None, "heldout_fraction": heldout_fraction, "sentence_splitter": splitter,
             "version": RESULT_VERSIONS["data"]}

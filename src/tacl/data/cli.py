@@ -97,7 +97,7 @@ def _shard(a: argparse.Namespace) -> None:
 
 def _gather(a: argparse.Namespace) -> None:
     from tacl.data.build import gather_shards
-    from tacl.io import read_json, write_json_atomic
+    from tacl.runtime.io import read_json, write_json_atomic
 
     manifest = gather_shards(a.entries, a.out)
     clean = read_json(a.clean_stats)
@@ -115,7 +115,7 @@ def _verify(a: argparse.Namespace) -> None:
 
     expected = None
     if a.tokenizer:
-        from tacl.hub import load_tokenizer, tokenizer_hash
+        from tacl.runtime.hub import load_tokenizer, tokenizer_hash
 
         expected = tokenizer_hash(load_tokenizer(a.tokenizer))
     shards = ShardSet(a.manifest, tokenizer_hash=expected, verify=True)

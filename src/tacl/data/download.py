@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from tacl.data.sources import expand_paths
-from tacl.hub import from_hub, load_tokenizer, resolve_pretrained, tokenizer_hash
-from tacl.io import InputError, atomic_path, sha256_file, write_json_atomic
+from tacl.runtime.hub import from_hub, load_tokenizer, resolve_pretrained, tokenizer_hash
+from tacl.runtime.io import InputError, atomic_path, sha256_file, write_json_atomic
 
 
 def download_corpus(source: dict[str, Any], cache_dir: str, out_json: str, max_lines: int = 0,

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from tacl.io import InputError, atomic_path, read_json, sha256_file
+from tacl.runtime.io import InputError, atomic_path, read_json, sha256_file
 
 MAGIC = b"TACLSHRD"
 FORMAT_VERSION = 1

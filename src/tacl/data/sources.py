@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from tacl.hub import from_hub
-from tacl.io import InputError
+from tacl.runtime.hub import from_hub
+from tacl.runtime.io import InputError
 
 KINDS = ("hf", "wikiextractor", "text")
 

@@ -7,7 +7,7 @@ from typing import Any
 from tacl import RESULT_VERSIONS
 
 # The one list of fine-tuning tasks, with their family, in the order the tables show them. The workflow
-# (tacl.experiment) and the command line's choices come from it; the schema's enums,
+# (tacl.experiment.design) and the command line's choices come from it; the schema's enums,
 # each family's specs (glue.TASKS, data.SQUAD_TASKS, data.NER_TASKS) and each task's headline number
 # (sweep.HEADLINE_DEV) are checked equal to it (tests/test_registry.py). No heavy import here: the
 # Snakefile reads it while it parses.
@@ -44,7 +44,7 @@ FAMILY_HPARAMS = {
     "ner": {**_SEQUENCE, "max_len": 256, "lr": 5e-5, "supervised_tacl": False, "tacl_tau": 0.1, "tacl_weight": 1.0},
 }
 
-# Beside a run's metrics.json: the settings the run was given, as the workflow passes them (tacl.reruns
+# Beside a run's metrics.json: the settings the run was given, as the workflow passes them (tacl.experiment.reruns
 # compares them with what the config gives now).
 GIVEN = "given.json"
 # In a seed's folder while it trains: its checkpoint (tacl.finetune.resume), gone once its metrics are written
@@ -62,3 +62,27 @@ class Stopped(RuntimeError):
 def finetune_given(source: dict[str, Any], hparams: dict[str, Any], precision: str, preset: str) -> dict[str, Any]:
     return {"source": source, "hparams": hparams, "precision": precision, "preset": preset,
             "version": RESULT_VERSIONS["finetune"]}
+
+
+# What a fine-tune keeps in hand before its job's time limit (tacl.finetune.common.train): it saves and stops
+# when one more step and a half, plus `save_margin_s`, would run past the job's end time. The margin holds the
+# checkpoints of every seed of the job that trains at once (side by side they save at the same moment, on the
+# same disk), each written at SAVE_BYTES_PER_S (or as slowly as the seed's own saves went, if slower), and
+# STOP_SLACK_S. Here, free of heavy imports, for the plan printed before a run too (tacl.planning.plan).
+SAVE_BYTES_PER_S = 100e6  # a busy shared file system's write rate to one job, conservatively (Lustre or GPFS
+#                           give a node several times this when quiet, a local disk far more)
+STOP_SLACK_S = 30.0  # the processes' exits, and the end time's precision (squeue and qstat answer in seconds)
+
+
+def finetune_checkpoint_bytes(params: float) -> float:
+    """A fine-tuning seed's checkpoint: its fp32 weights and AdamW's two fp32 moments, 12 bytes a parameter
+    (BERT-base with its head, 110M parameters: 1.3 GB)."""
+    return 12.0 * params
+
+
+def save_margin_s(checkpoint_bytes: float, at_once: int, measured_s: float = 0.0) -> float:
+    """Seconds a fine-tune keeps before its job's end to save and stop: `at_once` seeds' checkpoints, each
+    taking the longer of `checkpoint_bytes` at SAVE_BYTES_PER_S and the longest save measured (`measured_s`),
+    one after the other (seeds side by side save at the same moment and share the disk), and STOP_SLACK_S.
+    BERT-base, 4 seeds at once: 4 x 13 s + 30 s, about 1.4 minutes."""
+    return STOP_SLACK_S + at_once * max(checkpoint_bytes / SAVE_BYTES_PER_S, measured_s)

@@ -9,9 +9,9 @@ import sys
 import time
 from pathlib import Path
 
-from tacl.device import DEVICES
 from tacl.finetune import CONTRASTIVE_FORMS, PRESETS, TASKS
-from tacl.io import with_cache
+from tacl.runtime.device import DEVICES
+from tacl.runtime.io import with_cache
 
 log = logging.getLogger("tacl.finetune")
 
@@ -95,11 +95,11 @@ def _prepare(a: argparse.Namespace) -> None:
 
 
 def _finetune(a: argparse.Namespace) -> None:
-    from tacl.device import GpuUnavailable, open_gpu, resolve_device
     from tacl.finetune import EXIT_STOPPED, Stopped, finetune_given
     from tacl.finetune.resume import Checkpointing
     from tacl.finetune.seeds import note_job, run_seeds, weights_fingerprint
     from tacl.finetune.side_by_side import cannot_share, run_side_by_side, seeds_at_once
+    from tacl.runtime.device import GpuUnavailable, open_gpu, resolve_device
 
     # (a seed of a job of several, `--seed` with `--seeds-per-gpu N`: N seeds share its GPU and save at once;
     # one whose GPU will not take it says which setting lets the job run)
@@ -190,7 +190,7 @@ def seed_command(a: argparse.Namespace, seed: int, at_once: int) -> list[str]:
 
 
 def resolve_model(model: str) -> str:
-    from tacl.hub import resolve_pretrained
+    from tacl.runtime.hub import resolve_pretrained
 
     return resolve_pretrained(model)
 
@@ -223,7 +223,7 @@ def _compile(a: argparse.Namespace) -> bool | str:
 def _select(a: argparse.Namespace) -> None:
     from tacl.finetune.seeds import metrics_files
     from tacl.finetune.sweep import select_runs
-    from tacl.io import write_json_atomic
+    from tacl.runtime.io import write_json_atomic
 
     chosen = select_runs(a.task, metrics_files(a.runs))
     write_json_atomic(a.out, chosen)

@@ -43,12 +43,12 @@ from typing import Any, Callable, Sequence, TypeVar
 import numpy as np
 import torch
 
-from tacl.device import (compile_failure, compile_in_own_thread, compiles, computes_bf16, device_info,
+from tacl.runtime.device import (compile_failure, compile_in_own_thread, compiles, computes_bf16, device_info,
                          fast_fp32_matmul, resolve_device)
 from tacl.finetune import FAMILY_HPARAMS, PRESETS, resume
 from tacl.finetune.resume import Checkpointing
-from tacl.io import InputError, stable_hash
 from tacl.objectives import in_fp32, sdpa_mask
+from tacl.runtime.io import InputError, stable_hash
 
 log = logging.getLogger("tacl.finetune")
 
@@ -87,7 +87,7 @@ class Run:
     def detect(cls, precision: str = "auto", device: str = "auto", compile: bool | str = "auto",
                shapes: str = "auto") -> "Run":
         """`device` as in the config (auto | cuda | cpu): a job that asked for a GPU and sees none stops
-        here with tacl.device.DeviceError, before any data is tokenized or any model is built. `compile`:
+        here with tacl.runtime.device.DeviceError, before any data is tokenized or any model is built. `compile`:
         finetune.compile (auto: on a GPU); `shapes`: finetune.shapes (auto: buckets where compiled)."""
         if shapes not in SHAPES:
             raise InputError(f"finetune.shapes: {shapes!r} is not one of {', '.join(SHAPES)}")
@@ -410,10 +410,10 @@ def _compiled_or_eager(model: torch.nn.Module, call: Callable[[], T], batch: dic
                        retry: Callable[[], None] | None = None) -> T:
     """`call()` (a training step's forward and backward, or a prediction batch's forward), on a compiled model
     (`compile_model`) where it compiles. The first call of each `_compile_key` compiles, in a thread of its
-    own (tacl.device.compile_in_own_thread: what a failed compilation leaves behind, inference mode included,
+    own (tacl.runtime.device.compile_in_own_thread: what a failed compilation leaves behind, inference mode included,
     goes with that thread; `call` sets its own grad mode and autocast, which are the thread's); a later
     failure (a recompilation, not expected) is handled in this thread. A failed compilation
-    (tacl.device.compile_failure) sends the model on uncompiled, saying so once: torch.compiler.reset(), the
+    (tacl.runtime.device.compile_failure) sends the model on uncompiled, saying so once: torch.compiler.reset(), the
     model's compiled call dropped, `retry()` (training: the gradients set to none), and `call()` again. An
     out-of-memory error, as every error that is not the compiler's, propagates."""
     if getattr(model, "_compiled_call_impl", None) is None:  # (what nn.Module.compile sets)

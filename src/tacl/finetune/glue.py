@@ -18,8 +18,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from tacl.hub import from_hub
-from tacl.io import InputError, atomic_path
+from tacl.runtime.hub import from_hub
+from tacl.runtime.io import InputError, atomic_path
 
 log = logging.getLogger("tacl.finetune.glue")
 

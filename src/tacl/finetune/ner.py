@@ -14,8 +14,8 @@ from tacl.finetune import CONLL_FILES, FAMILY_HPARAMS
 from tacl.finetune.common import Run, hyperparameters, load_task_model, predict, train
 from tacl.finetune.resume import Checkpointing
 from tacl.finetune.sequence import subset
-from tacl.hub import resolve_pretrained
-from tacl.io import InputError, write_json_atomic
+from tacl.runtime.hub import resolve_pretrained
+from tacl.runtime.io import InputError, write_json_atomic
 
 SPLITS = CONLL_FILES
 

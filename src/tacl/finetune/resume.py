@@ -17,7 +17,7 @@ A seed also saves and stops on its own before its job's time limit, as a pretrai
 Deadline, tacl.pretrain.deadline): the job's end time comes from its scheduler (squeue under SLURM, qstat's
 walltime and start time under PBS Pro, which sends no warning signal before the limit), and the seed stops
 when one more step and a half, plus the time to save the checkpoints of every seed of the job that trains at
-once (tacl.plan.save_margin_s: side by side they save at the same moment), would run past it (`TimeLimit`).
+once (tacl.finetune.save_margin_s: side by side they save at the same moment), would run past it (`TimeLimit`).
 """
 
 from __future__ import annotations
@@ -34,10 +34,16 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from tacl.finetune import CHECKPOINT, Stopped  # noqa: F401 (Stopped: raised by train, named here)
-from tacl.io import atomic_path, size_text
-from tacl.plan import SAVE_BYTES_PER_S, STOP_SLACK_S, finetune_checkpoint_bytes, save_margin_s
+from tacl.finetune import (  # noqa: F401 (Stopped: raised by train, named here)
+    CHECKPOINT,
+    SAVE_BYTES_PER_S,
+    STOP_SLACK_S,
+    Stopped,
+    finetune_checkpoint_bytes,
+    save_margin_s,
+)
 from tacl.pretrain.deadline import Deadline, StopSignals
+from tacl.runtime.io import atomic_path, size_text
 
 log = logging.getLogger("tacl.finetune")
 
@@ -61,7 +67,7 @@ class Checkpointing:
 @dataclass
 class TimeLimit:
     """When a seed saves and stops before its job's end: a Deadline whose margin holds the checkpoints of
-    the `at_once` seeds that save at the same moment (tacl.plan.save_margin_s: each at SAVE_BYTES_PER_S, or
+    the `at_once` seeds that save at the same moment (tacl.finetune.save_margin_s: each at SAVE_BYTES_PER_S, or
     as slowly as this seed's saves went, if slower), and one step and a half."""
 
     deadline: Deadline

@@ -17,13 +17,13 @@ parse, and the record is written then). Anything else trains the seed again, aft
 why; the marker never names a file that does not parse.
 
 A seed is trained by one process at a time: the process holds the seed's lock (LOCK in its folder, the
-pretraining run lock's machinery, tacl.pretrain.lock) from before it looks at the seed until the seed is done
+pretraining run lock's machinery, tacl.runtime.lock) from before it looks at the seed until the seed is done
 or stopped. A second process on a seed whose holder still runs (a job started again while the first one
 runs, on this host or another) stops with one line naming the seed's folder and the holder, and touches
 nothing of the seed; a lock whose holder is gone (a killed job) is taken over, with one warning saying whose
 it was.
 
-A job killed while it writes leaves the file or folder unfinished under a temporary name (tacl.io.atomic_path:
+A job killed while it writes leaves the file or folder unfinished under a temporary name (tacl.runtime.io.atomic_path:
 a seed's checkpoint.pt being saved, its model/ being written, its metrics.json). The seed's next holder
 removes them once it holds the seed's lock, before it looks at the seed (`train_seed`), whichever host wrote
 them: whoever wrote there held the lock, and is gone. Nothing is removed before the lock is held: a
@@ -40,9 +40,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tacl.finetune import CHECKPOINT, GIVEN, JOB, Stopped
-from tacl.io import (InputError, changed_files, read_file_record, read_json, remove_leftovers, sha256_file,
+from tacl.runtime.io import (InputError, changed_files, read_file_record, read_json, remove_leftovers, sha256_file,
                      temporaries_under, write_file_record, write_json_atomic)
-from tacl.pretrain.lock import LOCK, RunLock, holder, owner_record
+from tacl.runtime.lock import LOCK, RunLock, holder, owner_record
 
 log = logging.getLogger("tacl.finetune")
 WEIGHTS = ("*.safetensors", "*.bin")
@@ -70,7 +70,8 @@ def weights_fingerprint(model_dir: str | Path) -> str:
 
 def result_files(out: Path) -> list[Path]:
     """A seed's result files: everything in its folder but its records (given.json, RESULT_FILES, the job's
-    JOB with --seed), its checkpoint, its lock and what is hidden (a file being written, tacl.io.atomic_path)."""
+    JOB with --seed), its checkpoint, its lock and what is hidden (a file being written,
+    tacl.runtime.io.atomic_path)."""
     keep = []
     for path in sorted(out.rglob("*")):
         parts = path.relative_to(out).parts
@@ -137,7 +138,7 @@ def seed_done(out: Path, given: dict[str, Any]) -> bool:
 
 def note_job(folder: Path) -> None:
     """Record this job in the folder's JOB (the setting's, or the seed's with --seed), for `tacl status`, unless
-    the job JOB names still runs (as the pretraining lock tells it: tacl.pretrain.lock.holder): JOB then keeps
+    the job JOB names still runs (as the pretraining lock tells it: tacl.runtime.lock.holder): JOB then keeps
     naming it, saying so, and this job stops at the first seed that job trains (`seed_lock`). Nothing in the
     folder is removed here: each seed's leftovers go under its lock (`train_seed`)."""
     folder = Path(folder)
@@ -163,7 +164,7 @@ def train_seed(seed: int, out: Path, given: dict[str, Any], train_one: Callable[
     """One seed, under its lock (`seed_lock`): kept when done before (`why_not_done`), otherwise trained
     (going on from its checkpoint where it has one), its result files checked and recorded. Raises what
     `train_one` raises (InputError, `Stopped`, a failure). What killed writers left in the seed's folder goes
-    first, once the lock is held (tacl.io.temporaries_under), with one warning naming each and its size."""
+    first, once the lock is held (tacl.runtime.io.temporaries_under), with one warning naming each and its size."""
     with seed_lock(seed, out):
         remove_leftovers(temporaries_under(out), out, "killed jobs", log)
         why = why_not_done(out, given)

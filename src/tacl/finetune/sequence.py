@@ -14,8 +14,8 @@ from tacl.finetune.common import DEFAULT_HPARAMS, Run, hyperparameters, load_tas
 from tacl.finetune.contrastive import DEFAULTS as CONTRASTIVE_DEFAULTS
 from tacl.finetune.contrastive import CONTRASTIVE_FORMS, contrastive_loss
 from tacl.finetune.resume import Checkpointing
-from tacl.hub import resolve_pretrained
-from tacl.io import InputError, atomic_path, write_json_atomic
+from tacl.runtime.hub import resolve_pretrained
+from tacl.runtime.io import InputError, atomic_path, write_json_atomic
 
 
 def load_examples(task: str, split: str, source: dict[str, Any]) -> list[glue.Example]:

@@ -28,7 +28,7 @@ job did not send (another process's, the kernel's out-of-memory killer's SIGKILL
 
 `auto` (`seeds_per_gpu`): one on a CPU (a seed already uses every core it is given). On a GPU, one where its
 compute mode admits one process at a time (Exclusive_Process; or none, Prohibited; NVML or nvidia-smi say
-which, tacl.device.gpu_compute_mode): a second process could not open it. Otherwise as many as fit: the
+which, tacl.runtime.device.gpu_compute_mode): a second process could not open it. Otherwise as many as fit: the
 job's CPU cores at CORES_PER_SEED each, the GPU's memory at the estimate of one seed's (`seed_memory_gib`), at
 most MAX_AUTO, and spread evenly over the seeds (5 seeds at most 4 at a time: 3 and 2, not 4 and 1). A seed
 whose process cannot open the GPU all the same (a number set by hand) fails the job with its one line,
@@ -57,11 +57,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from tacl.device import EXIT_GPU_UNAVAILABLE, ONE_PROCESS_MODES, GpuUnavailable
 from tacl.finetune import EXIT_STOPPED, FAMILY_HPARAMS, Stopped
 from tacl.finetune.seeds import METRICS, seeds_record
-from tacl.io import InputError
-from tacl.plan import Shape
+from tacl.runtime.device import EXIT_GPU_UNAVAILABLE, ONE_PROCESS_MODES, GpuUnavailable
+from tacl.runtime.io import InputError
+from tacl.runtime.shape import Shape
 
 log = logging.getLogger("tacl.finetune")
 
@@ -157,7 +157,7 @@ def seeds_at_once(requested: str, seeds: int, device: Any, model_dir: str | Path
     opens no CUDA context here (the seeds' processes will)."""
     if requested != "auto":
         return most_at_once(requested, seeds, cpu=False), f"finetune.seeds_per_gpu: {requested}"
-    from tacl.device import gpu_compute_mode, gpu_memory_gib
+    from tacl.runtime.device import gpu_compute_mode, gpu_memory_gib
 
     gpu_gib = gpu_memory_gib(device)
     if gpu_gib is None:

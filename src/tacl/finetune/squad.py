@@ -13,8 +13,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from tacl.hub import from_hub
-from tacl.io import InputError
+from tacl.runtime.hub import from_hub
+from tacl.runtime.io import InputError
 
 HF_DATASETS = {"1.1": "rajpurkar/squad", "2.0": "rajpurkar/squad_v2"}
 TOKENIZE_CHUNK = 1024  # examples per batched tokenizer call

@@ -8,7 +8,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from tacl.io import InputError, atomic_path, read_json
+from tacl.runtime.io import InputError, atomic_path, read_json
 
 
 def selected_run(selection: str | Path, with_label: bool = False) -> Path | tuple[Path, str]:

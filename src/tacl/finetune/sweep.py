@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from tacl.finetune import FAMILY_HPARAMS, PRESETS
-from tacl.io import InputError, read_json
+from tacl.runtime.io import InputError, read_json
 
 SWEEP_KEYS = ("lr", "batch", "epochs", "warmup_ratio", "weight_decay")
 GRIDS = {

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from tacl.data.packing import is_packed
-from tacl.io import InputError
+from tacl.runtime.io import InputError
 from tacl.objectives import (GroupDraws, counts, draw_width, group_size, in_fp32, mean_of,
                              step_denominator)
 from tacl.objectives.mlm_nsp import IGNORE_INDEX, mlm_loss

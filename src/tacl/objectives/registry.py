@@ -1,7 +1,7 @@
 """The one list of pretraining objectives: what a name builds, which `pretrain.<section>` keys it reads and
 what the workflow must know about it. Everything else that names objectives comes from here: the
 trainer (`build_objective`), the settings (`objective_params`), the config check and the trainer
-(`two_sequences`, `packing_error`), the rules' wildcard constraints (`OBJECTIVE_PATTERN` in
+(`group_error`, `packing_error`), the rules' wildcard constraints (`OBJECTIVE_PATTERN` in
 workflow/rules/common.smk), the command line and the benchmark's choices; the schema's enums are checked
 equal to it (tests/test_registry.py).
 
@@ -78,7 +78,7 @@ def group_error(objectives: list[str], group: int | None, micro_batch: int | str
         return None
     if group is None:
         return (f"pretrain.negatives_group: not set for {grouped}, which take their negatives from fixed groups of "
-                "sequences (settings made by tacl.experiment from a config always carry it)")
+                "sequences (settings made by tacl.experiment.design from a config always carry it)")
     size, key = (per_rank, "global_batch / ranks") if micro_batch == "auto" else (micro_batch, "micro_batch")
     if size % group:
         return (f"pretrain.micro_batch: {micro_batch}, but {grouped} take their negatives from fixed groups of "

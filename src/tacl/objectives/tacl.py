@@ -19,10 +19,10 @@ import torch
 import torch.nn.functional as F
 
 from tacl.data.packing import is_packed
-from tacl.io import InputError
 from tacl.objectives import counts, group_size, in_fp32, mean_of, step_denominator
 from tacl.objectives.mlm_nsp import IGNORE_INDEX, mlm_nsp_terms
 from tacl.objectives.packed import encode, per_sequence, pooled
+from tacl.runtime.io import InputError
 
 _EXCLUDED = -1e9  # a logit that softmax turns into exactly 0 (-inf would make NaN gradients on empty rows)
 

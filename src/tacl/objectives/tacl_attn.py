@@ -30,9 +30,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from tacl.io import InputError
 from tacl.objectives import encoder_inputs, group_size, in_fp32
 from tacl.objectives.tacl import _EXCLUDED, TaCL
+from tacl.runtime.io import InputError
 
 WEIGHTINGS = ("attention", "uniform")
 

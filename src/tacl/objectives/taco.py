@@ -20,10 +20,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from tacl.io import InputError
 from tacl.objectives import GroupDraws, counts, draw_width, group_size, in_fp32, mean_of, step_denominator
 from tacl.objectives.mlm_nsp import IGNORE_INDEX, mlm_nsp_terms
 from tacl.objectives.packed import encode, per_sequence, pooled
+from tacl.runtime.io import InputError
 
 
 def _below(n: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Callable
 
-from tacl.io import InputError, read_json
+from tacl.runtime.io import InputError, read_json
 
 
 def chunks_present(marker_of: Callable[[int], str]) -> int:

@@ -38,10 +38,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from tacl.device import rank_gpu
-from tacl.io import InputError, changed_files, read_file_record, write_file_record, write_text_atomic
 from tacl.pretrain.distributed import DistEnv, barrier
 from tacl.pretrain.rundir import CHECKPOINTS, DAMAGED, INCOMING, UNIVERSAL, checkpoint_dir  # noqa: F401 (CHECKPOINTS)
+from tacl.runtime.device import rank_gpu
+from tacl.runtime.io import InputError, changed_files, read_file_record, write_file_record, write_text_atomic
 
 MANIFEST = "manifest.json"
 _TAG = re.compile(r"^step(\d{8})$")

@@ -11,8 +11,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tacl.device import resolve_device
-from tacl.io import InputError
+from tacl.runtime.device import resolve_device
+from tacl.runtime.io import InputError
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ def configure_gloo(environ: dict[str, str] | None = None) -> str | None:
 
 def init_distributed(device: str = "auto") -> DistEnv:
     """Join the process group on this rank's device: `device` is the config's (auto | cuda | cpu); a rank
-    that was asked for a GPU and has none stops here (tacl.device.DeviceError), before any other work."""
+    that was asked for a GPU and has none stops here (tacl.runtime.device.DeviceError), before any other work."""
     _slurm_env()
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")

@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tacl.io import InputError, read_json
 from tacl.pretrain import checkpoint
 from tacl.pretrain.metrics import read_metrics
 from tacl.pretrain.model import checkpoint_state_dict, export_model, start_identity
+from tacl.runtime.io import InputError, read_json
 
 
 REMOVED = "checkpoints-removed.json"  # in a run directory whose checkpoints went after its export
@@ -31,7 +31,7 @@ def remove_checkpoints(run_dir: str, out_dir: str, tag: str) -> None:
     """After the export is written (pretrain.remove_checkpoints): the checkpoints go, a note stays."""
     import shutil
 
-    from tacl.io import write_json_atomic
+    from tacl.runtime.io import write_json_atomic
 
     write_json_atomic(Path(run_dir) / REMOVED, {"export": out_dir, "checkpoint": tag, "step": int(tag[4:])})
     shutil.rmtree(Path(run_dir) / checkpoint.CHECKPOINTS)

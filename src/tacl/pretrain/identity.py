@@ -5,7 +5,7 @@ chunk that takes the run directory. A chunk whose identity differs adopts the di
 the earlier run's checkpoints are set aside whole under `superseded/`, and a run set aside before comes back.
 Beside it, the checks a run directory must pass before a chunk resumes it: the ZeRO stage its checkpoints
 were written with (`check_zero_stage`), checkpoints removed after the export (`check_not_removed`), and the
-step up to which its checkpoints predate manifests (`manifests_after`). The lock (tacl.pretrain.lock) is held
+step up to which its checkpoints predate manifests (`manifests_after`). The lock (tacl.runtime.lock) is held
 throughout.
 """
 
@@ -17,13 +17,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tacl.changes import changed_keys
-from tacl.io import InputError, read_json, stable_hash
 from tacl.pretrain import checkpoint
 from tacl.pretrain.export import removed_message, removed_note
-from tacl.pretrain.lock import RunLock
 from tacl.pretrain.model import start_identity
 from tacl.pretrain.settings import TrainSettings
+from tacl.runtime.io import InputError, changed_keys, read_json, stable_hash
+from tacl.runtime.lock import RunLock
 
 log = logging.getLogger("tacl.pretrain")
 

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tacl.io import write_text_atomic
+from tacl.runtime.io import write_text_atomic
 
 
 class MetricsLog:

@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from tacl.hub import from_hub, load_tokenizer, resolve_pretrained
-from tacl.io import InputError, atomic_path, read_json, sha256_file, write_json_atomic
+from tacl.runtime.hub import from_hub, load_tokenizer, resolve_pretrained
+from tacl.runtime.io import InputError, atomic_path, read_json, sha256_file, write_json_atomic
 
 START_META = "tacl_start.json"
 

@@ -6,7 +6,7 @@ being written, renamed into place once complete; `<tag>/universal/<tag>.incoming
 universal format being written; `<tag>.damaged-<time>`: a damaged checkpoint set aside (kept).
 
 A process killed while it writes leaves what it wrote unfinished (`leftovers`): a save in `.incoming/`, a
-conversion's `<tag>.incoming`, a file written under a temporary name (tacl.io.atomic_path: run.json, `latest`,
+conversion's `<tag>.incoming`, a file written under a temporary name (tacl.runtime.io.atomic_path: run.json, `latest`,
 metrics.jsonl). Nothing reads them; a BERT-base save is about 1.5 GB, and a job preempted or requeued again and
 again would leave one per kill. The next chunk removes them when it starts (`clear_leftovers`), holding the
 run's lock, which tells that no live trainer writes there, before it saves.
@@ -18,7 +18,7 @@ import logging
 import os
 from pathlib import Path
 
-from tacl.io import remove_leftovers, temporaries_under
+from tacl.runtime.io import remove_leftovers, temporaries_under
 
 CHECKPOINTS = "checkpoints"
 INCOMING = ".incoming"
@@ -34,7 +34,7 @@ def checkpoint_dir(run_dir: str | os.PathLike) -> Path:
 def leftovers(run_dir: str | os.PathLike) -> list[Path]:
     """What killed processes left unfinished in a run directory: everything in `checkpoints/.incoming/`, every
     `<tag>/universal/<tag>.incoming`, and the files and folders written under a temporary name that no process
-    still running on this host writes (tacl.io.temporaries_under)."""
+    still running on this host writes (tacl.runtime.io.temporaries_under)."""
     root = checkpoint_dir(run_dir)
     found = sorted((root / INCOMING).iterdir()) if (root / INCOMING).is_dir() else []
     found += sorted(root.glob(f"*/{UNIVERSAL}/*{INCOMING}"))

@@ -17,9 +17,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tacl import RESULT_VERSIONS
-from tacl.device import computes_bf16
-from tacl.io import InputError, stable_hash
 from tacl.objectives.registry import objective_params
+from tacl.runtime.device import computes_bf16
+from tacl.runtime.io import InputError, stable_hash
 
 RESULT_KEYS = ("objective", "steps", "global_batch", "lr", "warmup_ratio", "weight_decay", "adam_eps", "adam_betas",
                "grad_clip", "precision", "seed", "pad_to_max_len", "group_by_length", "max_len", "objective_params",
@@ -94,7 +94,7 @@ class TrainSettings:
     packing: bool = False  # sequences packed without padding (tacl.data.packing); changes the trajectory
     objective_params: dict[str, Any] = field(default_factory=dict)
     # where and how fast (OPERATIONAL_KEYS, with micro_batch and zero_stage above)
-    device: str = "auto"  # auto | cuda | cpu; cuda: stop at once unless a GPU is usable (tacl.device)
+    device: str = "auto"  # auto | cuda | cpu; cuda: stop at once unless a GPU is usable (tacl.runtime.device)
     loader_workers: int = 2  # DataLoader processes that build micro-batches ahead of the step
     compile: bool | str = "auto"  # torch.compile forward and loss: true, false, auto (on a GPU: device.compiles)
 
@@ -141,7 +141,7 @@ class TrainSettings:
 
     def result(self, bf16: bool | None = None) -> dict[str, Any]:
         """The settings that decide the weights (RESULT_KEYS), the batch version and, where the run computes
-        in bf16 (`bf16`; None: as precision and device say, tacl.device.computes_bf16), BF16_VERSION: what a
+        in bf16 (`bf16`; None: as precision and device say, tacl.runtime.device.computes_bf16), BF16_VERSION: what a
         run's checkpoints belong to, and what Snakemake compares to decide a rerun."""
         d = self.to_dict()
         # (packing only where it is on: the runs made before it existed (commit 14a0e48, 2026-11-25) keep their

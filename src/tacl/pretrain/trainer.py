@@ -48,17 +48,17 @@ from tacl.data.masking import MaskingSpec
 from tacl.data.packing import is_packed
 from tacl.data.pretraining import Batching, MicroBatches, PretrainingData, micro_batch_loader, on_device
 from tacl.data.shards import ShardSet
-from tacl.device import (compile_failure, compile_in_own_thread, compiles, computes_bf16, device_info,
+from tacl.runtime.device import (compile_failure, compile_in_own_thread, compiles, computes_bf16, device_info,
                          fast_fp32_matmul, gpu_memory_gib)
-from tacl.hub import load_tokenizer, tokenizer_hash
-from tacl.io import InputError, stable_hash, write_json_atomic
+from tacl.runtime.hub import load_tokenizer, tokenizer_hash
+from tacl.runtime.io import InputError, stable_hash, write_json_atomic
 from tacl.objectives import NO_PADDING, GroupDraws, build_objective, objective_draws
 from tacl.objectives.registry import group_error, packing_error
 from tacl.pretrain import checkpoint
 from tacl.pretrain.deadline import Deadline, StopSignals, describe, end_times
 from tacl.pretrain.distributed import DistEnv, all_max, all_sum, barrier, broadcast_object, init_distributed, shutdown
 from tacl.pretrain.identity import adopt_run_dir, check_not_removed, check_zero_stage, manifests_after, run_identity
-from tacl.pretrain.lock import RunLock
+from tacl.runtime.lock import RunLock
 from tacl.pretrain.metrics import MetricsLog
 from tacl.pretrain.rundir import clear_leftovers
 from tacl.pretrain.model import load_student, load_teacher
@@ -136,7 +136,7 @@ class Pretrainer(torch.nn.Module):
         return self.losses != self.eager_losses
 
     def go_eager(self, why: str) -> None:
-        """A compilation failed (`why`: tacl.device.compile_failure): this run goes on uncompiled, saying so;
+        """A compilation failed (`why`: tacl.runtime.device.compile_failure): this run goes on uncompiled, saying so;
         dynamo's caches are emptied (torch.compiler.reset), so nothing of the failed compilation is kept."""
         log.warning("pretrain.compile: torch.compile failed (%s); this chunk goes on uncompiled (eager, slower); "
                     "`tacl doctor --device cuda --compile` checks the tool chain, and pretrain.compile: false "
@@ -493,7 +493,7 @@ def _compiled_or_eager(chunk: Chunk, batch: dict[str, Any], j: int):
     seeds); on several it stops with CompileFailedMidRun, naming pretrain.compile: false (the others would go on
     compiled). Where it fails in the backward, DeepSpeed's backward has begun and may hold part of the
     micro-batch's gradient: the chunk stops, on any number of ranks. An out-of-memory error, as every error
-    that is not the compiler's (tacl.device.compile_failure), propagates."""
+    that is not the compiler's (tacl.runtime.device.compile_failure), propagates."""
     module = chunk.engine.module
     if module.compiled and not chunk.compile_agreed:
         _agree_to_compile(chunk, batch, j)
@@ -525,7 +525,7 @@ def _compiled_or_eager(chunk: Chunk, batch: dict[str, Any], j: int):
 
 def _agree_to_compile(chunk: Chunk, batch: dict[str, Any], j: int) -> None:
     """Compile every graph the chunk can meet on this rank's first micro-batch (j), in a thread of its own
-    (tacl.device.compile_in_own_thread: what a failed compilation leaves behind goes with that thread), as a
+    (tacl.runtime.device.compile_in_own_thread: what a failed compilation leaves behind goes with that thread), as a
     trial: each of `compile_variants(batch)` through the compiled forward and loss, then the loss's gradient
     with respect to the trainable parameters (torch.autograd.grad: the compiled backward runs, and compiles,
     but no parameter's `.grad` is written and none of DeepSpeed's gradient hooks, which follow the gradient's

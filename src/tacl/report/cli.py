@@ -42,8 +42,8 @@ def register(stages: argparse._SubParsersAction) -> None:
 def _report(a: argparse.Namespace) -> None:
     from pathlib import Path
 
-    from tacl.io import write_json_atomic
     from tacl.report.expected import RECORD
+    from tacl.runtime.io import write_json_atomic
 
     if not (a.results_dir or (a.results and a.models and a.out)):
         a.parser.error("give RESULTS_DIR, or --results, --models and --out")

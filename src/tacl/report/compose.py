@@ -11,10 +11,10 @@ from typing import Any
 
 import pandas as pd
 
-from tacl.io import write_text_atomic
 from tacl.objectives.registry import REGISTRY
 from tacl.report.curves import Run, pretraining_runs, write_curves
 from tacl.report.document import Document, markdown, save_png, table_text
+from tacl.runtime.io import write_text_atomic
 from tacl.report.tables import (CONTROLS, GLUE_AVERAGE_LABELS, GLUE_COLUMNS, HEADLINE, cls_table, collect,
                                 differences_table, embeddings_table, glue_reference_table, glue_table, ner_table,
                                 prepared, read_result, reference_numbers, selected, selections, similarity_table,

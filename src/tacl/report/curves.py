@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from tacl.io import write_text_atomic
+from tacl.runtime.io import write_text_atomic
 from tacl.report.document import save_png
 from tacl.pretrain.metrics import read_lines
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from tacl.io import atomic_path
+from tacl.runtime.io import atomic_path
 
 STYLE = ("body{font-family:sans-serif;max-width:75em;margin:2em auto;padding:0 1em;line-height:1.4}"
          "table{border-collapse:collapse;font-size:90%;margin:0.5em 0}th,td{border:1px solid #ccc;"

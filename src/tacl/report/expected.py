@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tacl.io import InputError, read_json, write_json_atomic
-from tacl.layout import Layout
+from tacl.experiment.layout import Layout
+from tacl.runtime.io import InputError, read_json, write_json_atomic
 
 EXPECTED = "expected.json"
 VERSION = 1

@@ -26,7 +26,7 @@ no scheduler and no Snakemake for it).
   temporary name: tacl.pretrain.rundir.leftovers), which the run's next chunk removes when it starts, and
   what was set aside and is kept until deleted (damaged checkpoints, `superseded/` runs); the results
   directory's folders, and every file or folder written under a temporary name elsewhere in it
-  (tacl.io.atomic_path: a fine-tune's checkpoint.pt being saved, an export, a report file), which a job still
+  (tacl.runtime.io.atomic_path: a fine-tune's checkpoint.pt being saved, an export, a report file), which a job still
   writes or a killed one left (the next job on the same host that writes the same file, or the next holder of
   the seed's lock, removes it; one written on another host is left to the lock holder, or to you).
 - Hours of the finished jobs, from the Snakemake benchmark files (wall seconds `s`): all jobs, and GPU-hours,
@@ -47,12 +47,12 @@ from typing import Any
 import yaml
 
 from tacl.finetune import JOB
-from tacl.io import InputError, alive_here, disk_bytes, read_json, size_text, temporaries_under
-from tacl.pretrain.lock import lock_owner
+from tacl.runtime.io import InputError, alive_here, disk_bytes, read_json, size_text, temporaries_under
+from tacl.runtime.lock import lock_owner
 from tacl.pretrain.rundir import DAMAGED, checkpoint_dir, leftovers
 from tacl.pretrain.metrics import read_lines
 from tacl.report.expected import read_expected
-from tacl.scheduler import (PBS_ALIVE, SLURM_ALIVE, parse_walltime, qstat_job, slurm_accounting_state,
+from tacl.cluster.scheduler import (PBS_ALIVE, SLURM_ALIVE, parse_walltime, qstat_job, slurm_accounting_state,
                             slurm_job_state)
 
 ERROR_MARKS = ("Traceback (most recent call last)", "tacl: error:")
@@ -117,7 +117,7 @@ def run_disk(folder: Path) -> dict[str, Any]:
 
 def results_disk(root: Path, runs: list[Path]) -> dict[str, Any]:
     """The disk the results directory holds: bytes in all and per folder in it, and what is written under a
-    temporary name outside the pretraining runs' folders `runs` (tacl.io.atomic_path: being written by a
+    temporary name outside the pretraining runs' folders `runs` (tacl.runtime.io.atomic_path: being written by a
     running job, or left by a killed one)."""
     parts = {p.name: disk_bytes(p) for p in root.iterdir()}
     loose = [p for p in temporaries_under(root) if not any(p.is_relative_to(run) for run in runs)]

@@ -12,10 +12,9 @@ from typing import Any, Callable
 
 import yaml
 
-from tacl.io import InputError
 from tacl.objectives.registry import MODELS, group_error, objective_params, packing_error
 from tacl.pretrain.settings import CHUNK_OPERATIONAL_KEYS, OPERATIONAL_KEYS
-
+from tacl.runtime.io import InputError
 
 # The config keys that decide no result, only where and how a job runs (the schema marks each key with its
 # `x-role`, result or operational; tests/test_reruns.py keeps the two equal). Changing one reruns nothing:
@@ -105,7 +104,7 @@ def working_directory_error(cwd: str | Path, repo: str | Path, chosen: bool) -> 
 
 
 # the workflow's schema, in the checkout this package is imported from
-SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
+SCHEMA = Path(__file__).resolve().parents[3] / "workflow" / "schemas" / "config.schema.yaml"
 
 
 def load_schema(path: str | Path) -> dict[str, Any]:
@@ -140,7 +139,7 @@ def start_model_shape(config: dict[str, Any]) -> dict[str, Any] | None:
     if init.get("kind", "pretrained") == "random":
         return {"layers": init["layers"], "positions": init.get("max_position", 512), "hidden": init.get("hidden"),
                 "intermediate": init.get("intermediate"), "vocab": None, "key": "model_init"}
-    from tacl.hub import resolve_pretrained
+    from tacl.runtime.hub import resolve_pretrained
 
     try:
         path = Path(resolve_pretrained(config["model"])) / "config.json"
@@ -168,7 +167,7 @@ def plan_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
     keep their own checks as a second line."""
     problems = finetune_errors(config, schema)
     gpus = config["plan"]["gpus"]
-    if config["plan"]["gpu"] not in gpus:  # (the runtimes are sized for it: tacl.sizing looks its figures up)
+    if config["plan"]["gpu"] not in gpus:  # (the runtimes are sized for it: tacl.planning.sizing looks its figures up)
         problems.append(f"plan.gpu: {config['plan']['gpu']!r} is not in plan.gpus ({', '.join(gpus) or 'none'}); "
                         "name one of them, or add its figures under plan.gpus")
     p = config["pretrain"]
@@ -401,7 +400,7 @@ def register(commands) -> None:  # noqa: ANN001 (argparse's private subparsers t
 
 
 def _reference(a) -> None:  # noqa: ANN001
-    from tacl.io import write_text_atomic
+    from tacl.runtime.io import write_text_atomic
 
     text = reference_markdown(load_schema(a.schema))
     if not a.write:

@@ -23,10 +23,10 @@ import subprocess
 import time
 from pathlib import Path
 
-from tacl.device import visible_gpus
-from tacl.io import InputError
+from tacl.runtime.device import visible_gpus
+from tacl.runtime.io import InputError
 
-log = logging.getLogger("tacl.workstation")
+log = logging.getLogger("tacl.cluster.workstation")
 DEFAULT_LOCKS = "/tmp/tacl-gpu-locks"
 _held: list[int] = []  # the lock files' descriptors: held for the life of the process
 

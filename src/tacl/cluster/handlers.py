@@ -1,7 +1,7 @@
 """What the workflow's report rule and handlers do, from the config and the results folder: the report rule's
 arguments (the same ones after a failed job, for tables from whatever has finished: onerror) and what onstart
 writes to RESULTS_DIR/expected.json (tacl.report.expected). Above the stages: it reads the config's lists
-(tacl.experiment)."""
+(tacl.experiment.design)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import subprocess
 import sys
 from typing import Any
 
-from tacl.experiment import embeddings_enabled, expected_runs, finetune_models, tabled_models
-from tacl.layout import Layout
+from tacl.experiment.design import embeddings_enabled, expected_runs, finetune_models, tabled_models
+from tacl.experiment.layout import Layout
 
 
 def embeddings_outputs(config: dict[str, Any], layout: Layout) -> list[str]:

@@ -30,8 +30,8 @@ import time
 import uuid
 from pathlib import Path
 
-from tacl.io import InputError, pid_alive
-from tacl.scheduler import job_state, pbs_run_count, show_job_command, state_runs
+from tacl.cluster.scheduler import job_state, pbs_run_count, show_job_command, state_runs
+from tacl.runtime.io import InputError, pid_alive
 
 LOCK = "LOCK"
 log = logging.getLogger("tacl.pretrain")

@@ -1,10 +1,11 @@
-"""The plan of one experiment, printed before anything runs: every job of the workflow (tacl.plan.Job) with
-what it asks for and is expected to take, from the same estimates as the rules' resources (tacl.sizing), and
-the text of tacl.plan.format_plan with the assumptions it rests on.
+"""The plan of one experiment, printed before anything runs: every job of the workflow
+(tacl.planning.estimates.Job) with what it asks for and is expected to take, from the same estimates as the rules'
+resources (tacl.planning.sizing), and the text of tacl.planning.estimates.format_plan with the assumptions it rests
+on; and `announce`, which says it (and the run's other opening messages) before anything runs.
 
 A job is to run where its output is not there, or where it or a job it depends on was made with settings that
-changed (`changed`: the rerun tags of tacl.reruns). The workflow passes the rules that run on this machine
-(its localrules); nothing here needs Snakemake."""
+changed (`changed`: the rerun tags of tacl.experiment.reruns). The workflow passes the rules that run on this
+machine (its localrules); nothing here needs Snakemake."""
 
 from __future__ import annotations
 
@@ -15,9 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from tacl import plan
-from tacl.device import computes_bf16
-from tacl.experiment import (
+from tacl.experiment.design import (
     embeddings_enabled,
     extra_models,
     finetune_models,
@@ -30,10 +29,13 @@ from tacl.experiment import (
     tasks_of,
     trained_objectives,
 )
-from tacl.io import size_text
+from tacl.finetune import SAVE_BYTES_PER_S, STOP_SLACK_S, finetune_checkpoint_bytes, save_margin_s
+from tacl.planning import estimates
+from tacl.planning.sizing import Sizing
 from tacl.pretrain.chain import chunks_present
 from tacl.report.expected import RECORD as REPORT_RECORD
-from tacl.sizing import Sizing
+from tacl.runtime.device import computes_bf16
+from tacl.runtime.io import size_text
 
 Chunk = tuple[str, float, float, Any]  # (marker, minutes asked for, expected GPU work, what ends it)
 
@@ -41,7 +43,7 @@ Chunk = tuple[str, float, float, Any]  # (marker, minutes asked for, expected GP
 def planned_chunks(sizing: Sizing, objective: str, fresh: bool) -> list[Chunk]:
     """The chunks of one pretraining run as the plan counts them: (marker, minutes asked for, expected GPU
     work, what ends it), first those there already (none when `fresh`: the run starts again), then the rest
-    of the work as estimated (tacl.plan.chunk_requests), from the speed the last of them measured."""
+    of the work as estimated (tacl.planning.estimates.chunk_requests), from the speed the last of them measured."""
     p, cpu, layout = sizing.config["pretrain"], sizing.config["device"] == "cpu", sizing.layout
     minutes = sizing.pretrain_minutes(objective)
     present = 0 if fresh else chunks_present(lambda k: layout.chunk_marker(objective, k))
@@ -58,7 +60,7 @@ def planned_chunks(sizing: Sizing, objective: str, fresh: bool) -> list[Chunk]:
             return chunks
     rest = sizing.chunk_expected(objective, present) if present else minutes
     left = {**p, "steps": max(1, p["steps"] - step)}
-    estimated = plan.chunk_requests(rest, left, sizing.plan, cpu)
+    estimated = estimates.chunk_requests(rest, left, sizing.plan, cpu)
     return chunks + [(layout.chunk_marker(objective, k), *c) for k, c in enumerate(estimated, start=present)]
 
 
@@ -88,7 +90,7 @@ class _Jobs:
     def __init__(self, sizing: Sizing, local: set[str], changed: set[str]):
         self.local, self.changed, self.start = local, changed, sizing.plan["startup_minutes"]
         self.done: dict[str, bool] = {}
-        self.jobs: list[plan.Job] = []
+        self.jobs: list[estimates.Job] = []
 
     def add(self, name: str, output: str, gpus: int = 0, requested: float = 0, compute: float = 0.0, key: str = "",
             finetune: bool = False, tags: Iterable[str] = (), after: Iterable[str] = (), stale: bool = False,
@@ -98,18 +100,18 @@ class _Jobs:
         done = (os.path.exists(output) and not stale and not self.changed & set(tags)
                 and all(self.done.get(u, True) for u in after))
         self.done[output] = done
-        self.jobs.append(plan.Job(name, where, gpus, requested, compute, done, key, overhead, finetune,
+        self.jobs.append(estimates.Job(name, where, gpus, requested, compute, done, key, overhead, finetune,
                                   open_ended and not done))
 
     def all_done(self, outputs: Iterable[str]) -> bool:
         return all(self.done.get(u, True) for u in outputs)
 
 
-def plan_jobs(sizing: Sizing, local: Iterable[str], changed: set[str]) -> list[plan.Job]:
-    """Every job of the whole experiment (tacl.plan.Job), with what it asks for and is expected to take: the
-    same functions as the rules' resources. Pretraining chunks: those there, then as many as the rest of the
-    work needs as estimated. `local`: the rules that run on this machine; `changed`: the rerun tags. A job is
-    to run where Snakemake would run it (_Jobs): with everything downstream of a change."""
+def plan_jobs(sizing: Sizing, local: Iterable[str], changed: set[str]) -> list[estimates.Job]:
+    """Every job of the whole experiment (tacl.planning.estimates.Job), with what it asks for and is expected to
+    take: the same functions as the rules' resources. Pretraining chunks: those there, then as many as the rest
+    of the work needs as estimated. `local`: the rules that run on this machine; `changed`: the rerun tags. A
+    job is to run where Snakemake would run it (_Jobs): with everything downstream of a change."""
     config, layout = sizing.config, sizing.layout
     out = _Jobs(sizing, set(local), changed)
     data, p = layout.data, config["pretrain"]
@@ -164,7 +166,7 @@ def plan_jobs(sizing: Sizing, local: Iterable[str], changed: set[str]) -> list[p
     for m in tabled_models(config):
         out.add("submissions", layout.submissions(m), after=[layout.selection_file(m, t) for t in tasks_of(config, m)])
     _analysis_jobs(sizing, out, model)
-    out.jobs.append(plan.Job("all", "login", done=all(j.done for j in out.jobs)))
+    out.jobs.append(estimates.Job("all", "login", done=all(j.done for j in out.jobs)))
     return out.jobs
 
 
@@ -186,24 +188,25 @@ def _analysis_jobs(sizing: Sizing, out: _Jobs, model: Any) -> None:
     out.add("report", f"{layout.report}/{REPORT_RECORD}", after=tuned + analysed + [layout.similarity_png])
 
 
-def plan_text(sizing: Sizing, jobs: list[plan.Job]) -> str:
-    """The plan printed before anything runs (tacl.plan.format_plan) of the jobs plan_jobs lists."""
+def plan_text(sizing: Sizing, jobs: list[estimates.Job]) -> str:
+    """The plan printed before anything runs (tacl.planning.estimates.format_plan) of the jobs plan_jobs lists."""
     config, shape, gpu = sizing.config, sizing.shape, sizing.gpu
-    chain = plan.longest_chain(jobs, config["finetune"]["start_from"])
+    chain = estimates.longest_chain(jobs, config["finetune"]["start_from"])
     data = sizing.data_summary()
     assumptions = [f"start model ({shape.source}): {shape.encoder / 1e6:.3g} M encoder parameters"]
     at_once = max((sizing.seeds_at_once(task) for task in config["finetune"]["tasks"]), default=1)
     assumptions.append(stops_before_limit(sizing, at_once))
     if config["device"] == "cpu":
         assumptions.append("device: cpu, so no job asks for a GPU and the runtimes are the configured ones")
-        return plan.format_plan(jobs, chain, _disk(sizing, data), assumptions, {})
-    _, seq_source = plan.mean_length(config["data"]["max_len"], data)
+        return estimates.format_plan(jobs, chain, _disk(sizing, data), assumptions, {})
+    _, seq_source = estimates.mean_length(config["data"]["max_len"], data)
     p = sizing.plan
     assumptions += [
         (f"runtimes sized for {gpu.name}: start-up {p['startup_minutes']} min + {p['safety']} x the "
          f"expected minutes, at least {p['min_runtime_minutes']} (plan.*); explicit finetune.runtime_minutes win"),
         (f"pretraining sequences {sizing.pretrain_seq():.0f} tokens padded ({seq_source}); fine-tuning: published "
-         "task sizes and typical lengths (tacl.plan.TASK_SIZES) until prepare_task has counted the splits"),
+         "task sizes and typical lengths (tacl.planning.estimates.TASK_SIZES) until prepare_task has counted the "
+         "splits"),
     ]
     if at_once > 1:
         assumptions.append(
@@ -213,44 +216,46 @@ def plan_text(sizing: Sizing, jobs: list[plan.Job]) -> str:
     assumptions += [
         f"{g.name}: {g.peak_tflops:g} TFLOP/s peak, MFU {g.pretrain_mfu:g} pretraining / "
         f"{g.finetune_mfu:g} fine-tuning (plan.gpus; {g.source})"
-        for g in plan.gpus_of(p).values()
+        for g in estimates.gpus_of(p).values()
     ]
-    return plan.format_plan(jobs, chain, _disk(sizing, data), assumptions, expected_on_each_gpu(sizing, jobs))
+    return estimates.format_plan(jobs, chain, _disk(sizing, data), assumptions, expected_on_each_gpu(sizing, jobs))
 
 
 def stops_before_limit(sizing: Sizing, at_once: int) -> str:
     """How long before its time limit each job saves and stops by itself, from the end time its scheduler
     gives it (tacl.pretrain.deadline, tacl.finetune.resume.TimeLimit)."""
     margin = sizing.config["pretrain"]["chunk"]["margin_minutes"]
-    checkpoint = plan.finetune_checkpoint_bytes(sizing.shape.total)
+    checkpoint = finetune_checkpoint_bytes(sizing.shape.total)
     seeds = f"{at_once} seeds' checkpoints" if at_once > 1 else "its seed's checkpoint"
     return (f"jobs save and stop by themselves before their time limit (the end time SLURM or PBS gives each): a "
             f"pretraining chunk {margin:g} min (pretrain.chunk.margin_minutes), its longest save and a step and a "
-            f"half before it; a fine-tune {plan.save_margin_s(checkpoint, at_once):.0f} s and a step and a half "
-            f"before it ({seeds} of {size_text(checkpoint)} at {plan.SAVE_BYTES_PER_S / 1e6:.0f} MB/s, and "
-            f"{plan.STOP_SLACK_S:.0f} s; more where its saves were slower); SLURM's warning signal (profiles/slurm: "
+            f"half before it; a fine-tune {save_margin_s(checkpoint, at_once):.0f} s and a step and a half "
+            f"before it ({seeds} of {size_text(checkpoint)} at {SAVE_BYTES_PER_S / 1e6:.0f} MB/s, and "
+            f"{STOP_SLACK_S:.0f} s; more where its saves were slower); SLURM's warning signal (profiles/slurm: "
             "USR1 10 minutes before the limit) makes either save sooner; an analysis job holds nothing to save")
 
 
-def expected_on_each_gpu(sizing: Sizing, jobs: list[plan.Job]) -> dict[str, tuple[float, str]]:
-    """The jobs' expected GPU-hours on each GPU of plan.gpus, {key: (hours, name)} (tacl.plan.format_plan)."""
-    return {k: (plan.expected_gpu_hours(jobs, sizing.gpu, g), g.name) for k, g in plan.gpus_of(sizing.plan).items()}
+def expected_on_each_gpu(sizing: Sizing, jobs: list[estimates.Job]) -> dict[str, tuple[float, str]]:
+    """The jobs' expected GPU-hours on each GPU of plan.gpus, {key: (hours, name)}
+    (tacl.planning.estimates.format_plan)."""
+    return {k: (estimates.expected_gpu_hours(jobs, sizing.gpu, g), g.name)
+            for k, g in estimates.gpus_of(sizing.plan).items()}
 
 
-def disk(sizing: Sizing) -> plan.Disk:
+def disk(sizing: Sizing) -> estimates.Disk:
     """The disk the run holds at its peak (the plan's last line)."""
     return _disk(sizing, sizing.data_summary())
 
 
-def _disk(sizing: Sizing, data: dict[str, Any] | None) -> plan.Disk:
-    """The disk held at the peak (tacl.plan.disk_at_peak): the corpus, each run's checkpoints and the
+def _disk(sizing: Sizing, data: dict[str, Any] | None) -> estimates.Disk:
+    """The disk held at the peak (tacl.planning.estimates.disk_at_peak): the corpus, each run's checkpoints and the
     exported and kept fine-tuned models."""
     config, p = sizing.config, sizing.config["pretrain"]
     kept = sum(len(task_seeds(config, src)) for src in set(config["finetune"]["start_from"].values()))
     models = len(finetune_models(config))
-    return plan.disk_at_peak(
+    return estimates.disk_at_peak(
         sizing.shape,
-        data["tokens"] if data else plan.corpus_tokens(config["data"]["max_lines"], config["data"]["source"]),
+        data["tokens"] if data else estimates.corpus_tokens(config["data"]["max_lines"], config["data"]["source"]),
         len(trained_objectives(config)),
         p["keep_checkpoints"],
         computes_bf16(p["precision"], config["device"]),
@@ -260,7 +265,7 @@ def _disk(sizing: Sizing, data: dict[str, Any] | None) -> plan.Disk:
     )
 
 
-# -- what a run says before it starts, and `tacl plan` ---------------------------------------------------
+# -- what a run says before it starts ----------------------------------------------------------------
 
 PLAN_OUT = "TACL_PLAN_OUT"  # set by `tacl plan`: the file that the start of the run's messages go to
 
@@ -277,61 +282,3 @@ def announce(text: str | None) -> None:
             f.write(text.rstrip("\n") + "\n")
     else:
         print(text, file=sys.stderr)
-
-
-def configfiles(args: list[str]) -> list[str]:
-    """The files a Snakemake command line gives with --configfile / --configfiles (several may follow one)."""
-    files, taking = [], False
-    for a in args:
-        if a.split("=")[0] in ("--configfile", "--configfiles"):
-            taking = "=" not in a
-            files += [a.split("=", 1)[1]] if "=" in a else []
-        elif a.startswith("-"):
-            taking = False
-        elif taking:
-            files.append(a)
-    return files
-
-
-# Snakemake's lines around its own messages, left out of `tacl plan`'s output when a dry run fails
-NOISE = ("Using profile ", "Building DAG of jobs", "Config file config.yaml is extended by")
-
-
-def register(stages: Any) -> None:
-    """`tacl plan [SNAKEMAKE ARGS]`: the plan of the workflow in the working directory, from a dry run."""
-    c = stages.add_parser("plan", help="what a run will cost: jobs, GPU-hours, the longest chain, disk (a dry run)")
-    c.add_argument("snakemake_args", nargs="*",
-                   help="Snakemake's own arguments, e.g. --profile profiles/slurm --configfile my.yaml")
-    c.set_defaults(func=_plan)
-
-
-def plan_command(args: list[str]) -> list[str]:
-    """The quiet dry run behind `tacl plan` (Snakemake's arguments after ours: a target may come first)."""
-    return [sys.executable, "-m", "snakemake", "--quiet", "rules", "progress", "host", "reason", "--dry-run", *args]
-
-
-def _plan(a: Any) -> int:
-    """The plan and its assumptions (with the reruns and the keys left to the schema's defaults) on stdout,
-    from a dry run of the workflow in the working directory, whose job list is left out; where the dry run
-    fails (a config error, a profile variable left unset, an input not found), its messages on stderr. A
-    config file that is not YAML is named with its line before Snakemake starts."""
-    import subprocess
-    import tempfile
-
-    from tacl.config import yaml_error
-
-    for path in configfiles(a.snakemake_args):
-        problem = yaml_error(path)
-        if problem:
-            print(problem, file=sys.stderr)
-            return 1
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp, "plan.txt")
-        proc = subprocess.run(plan_command(a.snakemake_args), capture_output=True, text=True,
-                              env={**os.environ, PLAN_OUT: str(out)})
-        said = out.read_text() if out.is_file() else ""
-    print(said, end="", flush=True)
-    if proc.returncode:
-        lines = (proc.stdout + proc.stderr).splitlines()
-        print("\n".join(line for line in lines if not line.startswith(NOISE)), file=sys.stderr)
-    return proc.returncode

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tacl.io import disk_bytes, size_text
+from tacl.runtime.io import disk_bytes, size_text
+from tacl.runtime.shape import Shape
 
 # Train / dev+test examples of each task as published (GLUE, SQuAD: the features, i.e. windows of 384 tokens;
 # CoNLL-2003: sentences), and a typical mean length in WordPiece tokens with [CLS]/[SEP] (bert-base-uncased).
@@ -48,34 +49,8 @@ BERT_BASE = {"layers": 12, "hidden": 768, "intermediate": 3072, "vocab": 30522}
 MASKED = 0.15  # share of positions the MLM head computes on
 
 
-@dataclass
-class Shape:
-    layers: int
-    hidden: int
-    intermediate: int
-    vocab: int
-    source: str = "the start model"
-
-    @property
-    def encoder(self) -> int:
-        """Non-embedding parameters of the encoder (attention, feed-forward, layer norms)."""
-        h, i = self.hidden, self.intermediate
-        return self.layers * (4 * h * h + 4 * h + 2 * h * i + i + h + 4 * h)
-
-    @property
-    def head(self) -> int:
-        """What the MLM head multiplies per masked position: its transform and the vocabulary projection."""
-        return self.hidden * self.hidden + self.hidden * self.vocab
-
-    @property
-    def total(self) -> int:
-        """Every parameter a checkpoint holds: the encoder, the embeddings (the vocabulary projection of the
-        MLM head is tied to them), the head's transform and the pooler."""
-        return self.encoder + (self.vocab + 512 + 2) * self.hidden + 2 * self.hidden * self.hidden
-
-
 def shape_of(config: dict[str, Any], known: dict[str, Any] | None) -> Shape:
-    """The start model's size: what tacl.config.start_model_shape found, else BERT-base (said so)."""
+    """The start model's size: what tacl.experiment.config.start_model_shape found, else BERT-base (said so)."""
     if known and all(known.get(k) for k in ("layers", "hidden", "intermediate")):
         return Shape(known["layers"], known["hidden"], known["intermediate"], known.get("vocab") or 30522,
                      known.get("key", "the start model"))
@@ -309,30 +284,6 @@ def checkpoint_bytes(shape: Shape, bf16: bool, zero_stage: int) -> float:
     and AdamW's two fp32 moments."""
     weights, masters = (2, 4) if bf16 and zero_stage else (4, 0)
     return shape.total * (weights + masters + 8)
-
-
-# What a fine-tune keeps in hand before its job's time limit (tacl.finetune.common.train): it saves and stops
-# when one more step and a half, plus `save_margin_s`, would run past the job's end time. The margin holds the
-# checkpoints of every seed of the job that trains at once (side by side they save at the same moment, on the
-# same disk), each written at SAVE_BYTES_PER_S (or as slowly as the seed's own saves went, if slower), and
-# STOP_SLACK_S.
-SAVE_BYTES_PER_S = 100e6  # a busy shared file system's write rate to one job, conservatively (Lustre or GPFS
-#                           give a node several times this when quiet, a local disk far more)
-STOP_SLACK_S = 30.0  # the processes' exits, and the end time's precision (squeue and qstat answer in seconds)
-
-
-def finetune_checkpoint_bytes(params: float) -> float:
-    """A fine-tuning seed's checkpoint: its fp32 weights and AdamW's two fp32 moments, 12 bytes a parameter
-    (BERT-base with its head, 110M parameters: 1.3 GB)."""
-    return 12.0 * params
-
-
-def save_margin_s(checkpoint_bytes: float, at_once: int, measured_s: float = 0.0) -> float:
-    """Seconds a fine-tune keeps before its job's end to save and stop: `at_once` seeds' checkpoints, each
-    taking the longer of `checkpoint_bytes` at SAVE_BYTES_PER_S and the longest save measured (`measured_s`),
-    one after the other (seeds side by side save at the same moment and share the disk), and STOP_SLACK_S.
-    BERT-base, 4 seeds at once: 4 x 13 s + 30 s, about 1.4 minutes."""
-    return STOP_SLACK_S + at_once * max(checkpoint_bytes / SAVE_BYTES_PER_S, measured_s)
 
 
 def corpus_tokens(max_lines: int, source: dict[str, Any] | None = None) -> float:

@@ -17,8 +17,8 @@ from typing import Any
 
 import yaml
 
-from tacl.config import SCHEMA
-from tacl.io import InputError, size_text, write_text_atomic
+from tacl.experiment.config import SCHEMA
+from tacl.runtime.io import InputError, size_text, write_text_atomic
 
 REPO = SCHEMA.parents[2]  # the checkout this package is imported from
 MEASURED = REPO / "docs" / "figures.yaml"
@@ -42,20 +42,21 @@ def paper_config(config_path: Path = REPO / "config.yaml", results_dir: str = "r
 def paper_plan(config_path: Path = REPO / "config.yaml") -> str:
     """config.yaml's plan, as `tacl plan` prints it for a run that has not started: jobs, GPU-hours asked for
     and expected on each GPU of plan.gpus, pretraining's and fine-tuning's share, disk at the peak."""
-    from tacl import plan
-    from tacl.layout import Layout
-    from tacl.sizing import Sizing
-    from tacl.workplan import disk, expected_on_each_gpu, plan_jobs
+    from tacl.experiment.layout import Layout
+    from tacl.planning import estimates
+    from tacl.planning.plan import disk, expected_on_each_gpu, plan_jobs
+    from tacl.planning.sizing import Sizing
 
     with tempfile.TemporaryDirectory() as tmp:
         config = paper_config(config_path, f"{tmp}/results")  # (nothing done yet)
         sizing = Sizing.of(config, Layout.of(config))
         jobs = plan_jobs(sizing, (), set())
         peak = disk(sizing)
-    asked, expected = plan.gpu_hours(jobs)
+    asked, expected = estimates.gpu_hours(jobs)
     on = expected_on_each_gpu(sizing, jobs)
     first, *others = on.values()
-    rules = {rule: plan.gpu_hours([j for j in jobs if j.rule == rule])[1] for rule in ("pretrain_chunk", "finetune")}
+    rules = {rule: estimates.gpu_hours([j for j in jobs if j.rule == rule])[1]
+             for rule in ("pretrain_chunk", "finetune")}
     return (f"{len(jobs)} jobs, {sum(1 for j in jobs if j.gpus)} of them on GPUs; {asked:.1f} GPU-hours asked for "
             f"against {first[0]:.1f} expected on {first[1]}" +
             (f" ({', '.join(f'{h:.1f} on {name}' for h, name in others)})" if others else "") +
@@ -83,7 +84,7 @@ def demo_time(measured: dict[str, Any]) -> str:
 def demo_table(config_path: Path = REPO / "examples" / "demo" / "config.yaml") -> str | None:
     """The GLUE dev table of a finished `make demo` in this checkout (its report's glue_dev.md), as a block's
     lines; None where the demo has not run here."""
-    from tacl.layout import Layout
+    from tacl.experiment.layout import Layout
 
     table = REPO / Layout.of(yaml.safe_load(Path(config_path).read_text())).report / "glue_dev.md"
     return f"\n{table.read_text().strip()}\n" if table.is_file() else None

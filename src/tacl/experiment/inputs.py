@@ -3,7 +3,7 @@ key and the path: the corpus files (`data.source.paths`), each task's local fine
 folder, the SQuAD JSON files, the CoNLL folder), the sentence-embedding evaluation's GLUE files, and the start
 model, tokenizer and extra models given as a folder or a package.
 
-Only the inputs of jobs still to run are checked (tacl.workplan.plan_jobs says which): a corpus deleted after
+Only the inputs of jobs still to run are checked (tacl.planning.plan.plan_jobs says which): a corpus deleted after
 the data stage stops nothing, and a task's files are needed while its preparation or a fine-tune of it is to
 run. A Hub name is left to the download rules, which fetch it on the login node. Relative paths start at the
 working directory, as the jobs' do."""
@@ -12,15 +12,23 @@ from __future__ import annotations
 
 import glob
 import os
-from typing import Any
+from typing import Any, Protocol
 
-from tacl.experiment import embeddings_source, extra_models, task_family, task_source
+from tacl.experiment.design import embeddings_source, extra_models, task_family, task_source
 from tacl.finetune.data import local_files
-from tacl.hub import resolve_pretrained
-from tacl.io import InputError
-from tacl.plan import Job
+from tacl.runtime.hub import resolve_pretrained
+from tacl.runtime.io import InputError
 
 Problem = tuple[str, str, str, str]  # (key, path or "", what is wrong, what reads it)
+
+
+class Job(Protocol):
+    """A job of the plan (tacl.planning.estimates.Job) as the check reads it: named here, not imported, since
+    the plan stands above the experiment."""
+
+    rule: str
+    key: str
+    done: bool
 
 
 def line(key: str, path: str, what: str, readers: list[str]) -> str:
@@ -71,7 +79,7 @@ def model_error(key: str, name: str) -> str | None:
 
 
 def input_errors(config: dict[str, Any], jobs: list[Job]) -> list[str]:
-    """Every input the config names that a job still to run (`jobs`: tacl.workplan.plan_jobs) would not find,
+    """Every input the config names that a job still to run (`jobs`: tacl.planning.plan.plan_jobs) would not find,
     one line each (what several readers share, once, naming them)."""
     ft = config["finetune"]
     todo = {(j.rule, j.key) for j in jobs if not j.done}

@@ -22,7 +22,7 @@ import sysconfig
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
-from tacl.io import InputError
+from tacl.runtime.io import InputError
 
 if TYPE_CHECKING:
     import torch

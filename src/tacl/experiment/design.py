@@ -14,12 +14,12 @@ from typing import Any
 
 import yaml
 
-from tacl.config import defaults_unlike
+from tacl.experiment.config import defaults_unlike
+from tacl.experiment.layout import Layout
 from tacl.finetune import GLUE_CLASSIFICATION, TASKS
 from tacl.finetune.sweep import parse_setting, task_settings
-from tacl.io import InputError
-from tacl.layout import Layout
 from tacl.pretrain.settings import TrainSettings
+from tacl.runtime.io import InputError
 
 
 def stamp(value: Any) -> str:

@@ -5,7 +5,9 @@ same values the workflow passes it among the parameters Snakemake compares): a c
 start model in its tacl_start.json, the shards in their manifest, a pretraining run in run.json, a fine-tune
 in given.json beside its metrics.json, an analysis in its JSON. Where a finished job's record differs from
 what the config says now, Snakemake will run it again; this says so first, one line per rule and change, so
-that a user can stop before spending GPU hours (e.g. "pretrain_chunk tacl: lr 0.0001 -> 5e-05")."""
+that a user can stop before spending GPU hours (e.g. "pretrain_chunk tacl: lr 0.0001 -> 5e-05"). The words of
+a change come from tacl.runtime.io.changed_keys, which the trainer uses too (a pretraining run whose result
+settings changed starts again: tacl.pretrain.identity)."""
 
 from __future__ import annotations
 
@@ -17,12 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from tacl import RESULT_VERSIONS
-from tacl.changes import changed_keys
 from tacl.data.build import shard_config
 from tacl.data.clean import clean_given
-from tacl.experiment import expected_runs, finetune_models, pretrain_settings, setting_hparams, task_source
+from tacl.experiment.design import expected_runs, finetune_models, pretrain_settings, setting_hparams, task_source
+from tacl.experiment.layout import Layout
 from tacl.finetune import GIVEN, finetune_given
-from tacl.layout import Layout
+from tacl.runtime.io import changed_keys
 
 
 @dataclass
@@ -68,7 +70,7 @@ def recorded(path: str, key: str) -> dict[str, Any] | None:
 
 
 def rerun_tags(jobs: list[Finished]) -> set[str]:
-    """`RULE:LABEL` of each finished job whose settings changed: what the plan (tacl.workplan) counts as to
+    """`RULE:LABEL` of each finished job whose settings changed: what the plan (tacl.planning.plan) counts as to
     run, with every job that depends on it."""
     return {f"{job.rule}:{job.label}" for job in jobs if job.changes}
 

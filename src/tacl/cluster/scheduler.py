@@ -2,10 +2,11 @@
 deadline), whether a job still runs (the run lock), a PBS job's or queue's record from qstat (the PBS
 status command and preflight), and the duration formats of both.
 
-Layering: this module is a floor of its own, below the stages and below tacl.cluster. It imports nothing
-from tacl, so that the stages (tacl.pretrain.deadline, tacl.pretrain.lock) and tacl.cluster (pbs,
-preflight) can both ask it; tacl.cluster stands above the stages and may import them, never the other
-way round.
+Layering: this module is a floor of its own, below the runtime, the stages and the rest of tacl.cluster. It
+imports nothing from tacl, so that the run lock (tacl.runtime.lock), the stages (tacl.pretrain.deadline,
+tacl.report.status) and tacl.cluster (pbs, preflight) can all ask it; the rest of tacl.cluster stands above
+the stages and may import them, never the other way round (tacl/cluster/__init__.py imports nothing, so that
+a stage asking this module brings none of it along).
 
 qstat's JSON is not always JSON: PBS Pro 2022 and OpenPBS before 23.06 print Variable_List values
 unescaped (OpenPBS issues #2541: `BASH_FUNC_*` functions that `module` leaves and `qsub -V` copies;

@@ -1,6 +1,6 @@
-"""What each job of one experiment asks the scheduler for and is expected to take (tacl.plan's estimates,
-applied to the config and to what the results folder holds so far): the rules' runtimes and memory, and the
-plan's figures, from the same functions.
+"""What each job of one experiment asks the scheduler for and is expected to take (the estimates of
+tacl.planning.estimates, applied to the config and to what the results folder holds so far): the rules'
+runtimes and memory, and the plan's figures, from the same functions.
 
 The start model's size is looked up once, when a Sizing is made; what the data stage, prepare_task and
 finished chunks have measured is read each time, so that the estimates follow the run."""
@@ -13,10 +13,11 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from tacl import plan
-from tacl.config import start_model_shape
-from tacl.experiment import model_tasks, setting_hparams, settings_of, task_seeds
-from tacl.layout import Layout
+from tacl.experiment.config import start_model_shape
+from tacl.experiment.design import model_tasks, setting_hparams, settings_of, task_seeds
+from tacl.experiment.layout import Layout
+from tacl.planning import estimates
+from tacl.runtime.shape import Shape
 
 
 @dataclass(frozen=True, eq=False)
@@ -26,24 +27,24 @@ class Sizing:
 
     config: dict[str, Any]
     layout: Layout
-    shape: plan.Shape
-    gpu: plan.Gpu
+    shape: Shape
+    gpu: estimates.Gpu
 
     @classmethod
     def of(cls, config: dict[str, Any], layout: Layout) -> Sizing:
-        shape = plan.shape_of(config, start_model_shape(config))
-        return cls(config, layout, shape, plan.gpus_of(config["plan"])[config["plan"]["gpu"]])
+        shape = estimates.shape_of(config, start_model_shape(config))
+        return cls(config, layout, shape, estimates.gpus_of(config["plan"])[config["plan"]["gpu"]])
 
     @property
     def plan(self) -> dict[str, Any]:
         return self.config["plan"]
 
-    def model_shape(self, model: str) -> plan.Shape:
+    def model_shape(self, model: str) -> Shape:
         """The size of a fine-tuned model: the start model's, or an extra model's own."""
         base = model.split("+")[0]
         extra = self.config["finetune"]["extra_models"]
         if base in extra:
-            return plan.shape_of(
+            return estimates.shape_of(
                 {"model": extra[base]}, start_model_shape({"model": extra[base], "model_init": {}})
             )
         return self.shape
@@ -59,20 +60,20 @@ class Sizing:
     def pretrain_seq(self) -> float:
         """The mean padded length of a pretraining sequence (the data stage's own, once it has run)."""
         max_len = self.config["data"]["max_len"]
-        mean, _ = plan.mean_length(max_len, self.data_summary())
-        return plan.padded_length(mean, max_len, self.config["pretrain"])
+        mean, _ = estimates.mean_length(max_len, self.data_summary())
+        return estimates.padded_length(mean, max_len, self.config["pretrain"])
 
     def pretrain_minutes(self, objective: str) -> float:
         """Expected minutes of a whole pretraining run, estimated."""
-        return plan.pretrain_minutes(objective, self.config["pretrain"], self.shape, self.pretrain_seq(), self.gpu)
+        return estimates.pretrain_minutes(objective, self.config["pretrain"], self.shape, self.pretrain_seq(), self.gpu)
 
     def chunk_expected(self, objective: str, chunk: int) -> float:
         """Expected minutes of the rest of a pretraining run from chunk `chunk` on: measured by the previous
-        chunk where there is one, else estimated (tacl.plan)."""
+        chunk where there is one, else estimated (tacl.planning.estimates)."""
         previous = self.layout.chunk_marker(objective, chunk - 1)
         if chunk > 0 and os.path.exists(previous):
             with open(previous) as f:
-                rest = plan.measured_rest_minutes(json.load(f))
+                rest = estimates.measured_rest_minutes(json.load(f))
             if rest is not None:
                 return rest
         return self.pretrain_minutes(objective)
@@ -84,7 +85,7 @@ class Sizing:
         if self.config["device"] == "cpu":
             return math.ceil(limits["runtime_minutes"])
         rest = self.chunk_expected(objective, chunk)
-        return plan.request(rest, self.plan, cap=limits["runtime_minutes"], extra=limits["margin_minutes"])
+        return estimates.request(rest, self.plan, cap=limits["runtime_minutes"], extra=limits["margin_minutes"])
 
     def task_sizes(self, task: str) -> dict[str, int] | None:
         """A task's split sizes as prepare_task counted them, once it has run."""
@@ -98,20 +99,20 @@ class Sizing:
         """Expected minutes of one fine-tuning job (every seed of a setting), without start-up."""
         hp = setting_hparams(self.config, task, setting)
         seeds = len(task_seeds(self.config, task))
-        return plan.finetune_minutes(task, hp, seeds, self.model_shape(model), self.gpu, self.task_sizes(task))
+        return estimates.finetune_minutes(task, hp, seeds, self.model_shape(model), self.gpu, self.task_sizes(task))
 
     def finetune_runtime(self, model: str, task: str, setting: str) -> int:
         """Minutes a fine-tuning job asks for: finetune.runtime_minutes where it names the task (or has a
-        default), else its seeds' expected work with the plan's safety factor (tacl.plan)."""
+        default), else its seeds' expected work with the plan's safety factor (tacl.planning.estimates)."""
         explicit = self.config["finetune"]["runtime_minutes"]
         if task in explicit or "default" in explicit or self.config["device"] == "cpu":
             return explicit.get(task, explicit.get("default", 240))
-        return plan.request(self.finetune_expected(model, task, setting), self.plan)
+        return estimates.request(self.finetune_expected(model, task, setting), self.plan)
 
     def finetune_mem(self, task: str, setting: str) -> int:
         """Host memory of a fine-tuning job: one process's for each seed that may train at once."""
         max_len = setting_hparams(self.config, task, setting).get("max_len", 128)
-        return self.seeds_at_once(task) * plan.finetune_mem_mb(task, max_len, self.task_sizes(task))
+        return self.seeds_at_once(task) * estimates.finetune_mem_mb(task, max_len, self.task_sizes(task))
 
     def seeds_at_once(self, task: str) -> int:
         """The most seeds of one of the task's jobs that train at once (finetune.seeds_per_gpu)."""
@@ -121,10 +122,10 @@ class Sizing:
                             self.config["device"] == "cpu")
 
     def similarity_expected(self) -> float:
-        return plan.similarity_minutes(self.config["analysis"], self.shape, self.gpu)
+        return estimates.similarity_minutes(self.config["analysis"], self.shape, self.gpu)
 
     def similarity_runtime(self) -> int:
-        return plan.request(self.similarity_expected(), self.plan)
+        return estimates.request(self.similarity_expected(), self.plan)
 
     def config_runtimes(self) -> dict[str, tuple[int, str]]:
         """The rules whose runtime the config sets: (the longest minutes, key), for the preflight's messages."""

@@ -1,4 +1,5 @@
-"""Small file helpers shared by every stage: atomic writes, hashing, JSON."""
+"""Small file helpers shared by every stage: atomic writes, hashing, JSON, and what changed between two
+records of settings (`changed_keys`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import socket
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-log = logging.getLogger("tacl.io")
+log = logging.getLogger("tacl.runtime.io")
 # What atomic_path writes beside PATH, named after the writer's host and pid: `.NAME.tmp-HOST-PID` (the new file or
 # folder being written) and, while a folder replaces another, `.NAME.old-HOST-PID` (the one it replaces); before
 # 2026-11-27 they were named `.NAME.tmp-PID` / `.NAME.old-PID`, without the host (matched too, host None).
@@ -232,6 +233,42 @@ def changed_files(folder: str | os.PathLike, files: dict[str, dict[str, Any]]) -
             changed.append((name, "sha256", size))
     return changed
 
+
+
+# What changed between the settings a finished job ran with and the settings it would run with now, in words:
+# "lr 0.0001 -> 5e-05". Used by the trainer (a run whose result settings changed starts again:
+# tacl.pretrain.identity) and by the summary the workflow prints before anything runs (tacl.experiment.reruns).
+MISSING = object()
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _text(value: Any) -> str:
+    if value is MISSING:
+        return "(unset)"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_text(v) for v in value) + "]"
+    return str(value)
+
+
+def changed_keys(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Every key (nested keys dotted) whose value differs, as "key old -> new", sorted by key. Lists and
+    tuples compare equal when their items do (JSON turns one into the other)."""
+    a, b = _flat(old), _flat(new)
+
+    def norm(v: Any) -> Any:
+        return list(v) if isinstance(v, tuple) else v
+
+    return [f"{k} {_text(a.get(k, MISSING))} -> {_text(b.get(k, MISSING))}"
+            for k in sorted(set(a) | set(b)) if norm(a.get(k, MISSING)) != norm(b.get(k, MISSING))]
 
 def stable_hash(obj: Any, length: int = 16) -> str:
     """A short, stable hash of JSON-serialisable data (key order does not matter)."""

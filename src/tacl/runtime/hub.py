@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
-from tacl.io import InputError
+from tacl.runtime.io import InputError
 
 PACKAGE_PREFIX = "package:"
 
