@@ -3,9 +3,11 @@ one rank's compilation fails: every rank goes on uncompiled, agreed at the chunk
 weights are those of an uncompiled run, bit for bit.
 
 ZeRO 2 with overlap_comm (what several ranks get): each micro-batch's backward reduces the gradient bucket by
-bucket as it fills (buckets of 2e4 elements: several for the tiny model). A compiled backward (AOTAutograd, the
-backend `aot_eager`) hands the gradients over in another order than the eager one, so a rank running compiled
-beside an uncompiled one would reduce mismatched buckets (gloo then stops the ranks, or they wait for ever).
+bucket as it fills (buckets of 2e4 elements: several for the tiny model). A compiled backward (AOTAutograd)
+hands the gradients over in another order than the eager one, so a rank running compiled beside an
+uncompiled one would reduce mismatched buckets (gloo then stops the ranks, or they wait for ever). The graphs
+that compile here run on dynamo's `eager` backend (traced, no AOTAutograd: a third of `aot_eager`'s time);
+the single-rank tests of tests/test_step.py run the trial's compiled backward through AOTAutograd.
 """
 
 from __future__ import annotations
@@ -34,18 +36,17 @@ FAILING = 1  # the rank whose compilation fails
 
 
 def _backend(rank: int):
-    """dynamo's `aot_eager` (tracing and AOTAutograd's joint graph, no code generation), except that on rank
-    FAILING the second graph fails as inductor does without a C compiler (of the two graphs a padded run
-    compiles at its start, with and without the attention mask; the second is the one for micro-batches
-    that rank has not met yet)."""
-    aot_eager = torch._dynamo.lookup_backend("aot_eager")
+    """dynamo's `eager` (the traced graph, run as it is), except that on rank FAILING the second graph fails as
+    inductor does without a C compiler (of the two graphs a padded run compiles at its start, with and without
+    the attention mask; the second is the one for micro-batches that rank has not met yet)."""
+    eager = torch._dynamo.lookup_backend("eager")
     graphs = []
 
     def backend(graph, inputs):
         graphs.append(graph)
         if rank == FAILING and len(graphs) == 2:
             raise RuntimeError("no working C compiler")
-        return aot_eager(graph, inputs)
+        return eager(graph, inputs)
 
     return backend
 

@@ -231,20 +231,21 @@ def test_copied_data_is_not_rebuilt(tmp_path, prepared):
 
 
 def test_submitit_signal_checkpoint_requeue(tmp_path, prepared):
-    """`tacl submit pretrain` (no Snakemake): the job gets the signal SLURM sends before its time limit
-    (sent here by the test once a checkpoint exists, so that the cycle does not depend on this machine's
+    """`tacl submit pretrain` (no Snakemake) of TACO: the job gets the signal SLURM sends before its time
+    limit (sent here by the test once a checkpoint exists, so that the cycle does not depend on this machine's
     speed); the trainer saves, submitit requeues the same job, the new start resumes from that checkpoint
-    and the run ends with the weights of an uninterrupted one."""
+    and the run ends with the weights of an uninterrupted one, bit for bit (TACO's positives and negatives,
+    drawn per group of the step, and its dropout resume exactly)."""
     cfg = small_config(tmp_path, steps=200, checkpoint_minutes=0.1)
     start_from(prepared, tmp_path)
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(cfg))
     slurm_args = {"slurm_partition": "ci", "cpus_per_task": 1, "mem_gb": 3}
-    proc = run_tacl("submit", "pretrain", "--config", str(config), "--objective", "mlm_nsp", "--folder",
+    proc = run_tacl("submit", "pretrain", "--config", str(config), "--objective", "taco", "--folder",
                     str(tmp_path / "submitit"), "--timeout-min", "10", "--slurm", json.dumps(slurm_args),
                     timeout=120, cwd=tmp_path)
     job_id = json.loads(proc.stdout.strip().splitlines()[-1])["job_id"]
-    run_dir = tmp_path / "results" / "pretrain" / "mlm_nsp" / "run"
+    run_dir = tmp_path / "results" / "pretrain" / "taco" / "run"
     marker = run_dir / "submitit-marker.json"
 
     def wait_for(condition, what, limit=400):
