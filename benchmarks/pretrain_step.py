@@ -21,7 +21,8 @@ project's own data stage (not timed).
    autograd (its parameters frozen, i.e. out of the optimizer, but requiring grad, so its graph is built
    and back-propagated through), vocabulary logits at every position, batches built in the main process.
    Tokens/s count real (non-padding) tokens, the same for both; the ratio is ours / reference.
-   CPU (default): a small BERT (4 x 256, full bert-base vocabulary), fp32. --gpu: BERT-base, seq 256, ours in
+   CPU (default): a small BERT (4 x 256, full bert-base vocabulary), fp32, global batch 16 in micro-batches of
+   8, 2 timed steps after 2 of warm-up. --gpu: BERT-base, seq 256, global batch 256, 4 timed steps, ours in
    bf16 at ZeRO 0 as config.yaml runs it (autocast over fp32 weights), the reference in fp32 with TF32 matmuls
    (PyTorch's default from 1.7 to 1.11, the reference's time; without it the ratio would be inflated), model
    FLOPs utilisation (MFU, DESIGN.md section 11's model FLOPs, the same for both) against the GPU's dense bf16
@@ -39,15 +40,22 @@ project's own data stage (not timed).
    overlapped with the backward: from NCCL's kernels against the others on GPUs; on CPUs from gloo's events,
    all exposed (the backward waits for gloo).
 
-4. Counts (any device; alone with --counts-only): aten operations dispatched per micro-batch of the real eager
-   step (bf16, optimizer included) at ZeRO 0, 1 and 2 with the host reads per optimizer step, and graph
-   breaks and compilations of the compiled forward and loss (`pretrain.compile`) over the first micro-batches,
-   dynamic shapes against static ones and dynamo's default.
+4. Counts (any device; with --counts, alone with --counts-only): aten operations dispatched per micro-batch of
+   the real eager step (bf16, optimizer included) at ZeRO 0, 1 and 2 with the host reads per optimizer step,
+   and graph breaks and compilations of the compiled forward and loss (`pretrain.compile`) over the first
+   micro-batches, dynamic shapes against static ones and dynamo's default. Left out by default: for every
+   objective three trainers are set up and a forward compiled three ways, about 30 minutes on 2 busy CPU
+   cores for every objective; `--objectives` narrows it.
 
-    python benchmarks/pretrain_step.py [--files 2] [--steps 4] [--gpu] [--micro 64,128] [--plain] [--packed]
-        [--compile] [--profile] [--wikipedia DIR] [--sentence-splitter regex] [--objectives tacl,taco]
-        [--json OUT.json] [--no-reference] [--no-counts] [--counts-only] [--count-layers 12] [--compile-batches 32]
-        [--zero-stage 1] [--nproc 2]
+Without flags on a CPU, sections 1 to 3 (every objective and the reference's TaCL at one micro-batch size):
+about 3 minutes on 2 busy cores (199 s on 2026-11-28 at a load average of 3 to 4). What takes longer is asked
+for by name: --counts (section 4), --plain, --packed, --profile, --compile, more --micro sizes, a larger
+--global-batch, more --files or --steps.
+
+    python benchmarks/pretrain_step.py [--files 2] [--steps 4] [--gpu] [--global-batch 32] [--micro 64,128]
+        [--plain] [--packed] [--compile] [--profile] [--wikipedia DIR] [--sentence-splitter regex]
+        [--objectives tacl,taco] [--json OUT.json] [--no-reference] [--counts | --counts-only] [--count-layers 12]
+        [--compile-batches 32] [--zero-stage 1] [--nproc 2]
 """
 
 from __future__ import annotations
@@ -713,14 +721,20 @@ def main() -> None:
     from tacl.runtime.hub import load_tokenizer
     from tacl.runtime.io import InputError
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    paragraphs = __doc__.split("\n\n")
+    ap = argparse.ArgumentParser(description=" ".join(paragraphs[0].split()),
+                                 epilog=next(p for p in paragraphs if p.startswith("Without flags")))
     ap.add_argument("--files", type=int, default=2, help="how many of the Wikipedia files to use")
-    ap.add_argument("--steps", type=int, default=4, help="timed optimizer steps per measurement")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="timed optimizer steps per measurement (default 4 with --gpu, 2 on a CPU)")
     ap.add_argument("--gpu", action="store_true", help="BERT-base, bf16, ZeRO 0, on the GPU (MFU and syncs too)")
     ap.add_argument("--compile", action="store_true",
                     help="also the --compile-objectives with pretrain.compile (torch.compile), at the largest "
                     "micro-batch")
     ap.add_argument("--compile-objectives", default="mlm_nsp,tacl", help="what --compile times (comma-separated)")
+    ap.add_argument("--global-batch", type=int, default=None,
+                    help="section 3's global batch (default 256 with --gpu, as config.yaml; 16 on a CPU; 8 with "
+                    "--tiny)")
     ap.add_argument("--micro", default=None,
                     help="micro-batch sizes, comma-separated (default: 32,128 with --gpu, else 8): every objective "
                     "at the largest, MLM+NSP and TaCL (and the plain loop) at each")
@@ -731,7 +745,10 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true",
                     help="also where one TaCL step's time goes (torch.profiler), at the largest micro-batch")
     ap.add_argument("--no-reference", action="store_true", help="leave out TaCL the reference's way")
-    ap.add_argument("--no-counts", action="store_true", help="leave out section 4 (operation counts)")
+    ap.add_argument("--counts", action=argparse.BooleanOptionalAction, default=False,
+                    help="also section 4 (operations per micro-batch at ZeRO 0, 1 and 2, graph breaks and "
+                    "compilations), after the timings: about 30 minutes on 2 busy CPU cores for every "
+                    "objective; --no-counts (the default) leaves it out")
     ap.add_argument("--objectives", default=",".join(OBJECTIVES), help="comma-separated, of " + ", ".join(OBJECTIVES))
     ap.add_argument("--wikipedia", default=str(REPO.parent / "shared" / "data" / "wikipedia"),
                     help="the folder of WikiExtractor files (wiki_*); default: ../shared/data/wikipedia")
@@ -749,6 +766,8 @@ def main() -> None:
                     "share of each step that the gradient's reduction takes")
     ap.add_argument("--zero-stage", type=int, default=0, help="the ZeRO stage of section 3 (default 0, as config.yaml)")
     args = ap.parse_args()
+    if args.steps is None:
+        args.steps = 4 if args.gpu else 2
     if args.nproc > 1 and "RANK" not in os.environ:  # (as `tacl pretrain train --nproc`)
         from tacl.pretrain.distributed import free_port
 
@@ -781,15 +800,17 @@ def main() -> None:
         global_batch, micros = 256, [32, 128]  # as config.yaml (bf16 from precision: auto)
     else:
         size = dict(layers=4, hidden=256, heads=4, intermediate=1024)
-        global_batch, micros = 32, [8]
+        global_batch, micros = 16, [8]
     if args.tiny:
         size = dict(layers=2, hidden=64, heads=2, intermediate=128)
         global_batch, micros = 8, [4]
     if args.micro:
         micros = sorted(int(m) for m in args.micro.split(","))
+    if args.global_batch:
+        global_batch = args.global_batch
     if ranks > 1:  # (the ranks' share of the global batch)
         micros = [m for m in micros if global_batch % (m * ranks) == 0] or [global_batch // ranks]
-        if args.counts_only or not args.no_counts or not args.no_reference or args.plain or args.packed or \
+        if args.counts_only or args.counts or not args.no_reference or args.plain or args.packed or \
                 args.compile or args.profile:
             print(f"{ranks} ranks: section 3's step only (the other measurements are those of one rank)")
     micro = max(micros)
@@ -962,7 +983,7 @@ def main() -> None:
             print(f"   ours compiled / reference, TaCL: "
                   f"{results['tacl reference']['s_per_step'] / results['tacl compiled']['s_per_step']:.2f}x the "
                   "tokens/s", flush=True)
-    if not args.no_counts and ranks == 1:
+    if args.counts and ranks == 1:
         report_counts(args, objectives, manifest, start, tmp, tokenizer, record)
     record["complete"] = True
     save()

@@ -235,3 +235,30 @@ def test_hooks_know_the_scheduler_and_print_the_summary(tmp_path):
     path.write_text(json.dumps({"documents": 3, "sentences": 40, "examples": 12, "tokens": 900, "shards": 2}))
     assert data_summary(str(path), "results/demo") == ("summary (results/demo): 3 documents, 40 sentences, 12 NSP "
                                                        "examples, 900 tokens in 2 shards")
+
+
+def test_the_directory_option_is_read_in_one_place_and_its_absence_stops_the_run():
+    """`workflow.overwrite_workdir` (Snakemake's --directory, which no public method gives) is read by
+    tacl.cluster.hooks.directory_chosen alone; a workflow object without it (another Snakemake) stops the run
+    with an error that names the attribute and the Snakemake version, not a silent guess; the local rules are
+    the workflow's own constant, not Snakemake's private set."""
+    from types import SimpleNamespace as NS
+
+    from snakemake import __version__
+    from snakemake.exceptions import WorkflowError
+
+    from conftest import REPO
+    from tacl.cluster.hooks import cluster_rules, directory_chosen
+
+    assert directory_chosen(NS(overwrite_workdir=None)) is False
+    assert directory_chosen(NS(overwrite_workdir="/some/where")) is True
+    with pytest.raises(WorkflowError) as e:
+        directory_chosen(NS(basedir="workflow"))
+    assert f"Snakemake {__version__} keeps no `overwrite_workdir`" in str(e.value)
+    used = {p: p.read_text() for p in [*REPO.glob("src/tacl/**/*.py"), *REPO.glob("workflow/**/*.smk"),
+                                       REPO / "workflow" / "Snakefile"]}
+    assert [str(p) for p, text in used.items() if "overwrite_workdir" in text] == [
+        str(REPO / "src" / "tacl" / "cluster" / "hooks.py")]
+    assert [str(p) for p, text in used.items() if re.search(r"\bworkflow\._", text)] == []
+    rules = [NS(name=name, norun=name == "all") for name in ("all", "clean", "report", "finetune")]
+    assert [r.name for r in cluster_rules(NS(rules=rules))] == ["clean", "finetune"]

@@ -5,12 +5,13 @@ the demo's config without Snakemake."""
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import demo_config
+from conftest import REPO, demo_config
 
 from tacl.cluster import handlers
 from tacl.experiment import design
@@ -20,9 +21,6 @@ from tacl.experiment.reruns import finished_jobs, rerun_tags
 from tacl.planning.plan import plan_jobs, plan_text, planned_chunks
 from tacl.planning.sizing import Sizing
 from tacl.runtime.io import InputError
-
-LOCAL = {"download_corpus", "fetch_tokenizer", "gather_shards", "init_model", "export_start", "extra_model",
-         "prepare_task", "select_setting", "submissions", "similarity_plot", "embeddings_data", "report"}
 
 
 def filled(cfg: dict) -> dict:
@@ -101,7 +99,7 @@ def test_the_plan_of_the_demo_config_without_snakemake(tmp_path):
     cfg = filled(demo_config(tmp_path))
     layout = Layout.of(cfg)
     sizing = Sizing.of(cfg, layout)
-    jobs = plan_jobs(sizing, LOCAL, set())
+    jobs = plan_jobs(sizing, set())
     count = Counter(j.rule for j in jobs)
     pairs = design.model_tasks(cfg)
     assert count["finetune"] == sum(len(design.settings_of(cfg, t)) for _, t in pairs)
@@ -113,19 +111,37 @@ def test_the_plan_of_the_demo_config_without_snakemake(tmp_path):
     steps = cfg["pretrain"]["steps"]
     marker.write_text(json.dumps({"done": True, "step": steps, "steps_this_chunk": steps, "reason": "target"}))
     assert [c[0] for c in planned_chunks(sizing, "tacl", fresh=False)] == [str(marker)]
-    chunks = [j for j in plan_jobs(sizing, LOCAL, set()) if j.rule == "pretrain_chunk" and j.key == "tacl"]
+    chunks = [j for j in plan_jobs(sizing, set()) if j.rule == "pretrain_chunk" and j.key == "tacl"]
     assert len(chunks) == 2 and not any(j.done for j in chunks), "the data stage is to run: the chain again"
     data = [f"{layout.data}/{name}" for name in ("raw.json", "corpus.txt", "shards/shard-00000.bin",
                                                  "shards/shard-00001.bin", "shards/manifest.json")]
     for path in data + [f"{layout.data}/tokenizer/x", f"{layout.start}/x"]:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text("{}")
-    chunks = [j for j in plan_jobs(sizing, LOCAL, set()) if j.rule == "pretrain_chunk" and j.key == "tacl"]
+    chunks = [j for j in plan_jobs(sizing, set()) if j.rule == "pretrain_chunk" and j.key == "tacl"]
     assert [j.done for j in chunks] == [True]
-    chunks = [j for j in plan_jobs(sizing, LOCAL, {"pretrain_chunk:tacl"}) if j.rule == "pretrain_chunk"]
+    chunks = [j for j in plan_jobs(sizing, {"pretrain_chunk:tacl"}) if j.rule == "pretrain_chunk"]
     assert not any(j.done for j in chunks)
-    text = plan_text(sizing, plan_jobs(sizing, LOCAL, set()))
+    text = plan_text(sizing, plan_jobs(sizing, set()))
     assert text.startswith("Plan of this run") and "device: cpu, so no job asks for a GPU" in text
+
+
+def test_the_local_rules_are_those_the_rules_files_declare():
+    """design.LOCAL_RULES (the plan's 'this machine' and the rules the scheduler's checks leave out) names
+    exactly the rules that the workflow's files declare local, with `localrules:` or a rule's `localrule: True`
+    (what Snakemake acts on), each a rule of the workflow; `all`, which runs no command, is not among them."""
+    declared, rules = set(), {}
+    for path in [REPO / "workflow" / "Snakefile", *sorted((REPO / "workflow" / "rules").glob("*.smk"))]:
+        text = path.read_text()
+        for block in re.findall(r"^localrules:\n((?:[ \t]+\w+,?[^\n]*\n)+)", text, re.M):
+            declared |= set(re.findall(r"^[ \t]+(\w+)", block, re.M))
+        for m in re.finditer(r"^(?:rule|checkpoint) (\w+):\n(.*?)(?=^\S|\Z)", text, re.M | re.S):
+            rules[m.group(1)] = m.group(2)
+            if re.search(r"^\s+localrule:\s*True", m.group(2), re.M):
+                declared.add(m.group(1))
+    local = design.LOCAL_RULES
+    assert declared == local, (sorted(declared - local), sorted(local - declared))
+    assert local <= set(rules) and "all" in rules and "all" not in local
 
 
 def test_finished_jobs_follow_the_config(tmp_path):
@@ -167,7 +183,7 @@ def test_the_inputs_a_config_names_are_checked_for_the_jobs_still_to_run(tmp_pat
     layout = Layout.of(cfg)
 
     def errors():
-        return input_errors(cfg, plan_jobs(Sizing.of(cfg, layout), LOCAL, rerun_tags(finished_jobs(cfg, layout))))
+        return input_errors(cfg, plan_jobs(Sizing.of(cfg, layout), rerun_tags(finished_jobs(cfg, layout))))
 
     assert errors() == []
     cfg["data"]["source"]["paths"].append(str(tmp_path / "wiki_*"))

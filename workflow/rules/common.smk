@@ -352,9 +352,9 @@ def finished_jobs():
 
 @cache
 def planned_jobs():
-    """Every job of the experiment and whether it is to run (tacl.planning.plan): the local rules run on this
-    machine; made once, for the plan and the inputs' check."""
-    return plan_jobs(SIZING, workflow._localrules, rerun_tags(finished_jobs()))
+    """Every job of the experiment and whether it is to run (tacl.planning.plan), made once, for the plan and
+    the inputs' check."""
+    return plan_jobs(SIZING, rerun_tags(finished_jobs()))
 
 
 def plan_text():

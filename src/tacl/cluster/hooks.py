@@ -5,6 +5,8 @@ sbatch line for one job of every rule (tacl.cluster.sbatch; TACL_SBATCH_PREVIEW=
 and submits nothing) and the partition checks; under PBS Pro (cluster-generic with `tacl pbs submit`)
 the queue checks; under either, the launcher. Each problem is one line naming the rule and the key; any
 problem stops the run with all of them. `data_summary()`: the line printed after a successful run.
+`directory_chosen()`: whether Snakemake's --directory chose the working directory (an attribute that Snakemake
+keeps for itself, read in this one place).
 """
 
 from __future__ import annotations
@@ -17,7 +19,27 @@ from snakemake.exceptions import WorkflowError
 
 from tacl.cluster.preflight import (JobRequest, PbsRequest, cluster_node_states, cluster_partitions,
                                     cluster_queues, launcher_problem, pbs_problems, problems)
+from tacl.experiment.design import LOCAL_RULES
 from tacl.planning.plan import announce
+
+
+def directory_chosen(workflow: Any) -> bool:
+    """Whether this run's working directory was chosen with Snakemake's --directory (workflow/Snakefile then
+    lets a run start outside the repository root). Snakemake has no public way to say it: its workflow object
+    keeps the option as `overwrite_workdir` (in 9.27, the version envs/ pins), read here alone. A Snakemake without that
+    attribute stops the run here, naming it and the version, rather than each run being judged as if no
+    --directory had been given."""
+    try:
+        directory = workflow.overwrite_workdir
+    except AttributeError:
+        from snakemake import __version__
+
+        raise WorkflowError(
+            f"Snakemake {__version__} keeps no `overwrite_workdir` on its workflow object, which workflow/Snakefile "
+            "reads (tacl.cluster.hooks.directory_chosen) to know whether --directory chose the working directory; "
+            "install the Snakemake that envs/requirements-cpu.txt pins, or read the option where this version "
+            "keeps it") from None
+    return directory is not None
 
 
 def scheduler(workflow: Any) -> str | None:
@@ -73,7 +95,9 @@ def rule_runtime(spec: Any, config_runtimes: dict[str, tuple[int, str]]) -> tupl
 
 
 def cluster_rules(workflow: Any) -> list[Any]:
-    return [spec for spec in workflow.rules if not spec.norun and spec.name not in workflow._localrules]
+    """The rules whose jobs are submitted: those with a command, not among the local rules
+    (tacl.experiment.design.LOCAL_RULES, which a dry run cannot take from Snakemake)."""
+    return [spec for spec in workflow.rules if not spec.norun and spec.name not in LOCAL_RULES]
 
 
 def sbatch_problems(workflow: Any, pretrain: dict[str, Any]) -> list[str]:

@@ -1,6 +1,7 @@
 """What one experiment holds, from its config alone: the models fine-tuned and compared, each task's settings
-and seeds, every fine-tuning run expected, where each task's data comes from, and how a pretraining chunk is
-launched. The workflow's rules, its plan, the rerun summary and the report all list their jobs from here.
+and seeds, every fine-tuning run expected, where each task's data comes from, how a pretraining chunk is
+launched and which rules run on this machine. The workflow's rules, its plan, the rerun summary and the report
+all list their jobs from here.
 
 A config that asks for something impossible (a contrastive fine-tune of a regression task, torchrun across
 nodes) raises InputError, which the workflow shows as its own error (`check`, at start, raises the first)."""
@@ -96,6 +97,21 @@ def gpus_per_node(config: dict[str, Any], name: str) -> int:
     if config["device"] == "cpu" or name not in ("pretrain_chunk", "finetune", "similarity"):
         return 0
     return config["pretrain"]["ranks_per_node"] if name == "pretrain_chunk" else 1
+
+
+# The rules whose jobs run on the machine Snakemake runs on (under SLURM or PBS, the login node), never
+# submitted: each rules file declares its own with `localrules:`, which is what Snakemake acts on, and
+# tests/test_experiment.py keeps those declarations equal to this set. The plan's 'where' column and the
+# scheduler's checks read it here: a dry run cannot say it (Snakemake's dry-run executor counts every rule as
+# local), and Snakemake keeps the declared names in no public attribute. (`all`, which runs no command, is
+# never submitted either; the plan and the checks count it apart.)
+LOCAL_RULES = frozenset({
+    "download_corpus", "fetch_tokenizer", "gather_shards",  # data.smk
+    "init_model", "export_start", "extra_model",  # pretrain.smk
+    "prepare_task", "select_setting", "submissions",  # finetune.smk
+    "similarity_plot", "embeddings_data",  # analysis.smk
+    "report",  # report.smk
+})
 
 
 # -- the models ---------------------------------------------------------------------------------------------

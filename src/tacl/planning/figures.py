@@ -50,7 +50,7 @@ def paper_plan(config_path: Path = REPO / "config.yaml") -> str:
     with tempfile.TemporaryDirectory() as tmp:
         config = paper_config(config_path, f"{tmp}/results")  # (nothing done yet)
         sizing = Sizing.of(config, Layout.of(config))
-        jobs = plan_jobs(sizing, (), set())
+        jobs = plan_jobs(sizing, set())
         peak = disk(sizing)
     asked, expected = estimates.gpu_hours(jobs)
     on = expected_on_each_gpu(sizing, jobs)

@@ -4,8 +4,10 @@ resources (tacl.planning.sizing), and the text of tacl.planning.estimates.format
 on; and `announce`, which says it (and the run's other opening messages) before anything runs.
 
 A job is to run where its output is not there, or where it or a job it depends on was made with settings that
-changed (`changed`: the rerun tags of tacl.experiment.reruns). The workflow passes the rules that run on this
-machine (its localrules); nothing here needs Snakemake."""
+changed (`changed`: the rerun tags of tacl.experiment.reruns). The rules that run on this machine are
+tacl.experiment.design.LOCAL_RULES (the rules' `localrules:`); nothing here needs Snakemake. Why the plan lists
+the jobs itself rather than taking them from Snakemake's DAG, and what keeps the two equal: docs/development.md
+(the plan and Snakemake's jobs)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tacl.experiment.design import (
+    LOCAL_RULES,
     embeddings_enabled,
     extra_models,
     finetune_models,
@@ -87,15 +90,15 @@ class _Jobs:
     than the config gives it now (`stale`: Snakemake's input trigger), or where a job it depends on (`after`,
     those jobs' outputs) is to run, as Snakemake then runs it again."""
 
-    def __init__(self, sizing: Sizing, local: set[str], changed: set[str]):
-        self.local, self.changed, self.start = local, changed, sizing.plan["startup_minutes"]
+    def __init__(self, sizing: Sizing, changed: set[str]):
+        self.changed, self.start = changed, sizing.plan["startup_minutes"]
         self.done: dict[str, bool] = {}
         self.jobs: list[estimates.Job] = []
 
     def add(self, name: str, output: str, gpus: int = 0, requested: float = 0, compute: float = 0.0, key: str = "",
             finetune: bool = False, tags: Iterable[str] = (), after: Iterable[str] = (), stale: bool = False,
             open_ended: bool = False) -> None:
-        where = "login" if name in self.local else ("gpu" if gpus else "cpu")
+        where = "login" if name in LOCAL_RULES else ("gpu" if gpus else "cpu")
         overhead = self.start if gpus else 0.0
         done = (os.path.exists(output) and not stale and not self.changed & set(tags)
                 and all(self.done.get(u, True) for u in after))
@@ -107,13 +110,13 @@ class _Jobs:
         return all(self.done.get(u, True) for u in outputs)
 
 
-def plan_jobs(sizing: Sizing, local: Iterable[str], changed: set[str]) -> list[estimates.Job]:
+def plan_jobs(sizing: Sizing, changed: set[str]) -> list[estimates.Job]:
     """Every job of the whole experiment (tacl.planning.estimates.Job), with what it asks for and is expected to
     take: the same functions as the rules' resources. Pretraining chunks: those there, then as many as the rest
-    of the work needs as estimated. `local`: the rules that run on this machine; `changed`: the rerun tags. A
-    job is to run where Snakemake would run it (_Jobs): with everything downstream of a change."""
+    of the work needs as estimated. `changed`: the rerun tags. A job is to run where Snakemake would run it
+    (_Jobs): with everything downstream of a change."""
     config, layout = sizing.config, sizing.layout
-    out = _Jobs(sizing, set(local), changed)
+    out = _Jobs(sizing, changed)
     data, p = layout.data, config["pretrain"]
     raw, tokenizer, corpus = f"{data}/raw.json", f"{data}/tokenizer", f"{data}/corpus.txt"
     out.add("download_corpus", raw, tags={"download_corpus:"})
