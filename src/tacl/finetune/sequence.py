@@ -13,7 +13,7 @@ from tacl.finetune import glue
 from tacl.finetune.common import DEFAULT_HPARAMS, Run, hyperparameters, load_task_model, predict, train
 from tacl.finetune.contrastive import DEFAULTS as CONTRASTIVE_DEFAULTS
 from tacl.finetune.contrastive import CONTRASTIVE_FORMS, contrastive_loss
-from tacl.finetune.resume import Checkpointing
+from tacl.finetune.settings import FineTune
 from tacl.runtime.hub import resolve_pretrained
 from tacl.runtime.io import InputError, atomic_path, write_json_atomic
 
@@ -52,17 +52,14 @@ def encode(tokenizer: Any, task: str, examples: list[glue.Example], max_len: int
     return rows
 
 
-def finetune_glue(model_dir: str, task: str, source: dict[str, Any], hparams: dict[str, Any], seed: int,
-                  out_dir: str, precision: str = "auto", device: str = "auto",
-                  preset: str = "standard", contrastive: str | None = None, start_from: str | None = None,
-                  save_model: bool = False, compile: bool | str = "auto",
-                  checkpointing: Checkpointing | None = None, shapes: str = "auto") -> dict[str, Any]:
-    """One fine-tune. `start_from` names where `model_dir` came from (another task's fine-tune,
-    TASK:SETTING/seedN; recorded); `save_model` keeps the fine-tuned encoder, without its task head, in
-    OUT/model, so that another task can start from it; `checkpointing`: checkpoints inside the seed
-    (tacl.finetune.resume)."""
+def finetune_glue(tune: FineTune, seed: int, out_dir: str | Path) -> dict[str, Any]:
+    """One seed of a GLUE fine-tune, in `out_dir`: trained (from its checkpoint there where it has one,
+    `tune.checkpointing`, tacl.finetune.resume), scored on the dev splits, its test predictions written in
+    the GLUE server's format, the fine-tuned encoder kept without its task head where `tune.save_model`
+    asks (OUT/model, for another task to start from), and metrics.json written last."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+    task, contrastive, source = tune.task, tune.contrastive, tune.data_source()
     if task not in glue.TASKS:
         raise InputError(f"finetune task {task!r} is not a GLUE task ({', '.join(glue.TASKS)})")
     spec = glue.TASKS[task]
@@ -73,10 +70,12 @@ def finetune_glue(model_dir: str, task: str, source: dict[str, Any], hparams: di
         if spec.is_regression:
             raise InputError(f"finetune.contrastive: {task} is a regression task; contrastive fine-tuning needs "
                              "classes (leave it out of finetune.contrastive.tasks)")
-    model_dir = resolve_pretrained(model_dir)
-    hp = hyperparameters({**DEFAULT_HPARAMS, **(CONTRASTIVE_DEFAULTS if contrastive else {})}, preset, hparams)
+    model_dir = resolve_pretrained(tune.model)
+    hp = hyperparameters({**DEFAULT_HPARAMS, **(CONTRASTIVE_DEFAULTS if contrastive else {})}, tune.preset,
+                         tune.hparams)
     started = time.time()
-    run = Run.detect(precision, device, compile, shapes)  # a job that asked for a GPU and has none stops here
+    # (a job that asked for a GPU and has none stops here)
+    run = Run.detect(tune.precision, tune.device, tune.compile, tune.shapes)
     # all data first: a missing file fails before the model is built
     train_ex = subset(load_examples(task, "train", source), hp.get("max_train_examples", 0))
     dev = {s: subset(load_examples(task, s, source), hp.get("max_eval_examples", 0)) for s in spec.dev_splits}
@@ -98,7 +97,7 @@ def finetune_glue(model_dir: str, task: str, source: dict[str, Any], hparams: di
 
     record = train(model, encode(tokenizer, task, train_ex, hp["max_len"]), hp, seed, run, tokenizer.pad_token_id,
                    extra_loss=extra, task_weight=weight,
-                   checkpoint=checkpointing.at(out_dir) if checkpointing else None)
+                   checkpoint=tune.checkpoint_at(out_dir))
 
     def predictions(examples: list[glue.Example]) -> np.ndarray:
         (logits,) = predict(model, encode(tokenizer, task, examples, hp["max_len"]), run, tokenizer.pad_token_id,
@@ -116,12 +115,12 @@ def finetune_glue(model_dir: str, task: str, source: dict[str, Any], hparams: di
         path = out / "submission" / spec.submission_files[split]
         glue.write_submission(task, split, [e.guid for e in examples], predictions(examples), str(path))
         submissions[split] = str(path)
-    if save_model:
+    if tune.save_model:
         with atomic_path(out / "model") as tmp:
             model.base_model.save_pretrained(str(tmp))
             tokenizer.save_pretrained(str(tmp))
-    summary = {"task": task, "family": "glue", "model": model_dir, "seed": seed, "preset": preset,
-               "contrastive": contrastive, "start_from": start_from, "hparams": hp,
+    summary = {"task": task, "family": "glue", "model": model_dir, "seed": seed, "preset": tune.preset,
+               "contrastive": contrastive, "start_from": tune.start_from, "hparams": hp,
                "dev": results,
                "submission": submissions, "train": record, "device": run.describe(), "bf16": run.bf16,
                "wall_s": round(time.time() - started, 1)}
