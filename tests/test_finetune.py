@@ -20,6 +20,7 @@ def test_small_model_learns_sst2_and_writes_a_submission(tmp_path):
     above the majority class after one epoch (about a minute on 2 cores); a submission file for a test split
     cut to its first 200 sentences (predicting all 1,821 would double the test's time)."""
     from tacl.finetune.sequence import finetune_glue, load_examples, subset
+    from tacl.finetune.settings import FineTune
 
     glue_dir = tmp_path / "glue"
     (glue_dir / "SST-2").mkdir(parents=True)
@@ -31,7 +32,7 @@ def test_small_model_learns_sst2_and_writes_a_submission(tmp_path):
     hparams = {"max_len": 64, "batch": 16, "lr": 1e-4, "epochs": 1, "max_train_examples": 800,
                "max_eval_examples": 400}
     out = tmp_path / "run"
-    result = finetune_glue(MINILM, "sst2", source, hparams, 0, str(out))
+    result = finetune_glue(FineTune(task="sst2", model=MINILM, source=source, hparams=hparams), 0, out)
     labels = [e.label for e in subset(load_examples("sst2", "dev", source), 400)]
     majority = max(labels.count(x) for x in set(labels)) / len(labels)
     acc = result["dev"]["dev"]["accuracy"]
@@ -50,14 +51,15 @@ def test_the_seed_decides_the_whole_run_head_included(tmp_path, demo_data):
     import torch
 
     from tacl.finetune.sequence import finetune_glue
+    from tacl.finetune.settings import FineTune
 
     source = {"kind": "tsv", "data_dir": str(REPO / "examples/demo/glue")}
     hparams = {"max_len": 32, "batch": 8, "epochs": 1, "max_train_examples": 32, "max_eval_examples": 16}
+    tune = FineTune(task="qnli", model=str(demo_data["start"]), source=source, hparams=hparams)
 
     def run(seed: int, out: str) -> float:
         torch.rand(100)  # another state of the global RNG before every run
-        return finetune_glue(str(demo_data["start"]), "qnli", source, hparams, seed, str(tmp_path / out))[
-            "train"]["final_loss"]
+        return finetune_glue(tune, seed, tmp_path / out)["train"]["final_loss"]
 
     first = run(0, "a")
     assert run(0, "b") == first
@@ -66,12 +68,13 @@ def test_the_seed_decides_the_whole_run_head_included(tmp_path, demo_data):
 
 def test_squad_v2_runs_on_the_demo_sample(tmp_path, demo_data):
     from tacl.finetune.qa import finetune_squad
+    from tacl.finetune.settings import FineTune
 
     source = {"kind": "json", "v2_0_train": str(REPO / "examples/demo/squad/train-v2.0.json"),
               "v2_0_dev": str(REPO / "examples/demo/squad/dev-v2.0.json")}
-    result = finetune_squad(str(demo_data["start"]), "2.0", source,
-                            {"max_len": 128, "doc_stride": 32, "max_query_len": 32, "batch": 8, "epochs": 1}, 0,
-                            str(tmp_path))
+    hparams = {"max_len": 128, "doc_stride": 32, "max_query_len": 32, "batch": 8, "epochs": 1}
+    result = finetune_squad(FineTune(task="squad_v2", model=str(demo_data["start"]), source=source, hparams=hparams),
+                            0, tmp_path)
     dev = result["dev"]["dev"]
     assert dev["examples"] == 16 and dev["features"] >= 16
     assert result["device"]["device"] == "cpu" and result["device"]["torch"] == torch.__version__
@@ -116,14 +119,16 @@ def test_squad_per_batch_padding_predicts_as_padding_to_max_len(demo_data):
 
 def test_contrastive_fine_tune_runs_and_refuses_regression(tmp_path, demo_data):
     from tacl.finetune.sequence import finetune_glue
+    from tacl.finetune.settings import FineTune
 
     source = {"kind": "tsv", "data_dir": str(REPO / "examples/demo/glue")}
     hp = {"max_train_examples": 64, "max_eval_examples": 32, "epochs": 1, "batch": 16}
-    result = finetune_glue(str(demo_data["start"]), "qnli", source, hp, 0, str(tmp_path / "scl"), contrastive="scl")
+    result = finetune_glue(FineTune(task="qnli", model=str(demo_data["start"]), source=source, hparams=hp,
+                                    contrastive="scl"), 0, tmp_path / "scl")
     assert result["contrastive"] == "scl" and result["hparams"]["contrastive_weight"] == 0.9
     assert 0 <= result["dev"]["dev"]["accuracy"] <= 1 and result["train"]["final_loss"] > 0
     with pytest.raises(InputError, match="finetune.contrastive: stsb is a regression task"):
-        finetune_glue("no-model", "stsb", source, {}, 0, str(tmp_path / "stsb"), contrastive="kl")
+        finetune_glue(FineTune(task="stsb", model="no-model", source=source, contrastive="kl"), 0, tmp_path / "stsb")
     assert not (tmp_path / "stsb").exists()
 
 
@@ -140,9 +145,11 @@ def test_presets_then_the_configs_values():
 
 def test_missing_glue_file_fails_before_the_model_is_built(tmp_path):
     from tacl.finetune.sequence import finetune_glue
+    from tacl.finetune.settings import FineTune
 
+    source = {"kind": "tsv", "data_dir": str(tmp_path)}
     with pytest.raises(InputError, match=r"RTE/train\.tsv: GLUE file not found"):
-        finetune_glue("no-such-model-dir/", "rte", {"kind": "tsv", "data_dir": str(tmp_path)}, {}, 0, str(tmp_path))
+        finetune_glue(FineTune(task="rte", model="no-such-model-dir/", source=source), 0, tmp_path)
 
 
 def test_a_seed_is_kept_only_if_its_files_read_back(tmp_path, caplog):
@@ -206,8 +213,9 @@ def test_a_seed_stopped_midway_resumes_to_the_uninterrupted_seeds_metrics(tmp_pa
     from tacl.finetune import CHECKPOINT, Stopped, common
     from tacl.finetune.resume import Checkpointing
     from tacl.finetune.seeds import run_seeds
-    from tacl.runtime.io import size_text
     from tacl.finetune.sequence import finetune_glue
+    from tacl.finetune.settings import FineTune
+    from tacl.runtime.io import size_text
 
     glue = tmp_path / "glue" / "QNLI"  # (train and dev only: no test predictions to make)
     glue.mkdir(parents=True)
@@ -218,11 +226,10 @@ def test_a_seed_stopped_midway_resumes_to_the_uninterrupted_seeds_metrics(tmp_pa
                "group_by_length": True}
 
     def job(out, checkpointing):
-        def train_one(seed, folder):
-            return finetune_glue(str(demo_data["start"]), "qnli", source, hparams, seed, str(folder),
-                                 save_model=True, checkpointing=checkpointing)
-
-        return run_seeds([0], lambda seed: out / f"seed{seed}", {"hparams": hparams}, train_one)
+        tune = FineTune(task="qnli", model=str(demo_data["start"]), source=source, hparams=hparams, save_model=True,
+                        checkpointing=checkpointing)
+        return run_seeds([0], lambda seed: out / f"seed{seed}", {"hparams": hparams},
+                         lambda seed, folder: finetune_glue(tune, seed, folder))
 
     job(tmp_path / "once", None)
     stopped = tmp_path / "stopped"

@@ -105,12 +105,14 @@ def test_ner_run_writes_metrics(tmp_path, demo_data, supervised_tacl):
     import json
 
     from tacl.finetune.ner import finetune_ner
+    from tacl.finetune.settings import FineTune
 
     for name in ("train.txt", "valid.txt", "test.txt"):
         write_conll(tmp_path / name, repeat=4)
-    result = finetune_ner(str(demo_data["start"]), str(tmp_path), {"epochs": 1, "batch": 4, "lr": 1e-3,
-                                                                    "supervised_tacl": supervised_tacl},
-                          0, str(tmp_path / "out"))
+    hparams = {"epochs": 1, "batch": 4, "lr": 1e-3, "supervised_tacl": supervised_tacl}
+    tune = FineTune(task="conll2003", model=str(demo_data["start"]), source={"data_dir": str(tmp_path)},
+                    hparams=hparams)
+    result = finetune_ner(tune, 0, tmp_path / "out")
     saved = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert saved["dev"]["dev"]["examples"] == 12 and 0.0 <= saved["test"]["test"]["f1"] <= 1.0
     assert saved["hparams"]["supervised_tacl"] is supervised_tacl

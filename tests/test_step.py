@@ -283,9 +283,9 @@ def test_a_non_finite_gradient_at_zero_0_stops_at_the_next_log_or_save(demo_data
 
 
 def loop_reads(stack) -> bool:
-    """The fine-tuning loop's reads that are not per step: the mean loss of a log line (every LOG_EVERY steps)
-    and of the training record (once, after the last step)."""
-    return any(f.name == "train" and f.filename.endswith(os.path.join("finetune", "common.py"))
+    """The fine-tuning loop's reads that are not per step: the mean loss of a log line (every LOG_EVERY steps,
+    `Progress.add`) and of the training record (once, after the last step, `_record`)."""
+    return any(f.name in ("add", "_record") and f.filename.endswith(os.path.join("finetune", "common.py"))
                and f.line.lstrip().startswith(("log.info(\"fine-tune step %d/%d: mean loss", "\"final_loss\""))
                for f in stack)
 

@@ -8,7 +8,7 @@ from tacl import RESULT_VERSIONS
 
 # The one list of fine-tuning tasks, with their family, in the order the tables show them. The workflow
 # (tacl.experiment.design) and the command line's choices come from it; the schema's enums,
-# each family's specs (glue.TASKS, data.SQUAD_TASKS, data.NER_TASKS) and each task's headline number
+# each family's specs (glue.TASKS, SQUAD_TASKS, data.NER_TASKS) and each task's headline number
 # (sweep.HEADLINE_DEV) are checked equal to it (tests/test_registry.py). No heavy import here: the
 # Snakefile reads it while it parses.
 TASKS = {"cola": "glue", "sst2": "glue", "mrpc": "glue", "stsb": "glue", "qqp": "glue", "mnli": "glue",
@@ -17,6 +17,9 @@ TASKS = {"cola": "glue", "sst2": "glue", "mrpc": "glue", "stsb": "glue", "qqp": 
 GLUE_TASKS = tuple(t for t, family in TASKS.items() if family == "glue")
 GLUE_REGRESSION = ("stsb",)  # the GLUE task with a score, not a class (no contrastive fine-tuning, no clustering)
 GLUE_CLASSIFICATION = tuple(t for t in GLUE_TASKS if t not in GLUE_REGRESSION)
+# SQuAD's tasks and the version of each (tacl.finetune.data and the SQuAD fine-tune, tacl.finetune.qa, read it:
+# here, not in tacl.finetune.data, which imports tacl.finetune.qa to prepare a task)
+SQUAD_TASKS = {"squad_v1": "1.1", "squad_v2": "2.0"}
 # CoNLL-2003's files in `finetune.conll_source.data_dir`, by split (tacl.finetune.ner reads them)
 CONLL_FILES = {"train": "train.txt", "dev": "valid.txt", "test": "test.txt"}
 # The forms of contrastive fine-tuning (tacl.finetune.contrastive computes them), each a model's own rows,

@@ -7,9 +7,11 @@ import json
 import logging
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from tacl.finetune import CONTRASTIVE_FORMS, PRESETS, TASKS
+from tacl.finetune.settings import FineTune
 from tacl.runtime.device import DEVICES
 from tacl.runtime.io import with_cache
 
@@ -95,7 +97,7 @@ def _prepare(a: argparse.Namespace) -> None:
 
 
 def _finetune(a: argparse.Namespace) -> None:
-    from tacl.finetune import EXIT_STOPPED, Stopped, finetune_given
+    from tacl.finetune import EXIT_STOPPED, Stopped
     from tacl.finetune.resume import Checkpointing
     from tacl.finetune.seeds import note_job, run_seeds, weights_fingerprint
     from tacl.finetune.side_by_side import cannot_share, run_side_by_side, seeds_at_once
@@ -108,33 +110,25 @@ def _finetune(a: argparse.Namespace) -> None:
         device = resolve_device(a.device)  # a GPU asked for and none usable: stop before anything is written
     except GpuUnavailable as e:
         raise cannot_share(e, together) from e
-    model, start_from = a.model, None
-    if getattr(a, "start_selection", None):
-        from tacl.finetune.submissions import selected_run
-
-        model, start_from = selected_run(a.start_selection, with_label=True)
-        model = str(model / "model")
+    model, start_from = start_model(a)
     model_dir = resolve_model(model)
-    spec, hparams = json.loads(a.source), json.loads(a.hparams)
+    tune = fine_tune(a, model, start_from)
     run_dir = (lambda seed: Path(a.out)) if a.seeds is None else (lambda seed: Path(a.out) / f"seed{seed}")
     seeds = [a.seed] if a.seeds is None else a.seeds
     count, why = (1, "") if a.seeds is None else seeds_at_once(a.seeds_per_gpu, len(seeds), device, model_dir,
-                                                               a.command, hparams)
+                                                               tune.family, tune.hparams)
     given: dict = {}
-    checkpointing = Checkpointing(a.checkpoint_minutes)
     if count == 1:  # (this process trains; side by side, each seed's process opens the GPU, reads the job's end
         # time, hashes the start model and checks its own input)
         try:
             open_gpu(device)
         except GpuUnavailable as e:
             raise cannot_share(e, together) from e
-        checkpointing = Checkpointing(a.checkpoint_minutes, end=job_end(), at_once=together)
-        given = {**finetune_given(spec, hparams, a.precision, a.preset),
-                 "model_sha256": weights_fingerprint(model_dir)}
-    source = with_cache(spec, a.cache_dir)
+        tune = replace(tune, checkpointing=Checkpointing(a.checkpoint_minutes, end=job_end(), at_once=together))
+        given = {**tune.given(), "model_sha256": weights_fingerprint(model_dir)}
 
     def train_one(seed: int, out: Path) -> dict:
-        result = _train(a, model, start_from, source, dict(hparams), seed, str(out), checkpointing)
+        result = _train(tune, seed, out)
         print(json.dumps({k: result[k] for k in ("task", "seed", "dev", "wall_s")}))
         return result
 
@@ -150,6 +144,28 @@ def _finetune(a: argparse.Namespace) -> None:
         print(f"tacl: stopped: {e}", file=sys.stderr)
         return EXIT_STOPPED
     return 0
+
+
+def start_model(a: argparse.Namespace) -> tuple[str, str | None]:
+    """The model the seeds start from, and where it came from: `--model` as given (None), or the encoder kept
+    by another task's selected run (`--start-selection`: its model/, and the run, TASK:SETTING/seedN)."""
+    if not getattr(a, "start_selection", None):
+        return a.model, None
+    from tacl.finetune.submissions import selected_run
+
+    run, start_from = selected_run(a.start_selection, with_label=True)
+    return str(run / "model"), start_from
+
+
+def fine_tune(a: argparse.Namespace, model: str, start_from: str | None) -> FineTune:
+    """What each seed of the job is given, from its command line (`model` and `start_from`: `start_model`'s);
+    how the seeds checkpoint is left to the process that trains them (`_finetune`), which reads the job's end
+    time itself."""
+    return FineTune(task=a.task, model=model, source=json.loads(a.source), hparams=json.loads(a.hparams),
+                    cache_dir=a.cache_dir, precision=a.precision, preset=a.preset, device=a.device,
+                    compile={"true": True, "false": False}.get(a.compile, a.compile), shapes=a.shapes,
+                    contrastive=getattr(a, "contrastive", None), start_from=start_from,
+                    save_model=getattr(a, "save_model", False))
 
 
 def _count_or_auto(value: str) -> str:
@@ -195,29 +211,19 @@ def resolve_model(model: str) -> str:
     return resolve_pretrained(model)
 
 
-def _train(a: argparse.Namespace, model: str, start_from, source: dict, hp: dict, seed: int, out: str,
-           checkpointing) -> dict:
-    """One seed of the task family's fine-tune."""
-    if a.command == "glue":
+def _train(tune: FineTune, seed: int, out: Path) -> dict:
+    """One seed of the task family's fine-tune, in its folder `out`."""
+    if tune.family == "glue":
         from tacl.finetune.sequence import finetune_glue
 
-        return finetune_glue(model, a.task, source, hp, seed, out, a.precision, a.device, a.preset,
-                             a.contrastive, start_from, a.save_model, compile=_compile(a),
-                             checkpointing=checkpointing, shapes=a.shapes)
-    if a.command == "squad":
-        from tacl.finetune.data import SQUAD_TASKS
+        return finetune_glue(tune, seed, out)
+    if tune.family == "squad":
         from tacl.finetune.qa import finetune_squad
 
-        return finetune_squad(model, SQUAD_TASKS[a.task], source, hp, seed, out, a.precision, a.device, a.preset,
-                              compile=_compile(a), checkpointing=checkpointing, shapes=a.shapes)
+        return finetune_squad(tune, seed, out)
     from tacl.finetune.ner import finetune_ner
 
-    return finetune_ner(model, source["data_dir"], hp, seed, out, a.precision, a.device, a.preset,
-                        compile=_compile(a), checkpointing=checkpointing, shapes=a.shapes)
-
-
-def _compile(a: argparse.Namespace) -> bool | str:
-    return {"true": True, "false": False}.get(a.compile, a.compile)
+    return finetune_ner(tune, seed, out)
 
 
 def _select(a: argparse.Namespace) -> None:

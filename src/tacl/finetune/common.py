@@ -37,7 +37,7 @@ import random
 import signal
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence, TypeVar
 
 import numpy as np
@@ -215,6 +215,35 @@ def optimizer_and_schedule(model: torch.nn.Module, hp: dict[str, Any], total_ste
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
+@dataclass
+class Progress:
+    """How far a seed's training has gone, and what its training record sums: kept in its checkpoint beside
+    the model, the optimizer and the RNGs (`_save`, `_resume`). The losses stay on the device; `add` reads
+    them on the host only for a log line."""
+
+    total: int  # the fine-tune's steps
+    recent: collections.deque[torch.Tensor]  # the last losses (a tenth of an epoch), the record's final loss
+    interval: torch.Tensor  # the loss summed since the last log line
+    started: float  # when this process began to train
+    step: int = 0
+    positions: int = 0  # padded positions of the batches, for the record
+    before_s: float = 0.0  # seconds trained before the checkpoint this process resumed
+    resumed_at: list[int] = field(default_factory=list)  # the steps the seed was resumed at
+
+    def add(self, loss: torch.Tensor) -> None:
+        """A step done, with its loss; every LOG_EVERY steps a log line with their mean."""
+        self.recent.append(loss)
+        self.interval += loss
+        self.step += 1
+        if self.step % LOG_EVERY == 0:
+            log.info("fine-tune step %d/%d: mean loss %.4f", self.step, self.total, float(self.interval) / LOG_EVERY)
+            self.interval.zero_()
+
+    def train_s(self) -> float:
+        """Seconds trained, before the checkpoint and since."""
+        return self.before_s + time.time() - self.started
+
+
 def train(model: torch.nn.Module, rows: list[dict[str, Any]], hp: dict[str, Any], seed: int, run: Run,
           pad_id: int, extra_loss: Callable[[torch.nn.Module, dict, Any], torch.Tensor] | None = None,
           task_weight: float = 1.0, checkpoint: Checkpointing | None = None) -> dict:
@@ -231,91 +260,122 @@ def train(model: torch.nn.Module, rows: list[dict[str, Any]], hp: dict[str, Any]
     model.to(run.device).train()
     if run.compile:  # in place (parameter names stay)
         compile_model(model, run, hp["max_len"])
-    batch_size = hp["batch"]
-    steps_per_epoch = -(-len(rows) // batch_size)
+    steps_per_epoch = -(-len(rows) // hp["batch"])
     total = steps_per_epoch * hp["epochs"]
     opt, sched = optimizer_and_schedule(model, hp, total)
     order_rng = np.random.default_rng(seed)
     lengths = np.array([len(r["input_ids"]) for r in rows])
     grouped = hp.get("group_by_length", False)
-    positions = 0  # padded positions of the batches, for the record
-    started, step, first_epoch, done_in_epoch, before_s, resumed_at = time.time(), 0, 0, 0, 0.0, []
-    recent: collections.deque[torch.Tensor] = collections.deque(maxlen=max(1, steps_per_epoch // 10))
-    interval = torch.zeros((), device=run.device)  # the loss summed since the last log line, on the device
+    progress = Progress(total, collections.deque(maxlen=max(1, steps_per_epoch // 10)),
+                        torch.zeros((), device=run.device), time.time())
+    first_epoch, done_in_epoch = 0, 0
     # (what the checkpoint belongs to: a checkpoint of other settings, data or seed is not resumed)
     identity = stable_hash({"seed": seed, "steps": total, "rows": len(rows), "tokens": int(lengths.sum()),
                             "hparams": hp})
     state = resume.load(checkpoint.path, identity) if checkpoint else None
     if state is not None:
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-        step, first_epoch, done_in_epoch = state["step"], state["epoch"], state["batch"]
-        order_rng.bit_generator.state = state["order_rng"]  # (as at the start of its epoch)
-        positions, before_s, resumed_at = state["positions"], state["train_s"], state["resumed_at"] + [step]
-        recent.extend(state["recent"].to(run.device).unbind(0) if len(state["recent"]) else [])
-        interval = state["interval"].to(run.device)
-        resume.restore_rng_states(state["rng"])
-        log.info("fine-tune: resumed from %s at step %d/%d (epoch %d, batch %d of %d)", checkpoint.path, step,
-                 total, first_epoch + 1, done_in_epoch, steps_per_epoch)
+        first_epoch, done_in_epoch = _resume(state, progress, model, opt, sched, order_rng, run.device)
+        log.info("fine-tune: resumed from %s at step %d/%d (epoch %d, batch %d of %d)", checkpoint.path,
+                 progress.step, total, first_epoch + 1, done_in_epoch, steps_per_epoch)
     last_save, steps_here = time.time(), 0
     limit = resume.TimeLimit.of(checkpoint, model) if checkpoint else None
     if limit is not None and checkpoint.end is not None:
         log.info("fine-tune: %s", limit.describe())
-    bar = tqdm(total=total, initial=step, desc="fine-tune", unit=" steps", disable=not sys.stderr.isatty())
+    bar = tqdm(total=total, initial=progress.step, desc="fine-tune", unit=" steps", disable=not sys.stderr.isatty())
     with resume.stop_signals(enabled=checkpoint is not None) as signals:
         for epoch in range(first_epoch, hp["epochs"]):
             epoch_rng = order_rng.bit_generator.state  # (a checkpoint draws the epoch's order again from it)
-            batches = epoch_batches(lengths, batch_size, order_rng, grouped)
+            batches = epoch_batches(lengths, hp["batch"], order_rng, grouped)
             for b, indices in enumerate(batches):
                 if epoch == first_epoch and b < done_in_epoch:
                     continue  # (done before the checkpoint)
                 step_started = time.time()
-                width = int(lengths[indices].max())
-                size = len(indices)
-                if run.buckets:  # (every batch full, of one of a few widths)
-                    width, size = bucket_width(width, hp["max_len"]), batch_size
-                positions += size * width
-                batch = to_device(pad_batch([rows[j] for j in indices], pad_id, width=width, size=size),
-                                  run.device)
-                loss = train_step(model, batch, opt, sched, hp, run, extra_loss, task_weight)
-                recent.append(loss)
-                interval += loss
-                step += 1
+                batch, positions = _padded_batch(rows, indices, lengths, hp, run, pad_id)
+                progress.positions += positions
+                progress.add(train_step(model, batch, opt, sched, hp, run, extra_loss, task_weight))
                 steps_here += 1
-                if step % LOG_EVERY == 0:
-                    log.info("fine-tune step %d/%d: mean loss %.4f", step, total, float(interval) / LOG_EVERY)
-                    interval.zero_()
                 bar.update(1)
                 if checkpoint is None:
                     continue
                 limit.deadline.observe_step(time.time() - step_started)
-                stop = (signals.received[:1] or (["step cap"] if steps_here == checkpoint.stop_after else [])
-                        or (["time limit"] if step < total and limit.near() else []))
+                stop = _why_stop(signals.received, steps_here == checkpoint.stop_after,
+                                 progress.step < total and limit.near())
                 due = checkpoint.minutes is not None and time.time() - last_save >= 60 * checkpoint.minutes
-                if stop or (due and step < total):
-                    seconds = resume.save(checkpoint.path, {
-                        "identity": identity, "step": step, "epoch": epoch, "batch": b + 1,
-                        "order_rng": epoch_rng, "model": model.state_dict(), "optimizer": opt.state_dict(),
-                        "scheduler": sched.state_dict(), "rng": resume.rng_states(), "positions": positions,
-                        "interval": interval,
-                        "recent": torch.stack(list(recent)) if recent else torch.zeros(0),
-                        "train_s": before_s + time.time() - started, "resumed_at": resumed_at})
-                    log.info("fine-tune step %d/%d: checkpoint saved (%s, %.1f s)", step, total,
-                             checkpoint.path, seconds)
-                    limit.saved(seconds)
+                if stop or (due and progress.step < total):
+                    limit.saved(_save(checkpoint, identity, progress, epoch, b + 1, epoch_rng, model, opt, sched))
                     last_save = time.time()
                 if stop:
                     bar.close()
-                    why = ("before the job's time limit" if stop[0] == "time limit" else
-                           f"by {stop[0] if isinstance(stop[0], str) else signal.Signals(stop[0]).name}")
-                    raise resume.Stopped(f"stopped {why} at step {step}/{total}, saved in "
+                    raise resume.Stopped(f"stopped {stop} at step {progress.step}/{total}, saved in "
                                          f"{checkpoint.path}: running the job again resumes this seed there")
     bar.close()
-    return {"steps": total, "epochs": hp["epochs"], "train_examples": len(rows), "group_by_length": grouped,
+    return _record(progress, hp, rows, lengths, grouped)
+
+
+def _padded_batch(rows: list[dict[str, Any]], indices: np.ndarray, lengths: np.ndarray, hp: dict[str, Any],
+                  run: Run, pad_id: int) -> tuple[dict[str, torch.Tensor], int]:
+    """The training batch of these rows on the device, padded to its longest row (under finetune.shapes
+    buckets to that row's `bucket_width`, and to the full batch size: every batch full, of one of a few
+    widths), and the positions it computes."""
+    width, size = int(lengths[indices].max()), len(indices)
+    if run.buckets:
+        width, size = bucket_width(width, hp["max_len"]), hp["batch"]
+    return to_device(pad_batch([rows[j] for j in indices], pad_id, width=width, size=size), run.device), size * width
+
+
+def _resume(state: dict[str, Any], progress: Progress, model: torch.nn.Module, opt: torch.optim.Optimizer,
+            sched: Any, order_rng: np.random.Generator, device: torch.device) -> tuple[int, int]:
+    """Put a checkpoint's state back (tacl.finetune.resume.load): model, optimizer and LR schedule, the batch
+    order's generator as at the start of the checkpoint's epoch, the progress and every RNG; returns that
+    epoch and its batches done before the checkpoint."""
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizer"])
+    sched.load_state_dict(state["scheduler"])
+    order_rng.bit_generator.state = state["order_rng"]
+    progress.step, progress.positions, progress.before_s = state["step"], state["positions"], state["train_s"]
+    progress.resumed_at = state["resumed_at"] + [state["step"]]
+    progress.recent.extend(state["recent"].to(device).unbind(0) if len(state["recent"]) else [])
+    progress.interval = state["interval"].to(device)
+    resume.restore_rng_states(state["rng"])
+    return state["epoch"], state["batch"]
+
+
+def _why_stop(received: list[int], step_cap: bool, time_limit: bool) -> str | None:
+    """Why a seed saves and stops after a step, in words (None: it goes on): the first stop signal it received,
+    else the step cap of a test (`Checkpointing.stop_after`), else its job's end time near."""
+    if received:
+        return f"by {signal.Signals(received[0]).name}"
+    if step_cap:
+        return "by step cap"
+    if time_limit:
+        return "before the job's time limit"
+    return None
+
+
+def _save(checkpoint: Checkpointing, identity: str, progress: Progress, epoch: int, batches: int,
+          epoch_rng: dict[str, Any], model: torch.nn.Module, opt: torch.optim.Optimizer, sched: Any) -> float:
+    """Save the seed's whole state in its checkpoint, `batches` batches into `epoch` (whose batch order
+    `epoch_rng` draws again), saying so; returns the seconds the save took."""
+    seconds = resume.save(checkpoint.path, {
+        "identity": identity, "step": progress.step, "epoch": epoch, "batch": batches, "order_rng": epoch_rng,
+        "model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+        "rng": resume.rng_states(), "positions": progress.positions, "interval": progress.interval,
+        "recent": torch.stack(list(progress.recent)) if progress.recent else torch.zeros(0),
+        "train_s": progress.train_s(), "resumed_at": progress.resumed_at})
+    log.info("fine-tune step %d/%d: checkpoint saved (%s, %.1f s)", progress.step, progress.total, checkpoint.path,
+             seconds)
+    return seconds
+
+
+def _record(progress: Progress, hp: dict[str, Any], rows: list[dict[str, Any]], lengths: np.ndarray,
+            grouped: bool) -> dict[str, Any]:
+    """The training record (metrics.json's `train`): steps, epochs and rows, the share of padding computed, the
+    mean of the recent losses, the seconds trained and the steps the seed was resumed at."""
+    positions = progress.positions
+    return {"steps": progress.total, "epochs": hp["epochs"], "train_examples": len(rows), "group_by_length": grouped,
             "padding": round(1 - int(lengths.sum()) * hp["epochs"] / positions, 4) if positions else None,
-            "final_loss": float(torch.stack(list(recent)).double().mean()) if recent else None,
-            "train_s": round(before_s + time.time() - started, 1), "resumed_at": resumed_at}
+            "final_loss": float(torch.stack(list(progress.recent)).double().mean()) if progress.recent else None,
+            "train_s": round(progress.train_s(), 1), "resumed_at": progress.resumed_at}
 
 
 def compile_model(model: torch.nn.Module, run: Run, max_len: int, backend: str | None = None) -> None:

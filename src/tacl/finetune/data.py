@@ -7,10 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tacl.finetune import CONLL_FILES, TASKS
+from tacl.finetune import CONLL_FILES, SQUAD_TASKS, TASKS
 from tacl.runtime.io import InputError, write_json_atomic
 
-SQUAD_TASKS = {"squad_v1": "1.1", "squad_v2": "2.0"}
 NER_TASKS = ("conll2003",)
 
 

@@ -12,8 +12,8 @@ import torch
 
 from tacl.finetune import CONLL_FILES, FAMILY_HPARAMS
 from tacl.finetune.common import Run, hyperparameters, load_task_model, predict, train
-from tacl.finetune.resume import Checkpointing
 from tacl.finetune.sequence import subset
+from tacl.finetune.settings import FineTune
 from tacl.runtime.hub import resolve_pretrained
 from tacl.runtime.io import InputError, write_json_atomic
 
@@ -91,20 +91,21 @@ def entity_metrics(gold: list[list[str]], pred: list[list[str]]) -> dict[str, fl
             "main": float(f1_score(gold, pred))}
 
 
-def finetune_ner(model_dir: str, data_dir: str, hparams: dict[str, Any], seed: int, out_dir: str,
-                 precision: str = "auto", device: str = "auto",
-                 preset: str = "standard", compile: bool | str = "auto",
-                 checkpointing: Checkpointing | None = None, shapes: str = "auto") -> dict[str, Any]:
-    """One CoNLL-2003 fine-tune; `checkpointing`: checkpoints inside the seed (tacl.finetune.resume)."""
+def finetune_ner(tune: FineTune, seed: int, out_dir: str | Path) -> dict[str, Any]:
+    """One seed of the CoNLL-2003 fine-tune (its files in the source's `data_dir`), in `out_dir`: trained
+    (from its checkpoint there where it has one, `tune.checkpointing`, tacl.finetune.resume), scored on dev
+    and test, and metrics.json written last."""
     from transformers import AutoModelForTokenClassification, AutoTokenizer, BertModel
 
     from tacl.objectives.tacl import supervised_tacl_loss
     from tacl.pretrain.model import ATTENTION
 
-    model_dir = resolve_pretrained(model_dir)
-    hp = hyperparameters(FAMILY_HPARAMS["ner"], preset, hparams)
+    model_dir = resolve_pretrained(tune.model)
+    hp = hyperparameters(FAMILY_HPARAMS["ner"], tune.preset, tune.hparams)
     started = time.time()
-    run = Run.detect(precision, device, compile, shapes)  # a job that asked for a GPU and has none stops here
+    # (a job that asked for a GPU and has none stops here)
+    run = Run.detect(tune.precision, tune.device, tune.compile, tune.shapes)
+    data_dir = tune.data_source()["data_dir"]
     data = {s: read_conll(Path(data_dir) / f) for s, f in SPLITS.items()}
     labels = label_list(data["train"])
     train_s = subset(data["train"], hp.get("max_train_examples", 0))
@@ -129,7 +130,7 @@ def finetune_ner(model_dir: str, data_dir: str, hparams: dict[str, Any], seed: i
 
     record = train(model, encode(tokenizer, train_s, labels, hp["max_len"]), hp, seed, run,
                    tokenizer.pad_token_id, extra_loss=extra,
-                   checkpoint=checkpointing.at(out_dir) if checkpointing else None)
+                   checkpoint=tune.checkpoint_at(out_dir))
     results = {}
     for split, sentences in eval_s.items():
         rows = encode(tokenizer, sentences, labels, hp["max_len"])
@@ -138,7 +139,8 @@ def finetune_ner(model_dir: str, data_dir: str, hparams: dict[str, Any], seed: i
         pred = word_predictions(rows, logits, labels)
         gold = [[labels[i] for i in np.array(r["labels"])[np.array(r["labels"]) != -100]] for r in rows]
         results[split] = {**entity_metrics(gold, pred), "examples": len(rows)}
-    summary = {"task": "conll2003", "family": "ner", "model": model_dir, "seed": seed, "preset": preset, "hparams": hp,
+    summary = {"task": "conll2003", "family": "ner", "model": model_dir, "seed": seed, "preset": tune.preset,
+               "hparams": hp,
                "dev": {"dev": results["dev"]}, "test": {"test": results["test"]}, "labels": labels,
                "train": record, "device": run.describe(), "bf16": run.bf16,
                "wall_s": round(time.time() - started, 1)}

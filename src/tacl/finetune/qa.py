@@ -10,10 +10,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tacl.finetune import FAMILY_HPARAMS, squad
+from tacl.finetune import FAMILY_HPARAMS, SQUAD_TASKS, squad
 from tacl.finetune.common import Run, hyperparameters, load_task_model, predict, train
-from tacl.finetune.resume import Checkpointing
 from tacl.finetune.sequence import subset
+from tacl.finetune.settings import FineTune
 from tacl.runtime.hub import resolve_pretrained
 from tacl.runtime.io import InputError, write_json_atomic, write_text_atomic
 
@@ -41,19 +41,21 @@ def feature_rows(features: squad.Features, train: bool) -> list[dict[str, Any]]:
     return rows
 
 
-def finetune_squad(model_dir: str, version: str, source: dict[str, Any], hparams: dict[str, Any], seed: int,
-                   out_dir: str, precision: str = "auto", device: str = "auto",
-                   preset: str = "standard", compile: bool | str = "auto",
-                   checkpointing: Checkpointing | None = None, shapes: str = "auto") -> dict[str, Any]:
-    """One SQuAD fine-tune; `checkpointing`: checkpoints inside the seed (tacl.finetune.resume)."""
+def finetune_squad(tune: FineTune, seed: int, out_dir: str | Path) -> dict[str, Any]:
+    """One seed of a SQuAD fine-tune (`tune.task`: squad_v1 or squad_v2), in `out_dir`: trained (from its
+    checkpoint there where it has one, `tune.checkpointing`, tacl.finetune.resume), its dev predictions
+    written (and v2.0's null odds), and metrics.json last."""
     from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 
-    if version not in ("1.1", "2.0"):
-        raise InputError(f"SQuAD version {version!r}: use 1.1 or 2.0")
-    model_dir = resolve_pretrained(model_dir)
-    hp = hyperparameters(SQUAD_HPARAMS, preset, hparams)
+    if tune.task not in SQUAD_TASKS:
+        raise InputError(f"finetune task {tune.task!r} is not a SQuAD task ({', '.join(SQUAD_TASKS)})")
+    version = SQUAD_TASKS[tune.task]
+    model_dir = resolve_pretrained(tune.model)
+    hp = hyperparameters(SQUAD_HPARAMS, tune.preset, tune.hparams)
     started = time.time()
-    run = Run.detect(precision, device, compile, shapes)  # a job that asked for a GPU and has none stops here
+    # (a job that asked for a GPU and has none stops here)
+    run = Run.detect(tune.precision, tune.device, tune.compile, tune.shapes)
+    source = tune.data_source()
     train_ex = subset(load_examples(version, "train", source), hp.get("max_train_examples", 0))
     dev_ex = subset(load_examples(version, "dev", source), hp.get("max_eval_examples", 0))
 
@@ -62,7 +64,7 @@ def finetune_squad(model_dir: str, version: str, source: dict[str, Any], hparams
     features = squad.prepare_features(train_ex, tokenizer, hp["max_len"], hp["doc_stride"], hp["max_query_len"],
                                       train=True)
     record = train(model, feature_rows(features, True), hp, seed, run, tokenizer.pad_token_id,
-                   checkpoint=checkpointing.at(out_dir) if checkpointing else None)
+                   checkpoint=tune.checkpoint_at(out_dir))
 
     dev_features = squad.prepare_features(dev_ex, tokenizer, hp["max_len"], hp["doc_stride"], hp["max_query_len"],
                                           train=False)
@@ -81,8 +83,8 @@ def finetune_squad(model_dir: str, version: str, source: dict[str, Any], hparams
     if v2:
         finite = {k: (v if math.isfinite(v) else None) for k, v in null_odds.items()}  # None: no span at all
         write_text_atomic(out / "null_odds.json", json.dumps(finite, indent=1))
-    summary = {"task": f"squad_v{version[0]}", "family": "squad", "model": model_dir, "seed": seed,
-               "preset": preset, "hparams": hp,
+    summary = {"task": tune.task, "family": "squad", "model": model_dir, "seed": seed,
+               "preset": tune.preset, "hparams": hp,
                "dev": {"dev": {**metrics, "examples": len(dev_ex), "features": len(dev_features.input_ids)}},
                "train": {**record, "features": len(features.input_ids)}, "device": run.describe(),
                "bf16": run.bf16, "wall_s": round(time.time() - started, 1)}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -13,7 +13,7 @@ from tacl.finetune import glue
 from tacl.finetune.common import DEFAULT_HPARAMS, Run, hyperparameters, load_task_model, predict, train
 from tacl.finetune.contrastive import DEFAULTS as CONTRASTIVE_DEFAULTS
 from tacl.finetune.contrastive import CONTRASTIVE_FORMS, contrastive_loss
-from tacl.finetune.resume import Checkpointing
+from tacl.finetune.settings import FineTune
 from tacl.runtime.hub import resolve_pretrained
 from tacl.runtime.io import InputError, atomic_path, write_json_atomic
 
@@ -52,17 +52,55 @@ def encode(tokenizer: Any, task: str, examples: list[glue.Example], max_len: int
     return rows
 
 
-def finetune_glue(model_dir: str, task: str, source: dict[str, Any], hparams: dict[str, Any], seed: int,
-                  out_dir: str, precision: str = "auto", device: str = "auto",
-                  preset: str = "standard", contrastive: str | None = None, start_from: str | None = None,
-                  save_model: bool = False, compile: bool | str = "auto",
-                  checkpointing: Checkpointing | None = None, shapes: str = "auto") -> dict[str, Any]:
-    """One fine-tune. `start_from` names where `model_dir` came from (another task's fine-tune,
-    TASK:SETTING/seedN; recorded); `save_model` keeps the fine-tuned encoder, without its task head, in
-    OUT/model, so that another task can start from it; `checkpointing`: checkpoints inside the seed
-    (tacl.finetune.resume)."""
+def finetune_glue(tune: FineTune, seed: int, out_dir: str | Path) -> dict[str, Any]:
+    """One seed of a GLUE fine-tune, in `out_dir`: trained (from its checkpoint there where it has one,
+    `tune.checkpointing`, tacl.finetune.resume), scored on the dev splits, its test predictions written in
+    the GLUE server's format, the fine-tuned encoder kept without its task head where `tune.save_model`
+    asks (OUT/model, for another task to start from), and metrics.json written last."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+    spec = task_spec(tune.task, tune.contrastive)
+    model_dir = resolve_pretrained(tune.model)
+    hp = hyperparameters({**DEFAULT_HPARAMS, **(CONTRASTIVE_DEFAULTS if tune.contrastive else {})}, tune.preset,
+                         tune.hparams)
+    started = time.time()
+    # (a job that asked for a GPU and has none stops here)
+    run = Run.detect(tune.precision, tune.device, tune.compile, tune.shapes)
+    # all data first: a missing file fails before the model is built
+    train_ex, dev, test = read_splits(tune.task, tune.data_source(), hp)
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = load_task_model(
+        AutoModelForSequenceClassification, model_dir, seed, num_labels=spec.num_labels,
+        problem_type="regression" if spec.is_regression else "single_label_classification")
+    extra, weight = contrastive_term(tune.contrastive, hp)
+    record = train(model, encode(tokenizer, tune.task, train_ex, hp["max_len"]), hp, seed, run,
+                   tokenizer.pad_token_id, extra_loss=extra, task_weight=weight,
+                   checkpoint=tune.checkpoint_at(out_dir))
+
+    def predictions(examples: list[glue.Example]) -> np.ndarray:
+        (logits,) = predict(model, encode(tokenizer, tune.task, examples, hp["max_len"]), run,
+                            tokenizer.pad_token_id, hp["eval_batch"], lambda o: (o.logits,), max_len=hp["max_len"])
+        logits = np.stack(logits)
+        return logits[:, 0] if spec.is_regression else logits.argmax(-1)
+
+    out = Path(out_dir)
+    results = {split: dev_scores(tune.task, examples, predictions(examples)) for split, examples in dev.items()}
+    submissions = write_submissions(tune.task, test, predictions, out)
+    if tune.save_model:
+        save_encoder(model, tokenizer, out / "model")
+    summary = {"task": tune.task, "family": "glue", "model": model_dir, "seed": seed, "preset": tune.preset,
+               "contrastive": tune.contrastive, "start_from": tune.start_from, "hparams": hp,
+               "dev": results,
+               "submission": submissions, "train": record, "device": run.describe(), "bf16": run.bf16,
+               "wall_s": round(time.time() - started, 1)}
+    write_json_atomic(out / "metrics.json", summary)
+    return summary
+
+
+def task_spec(task: str, contrastive: str | None) -> glue.TaskSpec:
+    """The GLUE task's spec, once the task and the contrastive form are known to go together (a form that
+    exists, and a task with classes): refused before anything is read."""
     if task not in glue.TASKS:
         raise InputError(f"finetune task {task!r} is not a GLUE task ({', '.join(glue.TASKS)})")
     spec = glue.TASKS[task]
@@ -73,57 +111,58 @@ def finetune_glue(model_dir: str, task: str, source: dict[str, Any], hparams: di
         if spec.is_regression:
             raise InputError(f"finetune.contrastive: {task} is a regression task; contrastive fine-tuning needs "
                              "classes (leave it out of finetune.contrastive.tasks)")
-    model_dir = resolve_pretrained(model_dir)
-    hp = hyperparameters({**DEFAULT_HPARAMS, **(CONTRASTIVE_DEFAULTS if contrastive else {})}, preset, hparams)
-    started = time.time()
-    run = Run.detect(precision, device, compile, shapes)  # a job that asked for a GPU and has none stops here
-    # all data first: a missing file fails before the model is built
+    return spec
+
+
+def read_splits(task: str, source: dict[str, Any], hp: dict[str, Any]
+                ) -> tuple[list[glue.Example], dict[str, list[glue.Example]], dict[str, list[glue.Example]]]:
+    """The task's training examples, its dev splits' and its test splits' (those the source has), by split;
+    training and dev cut to `max_train_examples` and `max_eval_examples` (`subset`)."""
+    spec = glue.TASKS[task]
     train_ex = subset(load_examples(task, "train", source), hp.get("max_train_examples", 0))
     dev = {s: subset(load_examples(task, s, source), hp.get("max_eval_examples", 0)) for s in spec.dev_splits}
     test = {s: load_examples(task, s, source) for s in spec.test_splits if has_split(task, s, source)}
     if not train_ex:
         raise InputError(f"GLUE {task}: the training split is empty")
+    return train_ex, dev, test
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = load_task_model(
-        AutoModelForSequenceClassification, model_dir, seed, num_labels=spec.num_labels,
-        problem_type="regression" if spec.is_regression else "single_label_classification")
-    extra, weight = None, 1.0
-    if contrastive:
-        weight = 1.0 - hp["contrastive_weight"]
 
-        def extra(model, batch, outputs):  # on the last layer's [CLS]
-            return hp["contrastive_weight"] * contrastive_loss(contrastive, outputs.hidden_states[-1][:, 0],
-                                                               batch["labels"], hp["contrastive_tau"])
+def contrastive_term(contrastive: str | None, hp: dict[str, Any]) -> tuple[Callable | None, float]:
+    """The loss beside the task's (`train`'s `extra_loss`) and the task loss's weight: for contrastive
+    fine-tuning, w * the form's loss on the last layer's [CLS] and 1 - w (w: `contrastive_weight`);
+    otherwise none and 1."""
+    if not contrastive:
+        return None, 1.0
 
-    record = train(model, encode(tokenizer, task, train_ex, hp["max_len"]), hp, seed, run, tokenizer.pad_token_id,
-                   extra_loss=extra, task_weight=weight,
-                   checkpoint=checkpointing.at(out_dir) if checkpointing else None)
+    def extra(model, batch, outputs):  # on the last layer's [CLS]
+        return hp["contrastive_weight"] * contrastive_loss(contrastive, outputs.hidden_states[-1][:, 0],
+                                                           batch["labels"], hp["contrastive_tau"])
 
-    def predictions(examples: list[glue.Example]) -> np.ndarray:
-        (logits,) = predict(model, encode(tokenizer, task, examples, hp["max_len"]), run, tokenizer.pad_token_id,
-                            hp["eval_batch"], lambda o: (o.logits,), max_len=hp["max_len"])
-        logits = np.stack(logits)
-        return logits[:, 0] if spec.is_regression else logits.argmax(-1)
+    return extra, 1.0 - hp["contrastive_weight"]
 
-    out = Path(out_dir)
-    results = {}
-    for split, examples in dev.items():
-        refs = [float(e.label) if spec.is_regression else glue.label_id(task, e.label) for e in examples]
-        results[split] = {**glue.metrics(task, predictions(examples), refs), "examples": len(examples)}
+
+def dev_scores(task: str, examples: list[glue.Example], predicted: np.ndarray) -> dict[str, Any]:
+    """GLUE's metrics of a dev split's predictions, and the split's size."""
+    spec = glue.TASKS[task]
+    refs = [float(e.label) if spec.is_regression else glue.label_id(task, e.label) for e in examples]
+    return {**glue.metrics(task, predicted, refs), "examples": len(examples)}
+
+
+def write_submissions(task: str, test: dict[str, list[glue.Example]],
+                      predictions: Callable[[list[glue.Example]], np.ndarray], out: Path) -> dict[str, str]:
+    """Each test split's predictions in the GLUE server's format (OUT/submission/FILE); their paths, by split."""
+    spec = glue.TASKS[task]
     submissions = {}
     for split, examples in test.items():
         path = out / "submission" / spec.submission_files[split]
         glue.write_submission(task, split, [e.guid for e in examples], predictions(examples), str(path))
         submissions[split] = str(path)
-    if save_model:
-        with atomic_path(out / "model") as tmp:
-            model.base_model.save_pretrained(str(tmp))
-            tokenizer.save_pretrained(str(tmp))
-    summary = {"task": task, "family": "glue", "model": model_dir, "seed": seed, "preset": preset,
-               "contrastive": contrastive, "start_from": start_from, "hparams": hp,
-               "dev": results,
-               "submission": submissions, "train": record, "device": run.describe(), "bf16": run.bf16,
-               "wall_s": round(time.time() - started, 1)}
-    write_json_atomic(out / "metrics.json", summary)
-    return summary
+    return submissions
+
+
+def save_encoder(model: Any, tokenizer: Any, path: Path) -> None:
+    """The fine-tuned encoder without its task head, and the tokenizer, written whole to `path` (another
+    task starts from it)."""
+    with atomic_path(path) as tmp:
+        model.base_model.save_pretrained(str(tmp))
+        tokenizer.save_pretrained(str(tmp))
