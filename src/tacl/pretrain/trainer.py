@@ -40,7 +40,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, NoReturn
 
 import torch
 
@@ -48,8 +48,9 @@ from tacl.data.masking import MaskingSpec
 from tacl.data.packing import is_packed
 from tacl.data.pretraining import Batching, MicroBatches, PretrainingData, micro_batch_loader, on_device
 from tacl.data.shards import ShardSet
-from tacl.runtime.device import (compile_failure, compile_in_own_thread, compiles, computes_bf16, device_info,
-                         fast_fp32_matmul, gpu_memory_gib)
+from tacl.runtime.compile import (compile_failure, compile_in_own_thread, compiled_or_eager, compiles,
+                                  give_up_compiling)
+from tacl.runtime.device import computes_bf16, device_info, fast_fp32_matmul, gpu_memory_gib
 from tacl.runtime.hub import load_tokenizer, tokenizer_hash
 from tacl.runtime.io import InputError, stable_hash, write_json_atomic
 from tacl.objectives import NO_PADDING, GroupDraws, build_objective, objective_draws
@@ -136,13 +137,12 @@ class Pretrainer(torch.nn.Module):
         return self.losses != self.eager_losses
 
     def go_eager(self, why: str) -> None:
-        """A compilation failed (`why`: tacl.runtime.device.compile_failure): this run goes on uncompiled, saying so;
-        dynamo's caches are emptied (torch.compiler.reset), so nothing of the failed compilation is kept."""
-        log.warning("pretrain.compile: torch.compile failed (%s); this chunk goes on uncompiled (eager, slower); "
-                    "`tacl doctor --device cuda --compile` checks the tool chain, and pretrain.compile: false "
-                    "turns compilation off", why)
-        torch.compiler.reset()
-        self.losses = self.eager_losses
+        """A compilation failed (`why`: tacl.runtime.compile.compile_failure): this run goes on uncompiled, saying
+        so; dynamo's caches are emptied, so nothing of the failed compilation is kept
+        (tacl.runtime.compile.give_up_compiling)."""
+        give_up_compiling(log, "pretrain.compile: torch.compile failed (%s); this chunk goes on uncompiled (eager, "
+                          "slower); `tacl doctor --device cuda --compile` checks the tool chain, and pretrain.compile: "
+                          "false turns compilation off", why, lambda: setattr(self, "losses", self.eager_losses))
 
 
 def compute_dtype(model: torch.nn.Module) -> torch.dtype:
@@ -490,43 +490,47 @@ def _compiled_or_eager(chunk: Chunk, batch: dict[str, Any], j: int):
     A compilation that fails later (an unexpected recompilation: every graph was compiled at the start) cannot
     be agreed without a collective in every step. Where it fails in the forward, nothing of the micro-batch is
     in the gradient: on one rank the chunk goes on uncompiled and computes the micro-batch again (the same
-    seeds); on several it stops with CompileFailedMidRun, naming pretrain.compile: false (the others would go on
-    compiled). Where it fails in the backward, DeepSpeed's backward has begun and may hold part of the
-    micro-batch's gradient: the chunk stops, on any number of ranks. An out-of-memory error, as every error
-    that is not the compiler's (tacl.runtime.device.compile_failure), propagates."""
+    seeds: tacl.runtime.compile.compiled_or_eager); on several it stops with CompileFailedMidRun, naming
+    pretrain.compile: false (the others would go on compiled). Where it fails in the backward, DeepSpeed's
+    backward has begun and may hold part of the micro-batch's gradient: the chunk stops, on any number of
+    ranks. An out-of-memory error, as every error that is not the compiler's
+    (tacl.runtime.compile.compile_failure), propagates."""
     module = chunk.engine.module
     if module.compiled and not chunk.compile_agreed:
         _agree_to_compile(chunk, batch, j)
     if not module.compiled:
         return _forward_backward(chunk, batch, j)
-    try:
-        out = _forward(chunk, batch, j)
-    except Exception as e:
-        failure = compile_failure(e)
-        if failure is None:
-            raise
-        if chunk.env.world_size > 1:
-            error = CompileFailedMidRun(chunk, failure, "forward")
-            log.error("%s", error)  # (said here too: the other ranks may keep this one from reaching its exit)
-            raise error from e
-        module.go_eager(failure)
-        return _forward_backward(chunk, batch, j)
+    out = compiled_or_eager(lambda: _forward(chunk, batch, j), chunk.env.device,
+                            lambda failure, error: _forward_failed(chunk, failure, error), first=False)
     try:
         chunk.engine.backward(out[0])
     except Exception as e:
         failure = compile_failure(e)
         if failure is None:
             raise
-        error = CompileFailedMidRun(chunk, failure, "backward")
-        log.error("%s", error)
-        raise error from e
+        _stop_mid_run(chunk, failure, "backward", e)
     return out
+
+
+def _forward_failed(chunk: Chunk, failure: str, error: Exception | None) -> None:
+    """A compiled forward failed to compile after the chunk's start (nothing of its micro-batch is in the
+    gradient): one rank goes on uncompiled (Pretrainer.go_eager); several stop (`_stop_mid_run`)."""
+    if chunk.env.world_size > 1:
+        _stop_mid_run(chunk, failure, "forward", error)
+    chunk.engine.module.go_eager(failure)
+
+
+def _stop_mid_run(chunk: Chunk, failure: str, where: str, error: Exception | None) -> NoReturn:
+    """Stop the chunk with CompileFailedMidRun, a compilation having failed in the `where` after its start."""
+    stop = CompileFailedMidRun(chunk, failure, where)
+    log.error("%s", stop)  # (said here too: the other ranks may keep this one from reaching its exit)
+    raise stop from error
 
 
 def _agree_to_compile(chunk: Chunk, batch: dict[str, Any], j: int) -> None:
     """Compile every graph the chunk can meet on this rank's first micro-batch (j), in a thread of its own
-    (tacl.runtime.device.compile_in_own_thread: what a failed compilation leaves behind goes with that thread), as a
-    trial: each of `compile_variants(batch)` through the compiled forward and loss, then the loss's gradient
+    (tacl.runtime.compile.compile_in_own_thread: what a failed compilation leaves behind goes with that thread), as
+    a trial: each of `compile_variants(batch)` through the compiled forward and loss, then the loss's gradient
     with respect to the trainable parameters (torch.autograd.grad: the compiled backward runs, and compiles,
     but no parameter's `.grad` is written and none of DeepSpeed's gradient hooks, which follow the gradient's
     accumulation, runs), with the micro-batch's own seeds, its results dropped. Then one collective (the
