@@ -627,12 +627,12 @@ def test_a_compilation_failing_after_the_start_goes_on_eager_on_one_rank_and_sto
 
 
 def test_compile_failures_are_the_compilers_errors_and_never_out_of_memory():
-    """What tacl.runtime.device.compile_failure takes for a failed compilation: dynamo's and inductor's errors, named by
-    their root cause; not the model's own errors, and no out-of-memory error, whatever wraps it."""
+    """What tacl.runtime.compile.compile_failure takes for a failed compilation: dynamo's and inductor's errors,
+    named by their root cause; not the model's own errors, and no out-of-memory error, whatever wraps it."""
     from torch._dynamo.exc import InternalTorchDynamoError
     from torch._inductor.exc import InductorError
 
-    from tacl.runtime.device import compile_failure
+    from tacl.runtime.compile import compile_failure
 
     def wrapped(inner, outer):
         try:
@@ -654,14 +654,14 @@ def test_compile_failures_are_the_compilers_errors_and_never_out_of_memory():
 
 
 def test_compile_auto_is_on_for_a_gpu_only_where_it_was_measured_to_pay(monkeypatch):
-    from tacl.runtime import device
-    from tacl.runtime.device import compiles
+    from tacl.runtime import compile as compiling
+    from tacl.runtime.compile import compiles
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
     for stage in ("pretrain", "finetune"):
         assert compiles(True, cpu, stage) and not compiles(False, cuda, stage) and not compiles("auto", cpu, stage)
-        assert compiles("auto", cuda, stage) == device.COMPILE_PAYS[stage]
-        monkeypatch.setitem(device.COMPILE_PAYS, stage, True)
+        assert compiles("auto", cuda, stage) == compiling.COMPILE_PAYS[stage]
+        monkeypatch.setitem(compiling.COMPILE_PAYS, stage, True)
         assert compiles("auto", cuda, stage) and not compiles("auto", cpu, stage)
 
 

@@ -43,8 +43,8 @@ from typing import Any, Callable, Sequence, TypeVar
 import numpy as np
 import torch
 
-from tacl.runtime.device import (compile_failure, compile_in_own_thread, compiles, computes_bf16, device_info,
-                         fast_fp32_matmul, resolve_device)
+from tacl.runtime.compile import compiled_or_eager, compiles, give_up_compiling
+from tacl.runtime.device import computes_bf16, device_info, fast_fp32_matmul, resolve_device
 from tacl.finetune import FAMILY_HPARAMS, PRESETS, resume
 from tacl.finetune.resume import Checkpointing
 from tacl.objectives import in_fp32, sdpa_mask
@@ -469,13 +469,13 @@ def _compile_key(model: torch.nn.Module, batch: dict[str, torch.Tensor], run: Ru
 def _compiled_or_eager(model: torch.nn.Module, call: Callable[[], T], batch: dict[str, torch.Tensor], run: Run,
                        retry: Callable[[], None] | None = None) -> T:
     """`call()` (a training step's forward and backward, or a prediction batch's forward), on a compiled model
-    (`compile_model`) where it compiles. The first call of each `_compile_key` compiles, in a thread of its
-    own (tacl.runtime.device.compile_in_own_thread: what a failed compilation leaves behind, inference mode included,
-    goes with that thread; `call` sets its own grad mode and autocast, which are the thread's); a later
-    failure (a recompilation, not expected) is handled in this thread. A failed compilation
-    (tacl.runtime.device.compile_failure) sends the model on uncompiled, saying so once: torch.compiler.reset(), the
-    model's compiled call dropped, `retry()` (training: the gradients set to none), and `call()` again. An
-    out-of-memory error, as every error that is not the compiler's, propagates."""
+    (`compile_model`) where it compiles (tacl.runtime.compile.compiled_or_eager). The first call of each
+    `_compile_key` compiles, in a thread of its own (what a failed compilation leaves behind, inference mode
+    included, goes with that thread; `call` sets its own grad mode and autocast, which are the thread's); a
+    later failure (a recompilation, not expected) is handled in this thread. A failed compilation sends the
+    model on uncompiled, saying so once: dynamo reset, the model's compiled call dropped, `retry()` (training:
+    the gradients set to none), and `call()` again. An out-of-memory error, as every error that is not the
+    compiler's, propagates."""
     if getattr(model, "_compiled_call_impl", None) is None:  # (what nn.Module.compile sets)
         return call()
     key = _compile_key(model, batch, run)
@@ -483,25 +483,17 @@ def _compiled_or_eager(model: torch.nn.Module, call: Callable[[], T], batch: dic
     if seen is None:
         seen = set()
         setattr(model, _COMPILED_KEYS, seen)
-    if key not in seen:
-        out, failure = compile_in_own_thread(call, run.device)
-        if failure is None:
-            seen.add(key)
-            return out
-    else:
-        try:
-            return call()
-        except Exception as e:
-            failure = compile_failure(e)
-            if failure is None:
-                raise
-    torch.compiler.reset()
-    model._compiled_call_impl = None
-    log.warning("finetune.compile: torch.compile failed (%s); this fine-tune goes on uncompiled (eager, slower)",
-                failure)
-    if retry is not None:
-        retry()
-    return call()
+
+    def uncompile(failure: str, error: Exception | None) -> None:
+        give_up_compiling(log, "finetune.compile: torch.compile failed (%s); this fine-tune goes on uncompiled "
+                          "(eager, slower)", failure, lambda: setattr(model, "_compiled_call_impl", None))
+        if retry is not None:
+            retry()
+
+    out = compiled_or_eager(call, run.device, uncompile, first=key not in seen)
+    if model._compiled_call_impl is not None:  # (its graph for `key` compiled)
+        seen.add(key)
+    return out
 
 
 @torch.no_grad()

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from tacl.data import NO_PADDING
 from tacl.objectives.registry import OBJECTIVES, build_objective, objective_params  # noqa: F401 (the API)
+from tacl.runtime.io import InputError
 
 if TYPE_CHECKING:
     import torch
@@ -136,6 +137,15 @@ def group_size(sequences: int, group: int | None) -> int:
         raise ValueError(f"a micro-batch of {sequences} sequences does not hold whole groups of negatives_group="
                          f"{group}")
     return group
+
+
+def check_negatives_group(group: int | None, takes: str) -> None:
+    """InputError, naming pretrain.negatives_group, where `takes` (what takes its negatives from the other
+    sequences of a group: an objective, or one of its terms) would have fewer than 2 sequences per group (the
+    schema's minimum). None: the micro-batch is the group (a call outside the trainer)."""
+    if group is not None and group < 2:
+        raise InputError(f"pretrain.negatives_group: {group}, but {takes} takes negatives from the other sequences "
+                         "of a group: 2 or more")
 
 
 @dataclass

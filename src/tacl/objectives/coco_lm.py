@@ -31,10 +31,10 @@ import torch.nn.functional as F
 
 from tacl.data.packing import is_packed
 from tacl.runtime.io import InputError
-from tacl.objectives import (GroupDraws, counts, draw_width, group_size, in_fp32, mean_of,
+from tacl.objectives import (GroupDraws, check_negatives_group, counts, draw_width, group_size, in_fp32, mean_of,
                              step_denominator)
 from tacl.objectives.mlm_nsp import IGNORE_INDEX, mlm_loss
-from tacl.objectives.packed import encode, first_tokens
+from tacl.objectives.packed import encode, first_tokens, padded_index
 
 
 @in_fp32
@@ -100,17 +100,24 @@ def sample_rows(probs: torch.Tensor, draws: torch.Generator | torch.Tensor) -> t
     return torch.searchsorted(cdf, u).squeeze(1).clamp(max=probs.shape[1] - 1)
 
 
-def crop_view(ids: torch.Tensor, token_type: torch.Tensor, attention: torch.Tensor, share: float, pad_id: int,
-              draws: torch.Generator | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(ids, token types, attention) of `[CLS] x[s+1 .. s+m] [SEP]` per row: the tokens between a row's
-    [CLS] (position 0) and its last [SEP] (position n-1) are c = n-2; m = ceil(share * c) of them from a
-    uniform start s in [0, c-m]. Shapes stay [B, L]."""
-    bsz, length = ids.shape
-    n = attention.sum(1)  # [B] real tokens
+def crop_span(n: torch.Tensor, share: float, draws: torch.Generator | torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(start s, length m) of the crop of each sequence of n [B] real tokens: the tokens between its [CLS]
+    (position 0) and its last [SEP] (position n-1) are c = n-2; m = ceil(share * c) of them (in float64) from
+    a uniform start s in [0, c-m], one float64 number per sequence (`draws`: [B], or a generator)."""
     c = (n - 2).clamp(min=0)
     m = torch.ceil(c.double() * share).long().clamp(max=c)
-    u = uniform(draws, (bsz,))  # ([B], or a generator)
-    start = torch.minimum((u * (c - m + 1)).long(), c - m)
+    u = uniform(draws, (len(n),))
+    return torch.minimum((u * (c - m + 1)).long(), c - m), m
+
+
+def crop_view(ids: torch.Tensor, token_type: torch.Tensor, attention: torch.Tensor, share: float, pad_id: int,
+              draws: torch.Generator | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(ids, token types, attention) of `[CLS] x[s+1 .. s+m] [SEP]` per row, its crop (`crop_span`) of the
+    tokens between the row's [CLS] and its last [SEP]. Shapes stay [B, L]."""
+    length = ids.shape[1]
+    n = attention.sum(1)  # [B] real tokens
+    start, m = crop_span(n, share, draws)
     j = torch.arange(length, device=ids.device)[None, :]
     source = (start[:, None] + j).clamp(max=length - 1)  # position j >= 1 of the view reads s + j
     sep = ids.gather(1, (n - 1).clamp(min=0)[:, None])
@@ -134,16 +141,13 @@ def packed_crop_view(clean: torch.Tensor, token_type: torch.Tensor, cu_seqlens: 
                      view_lengths: tuple[int, ...], share: float,
                      draws: torch.Generator | torch.Tensor) -> dict[str, Any]:
     """`crop_view` on a packed row: clean, token_type [1, T] -> the views as a packed batch of their own (the
-    keys of tacl.data.packing that the encoder reads), of the lengths `crop_lengths` gives; the starts are
-    drawn as `crop_view` draws them (one float64 number per sequence, `draws`), so a packed micro-batch
-    sees the same views as its padded twin."""
+    keys of tacl.data.packing that the encoder reads), of the lengths `crop_lengths` gives; the crops are
+    `crop_view`'s (`crop_span`, the same draws), so a packed micro-batch sees the same views as its padded
+    twin."""
     device = clean.device
-    bsz, total = len(view_lengths), sum(view_lengths)
+    total = sum(view_lengths)
     n = cu_seqlens[1:] - cu_seqlens[:-1]
-    c = (n - 2).clamp(min=0)
-    m = torch.ceil(c.double() * share).long().clamp(max=c)
-    u = uniform(draws, (bsz,))
-    start = torch.minimum((u * (c - m + 1)).long(), c - m)
+    start, m = crop_span(n, share, draws)
     view_cu = F.pad((m + 2).cumsum(0), (1, 0))
     seq = torch.searchsorted(view_cu[1:], torch.arange(total, device=device), right=True)  # [Tv]
     j = torch.arange(total, device=device) - view_cu.index_select(0, seq)
@@ -174,9 +178,7 @@ class COCOLM(torch.nn.Module):
         super().__init__()
         if not 0 < crop <= 1:
             raise InputError(f"pretrain.coco_lm.crop: {crop} is not in (0, 1]")
-        if negatives_group is not None and negatives_group < 2:
-            raise InputError(f"pretrain.negatives_group: {negatives_group}, but coco_lm's sequence contrast takes "
-                             "negatives from the other sequences of a group: 2 or more")
+        check_negatives_group(negatives_group, "coco_lm's sequence contrast")
         self.aux_layers, self.lambda_copy, self.tau, self.crop = aux_layers, lambda_copy, tau, crop
         self.negatives_group = negatives_group
         self.aux: Any = None
@@ -210,9 +212,7 @@ class COCOLM(torch.nn.Module):
         shape = (size, draw_width(batch))
         positions, crops = draws.draw(bsz, size, lambda generator: (uniform(generator, shape),
                                                                     uniform(generator, (size,))))
-        index = batch["mlm_index"]
-        if is_packed(batch):  # (positions in the packed row -> in the padded layout)
-            index = batch["unpad_index"].index_select(0, index)
+        index = padded_index(batch, batch["mlm_index"])
         out = {"samples": positions[:, :width].reshape(-1).index_select(0, index)[:, None], "crops": crops}
         if is_packed(batch):
             out["view_lengths"] = crop_lengths(batch["lengths"], self.crop)

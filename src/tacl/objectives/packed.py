@@ -130,6 +130,12 @@ def use_packed_attention(*modules: Any) -> None:
                 m.set_attn_implementation(ATTENTION)
 
 
+def padded_index(batch: dict[str, Any], index: torch.Tensor) -> torch.Tensor:
+    """Flat positions of `batch` (`mlm_index`: a packed row's, or b * W + j on the padded layout) as positions
+    of the padded [B, W] layout: a packed batch's through its `unpad_index`, a padded batch's as they are."""
+    return batch["unpad_index"].index_select(0, index) if is_packed(batch) else index
+
+
 def sequences(batch: dict[str, Any]) -> PackedSequences:
     """The attention function's view of a packed batch."""
     return PackedSequences(batch["cu_seqlens"].int(), int(batch["max_seqlen"]), batch["unpad_index"],

@@ -18,11 +18,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from tacl.data.packing import is_packed
-from tacl.objectives import counts, group_size, in_fp32, mean_of, step_denominator
+from tacl.objectives import check_negatives_group, counts, group_size, in_fp32, mean_of, step_denominator
 from tacl.objectives.mlm_nsp import IGNORE_INDEX, mlm_nsp_terms
-from tacl.objectives.packed import encode, per_sequence, pooled
-from tacl.runtime.io import InputError
+from tacl.objectives.packed import encode, padded_index, per_sequence, pooled
 
 _EXCLUDED = -1e9  # a logit that softmax turns into exactly 0 (-inf would make NaN gradients on empty rows)
 
@@ -108,9 +106,8 @@ class TaCL:
     def __post_init__(self) -> None:
         if self.negatives not in ("real", "all", "batch"):
             raise ValueError(f"pretrain.tacl.negatives: {self.negatives!r} is not 'real', 'all' or 'batch'")
-        if self.negatives == "batch" and self.negatives_group is not None and self.negatives_group < 2:
-            raise InputError(f"pretrain.negatives_group: {self.negatives_group}, but {self.name} takes negatives "
-                             "from the other sequences of a group: 2 or more")
+        if self.negatives == "batch":
+            check_negatives_group(self.negatives_group, self.name)
 
     def __call__(self, model: Any, teacher: Any, batch: dict[str, torch.Tensor],
                  draws: dict[str, Any]) -> tuple[dict, dict]:
@@ -127,9 +124,7 @@ class TaCL:
         denominator = step_denominator(batch, "masked")
         real = batch["attention_mask"].bool() & ~batch["special_tokens_mask"]
         if self.negatives == "batch":  # the real tokens of every sequence of the anchor's group
-            index = batch["mlm_index"]
-            if is_packed(batch):  # (positions in the packed row -> in the padded layout)
-                index = batch["unpad_index"].index_select(0, index)
+            index = padded_index(batch, batch["mlm_index"])
             listed = None if weights is None else weights.flatten().index_select(0, index)
             losses["tacl"], metrics["tacl_acc"] = tacl_batch_loss(student, teacher_h, index, batch["mlm_targets"],
                                                                   real, self.tau, listed, self.negatives_group,

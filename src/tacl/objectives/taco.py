@@ -20,10 +20,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from tacl.objectives import GroupDraws, counts, draw_width, group_size, in_fp32, mean_of, step_denominator
+from tacl.objectives import (GroupDraws, check_negatives_group, counts, draw_width, group_size, in_fp32, mean_of,
+                             step_denominator)
 from tacl.objectives.mlm_nsp import IGNORE_INDEX, mlm_nsp_terms
 from tacl.objectives.packed import encode, per_sequence, pooled
-from tacl.runtime.io import InputError
 
 
 def _below(n: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -148,9 +148,7 @@ class TACO:
     needs_teacher: bool = False
 
     def __post_init__(self) -> None:
-        if self.negatives_group is not None and self.negatives_group < 2:
-            raise InputError(f"pretrain.negatives_group: {self.negatives_group}, but taco takes negatives from the "
-                             "other sequences of a group: 2 or more")
+        check_negatives_group(self.negatives_group, "taco")
 
     def draws(self, batch: dict[str, torch.Tensor], draws: GroupDraws) -> dict[str, Any]:
         """Each group's numbers for every position up to the run's widest micro-batch, cut to this one's width

@@ -96,7 +96,7 @@ class TrainSettings:
     # where and how fast (OPERATIONAL_KEYS, with micro_batch and zero_stage above)
     device: str = "auto"  # auto | cuda | cpu; cuda: stop at once unless a GPU is usable (tacl.runtime.device)
     loader_workers: int = 2  # DataLoader processes that build micro-batches ahead of the step
-    compile: bool | str = "auto"  # torch.compile forward and loss: true, false, auto (on a GPU: device.compiles)
+    compile: bool | str = "auto"  # torch.compile forward and loss: true, false, auto (on a GPU: compile.compiles)
 
     @classmethod
     def from_config(cls, pretrain: dict[str, Any], objective: str, max_len: int) -> "TrainSettings":

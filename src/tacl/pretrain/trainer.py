@@ -38,9 +38,9 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, NoReturn
 
 import torch
 
@@ -48,8 +48,9 @@ from tacl.data.masking import MaskingSpec
 from tacl.data.packing import is_packed
 from tacl.data.pretraining import Batching, MicroBatches, PretrainingData, micro_batch_loader, on_device
 from tacl.data.shards import ShardSet
-from tacl.runtime.device import (compile_failure, compile_in_own_thread, compiles, computes_bf16, device_info,
-                         fast_fp32_matmul, gpu_memory_gib)
+from tacl.runtime.compile import (compile_failure, compile_in_own_thread, compiled_or_eager, compiles,
+                                  give_up_compiling)
+from tacl.runtime.device import computes_bf16, device_info, fast_fp32_matmul, gpu_memory_gib
 from tacl.runtime.hub import load_tokenizer, tokenizer_hash
 from tacl.runtime.io import InputError, stable_hash, write_json_atomic
 from tacl.objectives import NO_PADDING, GroupDraws, build_objective, objective_draws
@@ -136,13 +137,12 @@ class Pretrainer(torch.nn.Module):
         return self.losses != self.eager_losses
 
     def go_eager(self, why: str) -> None:
-        """A compilation failed (`why`: tacl.runtime.device.compile_failure): this run goes on uncompiled, saying so;
-        dynamo's caches are emptied (torch.compiler.reset), so nothing of the failed compilation is kept."""
-        log.warning("pretrain.compile: torch.compile failed (%s); this chunk goes on uncompiled (eager, slower); "
-                    "`tacl doctor --device cuda --compile` checks the tool chain, and pretrain.compile: false "
-                    "turns compilation off", why)
-        torch.compiler.reset()
-        self.losses = self.eager_losses
+        """A compilation failed (`why`: tacl.runtime.compile.compile_failure): this run goes on uncompiled, saying
+        so; dynamo's caches are emptied, so nothing of the failed compilation is kept
+        (tacl.runtime.compile.give_up_compiling)."""
+        give_up_compiling(log, "pretrain.compile: torch.compile failed (%s); this chunk goes on uncompiled (eager, "
+                          "slower); `tacl doctor --device cuda --compile` checks the tool chain, and pretrain.compile: "
+                          "false turns compilation off", why, lambda: setattr(self, "losses", self.eager_losses))
 
 
 def compute_dtype(model: torch.nn.Module) -> torch.dtype:
@@ -290,16 +290,36 @@ class Chunk:
 
 
 def _setup(args: ChunkArgs, env: DistEnv, lock: RunLock) -> Chunk:
-    """Check the inputs (before the model is built), build data, model and engine, resume."""
-    # (here, not at the top: DeepSpeed's import, and tacl.objectives.packed's of torch's varlen attention, take
-    # seconds, and a job that asked for a GPU and has none stops in init_distributed, before this)
-    import deepspeed
-
-    from tacl.objectives.packed import use_packed_attention
+    """Check the inputs (before the model is built), take the run directory, build data, model and engine,
+    resume."""
+    # (here, not at the top: DeepSpeed's import takes seconds, and a job that asked for a GPU and has none stops
+    # in init_distributed, before this; the import logs DeepSpeed's accelerator, before anything of the chunk's)
+    import deepspeed  # noqa: F401 (`_engine` builds with it)
 
     s = args.settings
-    run_dir = Path(args.run_dir)
-    # -- everything that can be wrong is checked before the model is built ---------------------------
+    objective, accumulation = _check_inputs(args, env)
+    tokenizer = load_tokenizer(args.start_model)
+    bf16 = computes_bf16(s.precision, env.device.type)
+    shards, tag = _take_run_dir(args, env, lock, tokenizer, bf16)
+    saved_world = _saved_world_size(args, env, tag)
+    batching = Batching(s.global_batch, s.micro_batch, s.group_by_length, s.max_len if s.pad_to_max_len else 8,
+                        packing=s.packing, max_len=s.max_len)
+    data = PretrainingData(shards, MaskingSpec.from_tokenizer(tokenizer, s.max_len), s.seed, batching)
+    trainable, teacher = _build_model(args, env, objective, bf16)
+    engine, scheduler, universal = _engine(args, env, trainable, accumulation, tag, saved_world)
+    chunk = Chunk(args, env, engine, scheduler, teacher, data, accumulation, torch.Generator(device=env.device),
+                  bf16=bf16, clip=s.grad_clip if s.zero_stage == 0 else None,
+                  nonfinite=torch.full((), -1, dtype=torch.long, device=env.device) if s.zero_stage == 0 else None)
+    if tag is not None:
+        _resume(chunk, tag, universal, saved_world)
+    chunk.skipped = engine.skipped_steps
+    return chunk
+
+
+def _check_inputs(args: ChunkArgs, env: DistEnv) -> tuple[Any, int]:
+    """(the objective, the accumulation steps): what can be wrong with the settings and the start model is
+    checked before any model is built. pretrain.micro_batch auto is resolved here, on the settings."""
+    s = args.settings
     if s.micro_batch == "auto":
         s.resolve_micro_batch(env.world_size, gpu_memory_gib(env.device))
         log.info("pretrain.micro_batch auto: %d sequences per rank (tacl.pretrain.settings.AUTO_MICRO_BATCH)",
@@ -312,9 +332,16 @@ def _setup(args: ChunkArgs, env: DistEnv, lock: RunLock) -> Chunk:
         raise InputError(why)
     if hasattr(objective, "check"):
         objective.check(args.start_model)  # e.g. COCO-LM's auxiliary model is no larger than the main one
-    tokenizer = load_tokenizer(args.start_model)
-    cpu = env.device.type == "cpu"
-    bf16 = computes_bf16(s.precision, env.device.type)
+    return objective, accumulation
+
+
+def _take_run_dir(args: ChunkArgs, env: DistEnv, lock: RunLock, tokenizer: Any, bf16: bool
+                  ) -> tuple[ShardSet, str | None]:
+    """(the shards, the checkpoint every rank resumes from: None for none). Rank 0 verifies the shards, takes
+    the run directory (its lock, the run's identity, what a killed chunk left unfinished, run.json) and verifies
+    the checkpoint before DeepSpeed reads it; one collective hands every rank its error, which stops them all,
+    or the checkpoint."""
+    s, run_dir = args.settings, Path(args.run_dir)
     error = tag = None
     if env.is_main:
         try:
@@ -337,16 +364,28 @@ def _setup(args: ChunkArgs, env: DistEnv, lock: RunLock) -> Chunk:
         raise InputError(error)
     if not env.is_main:
         shards = ShardSet(args.manifest, tokenizer_hash=tokenizer_hash(tokenizer), verify=False)
+    return shards, tag
+
+
+def _saved_world_size(args: ChunkArgs, env: DistEnv, tag: str | None) -> int:
+    """The number of ranks that wrote checkpoint `tag` (this chunk's where there is none). ZeRO 3 goes on only
+    with as many."""
+    run_dir, s = Path(args.run_dir), args.settings
     saved_world = checkpoint.saved_world_size(run_dir, tag) if tag is not None else env.world_size
     if saved_world != env.world_size and s.zero_stage == 3:
         raise InputError(f"{run_dir}: checkpoint {tag} was written by {saved_world} rank(s) with ZeRO stage 3, which "
                          f"cannot go on with {env.world_size}: its conversion does not reproduce the trajectory. "
                          f"Resume with {saved_world} rank(s); ZeRO stages 0, 1 and 2 go on with any number")
-    batching = Batching(s.global_batch, s.micro_batch, s.group_by_length, s.max_len if s.pad_to_max_len else 8,
-                        packing=s.packing, max_len=s.max_len)
-    data = PretrainingData(shards, MaskingSpec.from_tokenizer(tokenizer, s.max_len), s.seed, batching)
+    return saved_world
 
-    # -- model, optimizer, engine --------------------------------------------------------------------
+
+def _build_model(args: ChunkArgs, env: DistEnv, objective: Any, bf16: bool) -> tuple[Pretrainer, Any]:
+    """(what DeepSpeed wraps: the student and its objective, compiled where pretrain.compile says; the teacher,
+    None where the objective has none), the student's initialisation seeded."""
+    # (not at the top either: tacl.objectives.packed imports torch's varlen attention, seconds)
+    from tacl.objectives.packed import use_packed_attention
+
+    s = args.settings
     torch.manual_seed(s.seed)
     student = load_student(args.start_model)
     teacher = load_teacher(args.start_model).to(env.device) if objective.needs_teacher else None
@@ -359,6 +398,17 @@ def _setup(args: ChunkArgs, env: DistEnv, lock: RunLock) -> Chunk:
     trainable = Pretrainer(student, objective, autocast=env.device.type if bf16 else None)
     if compiles(s.compile, env.device, "pretrain"):
         trainable.compile_losses(teacher)
+    return trainable, teacher
+
+
+def _engine(args: ChunkArgs, env: DistEnv, trainable: Pretrainer, accumulation: int, tag: str | None,
+            saved_world: int) -> tuple[Any, Any, Path | None]:
+    """(DeepSpeed's engine, the learning rate's schedule, the universal checkpoint that another number of
+    ranks under ZeRO 1-2 resumes from: None where it needs none): AdamW and the schedule, DeepSpeed's process
+    group, the engine."""
+    import deepspeed
+
+    s, run_dir, cpu = args.settings, Path(args.run_dir), env.device.type == "cpu"
     decay = [p for n, p in trainable.named_parameters() if not any(k in n for k in ("bias", "LayerNorm"))]
     no_decay = [p for n, p in trainable.named_parameters() if any(k in n for k in ("bias", "LayerNorm"))]
     # fused: one kernel for all parameters, and the step count stays on the device (the unfused CPU/foreach
@@ -377,16 +427,16 @@ def _setup(args: ChunkArgs, env: DistEnv, lock: RunLock) -> Chunk:
         args=argparse.Namespace(device_rank=env.device.index) if env.device.type == "cuda" else None,
         model=trainable, optimizer=optimizer, lr_scheduler=scheduler,
         config=ds_config(s, accumulation, cpu, universal=universal is not None, ranks=env.world_size))
-    chunk = Chunk(args, env, engine, scheduler, teacher, data, accumulation, torch.Generator(device=env.device),
-                  bf16=bf16, clip=s.grad_clip if s.zero_stage == 0 else None,
-                  nonfinite=torch.full((), -1, dtype=torch.long, device=env.device) if s.zero_stage == 0 else None)
-    if tag is not None:
-        state = checkpoint.load(engine, run_dir, tag, env, universal)
-        chunk.step, chunk.tokens = int(state["step"]), int(state.get("tokens", 0))
-        log.info("resumed from %s at step %d (written by %d rank(s), now %d)", tag, chunk.step, saved_world,
-                 env.world_size)
-    chunk.skipped = engine.skipped_steps
-    return chunk
+    return engine, scheduler, universal
+
+
+def _resume(chunk: Chunk, tag: str, universal: Path | None, saved_world: int) -> None:
+    """Load checkpoint `tag` into the engine (every rank) and go on from its step and token count."""
+    env = chunk.env
+    state = checkpoint.load(chunk.engine, Path(chunk.args.run_dir), tag, env, universal)
+    chunk.step, chunk.tokens = int(state["step"]), int(state.get("tokens", 0))
+    log.info("resumed from %s at step %d (written by %d rank(s), now %d)", tag, chunk.step, saved_world,
+             env.world_size)
 
 
 class Meter:
@@ -490,43 +540,47 @@ def _compiled_or_eager(chunk: Chunk, batch: dict[str, Any], j: int):
     A compilation that fails later (an unexpected recompilation: every graph was compiled at the start) cannot
     be agreed without a collective in every step. Where it fails in the forward, nothing of the micro-batch is
     in the gradient: on one rank the chunk goes on uncompiled and computes the micro-batch again (the same
-    seeds); on several it stops with CompileFailedMidRun, naming pretrain.compile: false (the others would go on
-    compiled). Where it fails in the backward, DeepSpeed's backward has begun and may hold part of the
-    micro-batch's gradient: the chunk stops, on any number of ranks. An out-of-memory error, as every error
-    that is not the compiler's (tacl.runtime.device.compile_failure), propagates."""
+    seeds: tacl.runtime.compile.compiled_or_eager); on several it stops with CompileFailedMidRun, naming
+    pretrain.compile: false (the others would go on compiled). Where it fails in the backward, DeepSpeed's
+    backward has begun and may hold part of the micro-batch's gradient: the chunk stops, on any number of
+    ranks. An out-of-memory error, as every error that is not the compiler's
+    (tacl.runtime.compile.compile_failure), propagates."""
     module = chunk.engine.module
     if module.compiled and not chunk.compile_agreed:
         _agree_to_compile(chunk, batch, j)
     if not module.compiled:
         return _forward_backward(chunk, batch, j)
-    try:
-        out = _forward(chunk, batch, j)
-    except Exception as e:
-        failure = compile_failure(e)
-        if failure is None:
-            raise
-        if chunk.env.world_size > 1:
-            error = CompileFailedMidRun(chunk, failure, "forward")
-            log.error("%s", error)  # (said here too: the other ranks may keep this one from reaching its exit)
-            raise error from e
-        module.go_eager(failure)
-        return _forward_backward(chunk, batch, j)
+    out = compiled_or_eager(lambda: _forward(chunk, batch, j), chunk.env.device,
+                            lambda failure, error: _forward_failed(chunk, failure, error), first=False)
     try:
         chunk.engine.backward(out[0])
     except Exception as e:
         failure = compile_failure(e)
         if failure is None:
             raise
-        error = CompileFailedMidRun(chunk, failure, "backward")
-        log.error("%s", error)
-        raise error from e
+        _stop_mid_run(chunk, failure, "backward", e)
     return out
+
+
+def _forward_failed(chunk: Chunk, failure: str, error: Exception | None) -> None:
+    """A compiled forward failed to compile after the chunk's start (nothing of its micro-batch is in the
+    gradient): one rank goes on uncompiled (Pretrainer.go_eager); several stop (`_stop_mid_run`)."""
+    if chunk.env.world_size > 1:
+        _stop_mid_run(chunk, failure, "forward", error)
+    chunk.engine.module.go_eager(failure)
+
+
+def _stop_mid_run(chunk: Chunk, failure: str, where: str, error: Exception | None) -> NoReturn:
+    """Stop the chunk with CompileFailedMidRun, a compilation having failed in the `where` after its start."""
+    stop = CompileFailedMidRun(chunk, failure, where)
+    log.error("%s", stop)  # (said here too: the other ranks may keep this one from reaching its exit)
+    raise stop from error
 
 
 def _agree_to_compile(chunk: Chunk, batch: dict[str, Any], j: int) -> None:
     """Compile every graph the chunk can meet on this rank's first micro-batch (j), in a thread of its own
-    (tacl.runtime.device.compile_in_own_thread: what a failed compilation leaves behind goes with that thread), as a
-    trial: each of `compile_variants(batch)` through the compiled forward and loss, then the loss's gradient
+    (tacl.runtime.compile.compile_in_own_thread: what a failed compilation leaves behind goes with that thread), as
+    a trial: each of `compile_variants(batch)` through the compiled forward and loss, then the loss's gradient
     with respect to the trainable parameters (torch.autograd.grad: the compiled backward runs, and compiles,
     but no parameter's `.grad` is written and none of DeepSpeed's gradient hooks, which follow the gradient's
     accumulation, runs), with the micro-batch's own seeds, its results dropped. Then one collective (the
@@ -585,79 +639,130 @@ def _count_tokens(chunk: Chunk, pending: int) -> None:
     chunk.tokens += round(all_sum([pending], chunk.env)[0])
 
 
+@dataclass
+class Loop:
+    """Where a chunk's loop stands after each step: what it has counted, logged and saved, and where it says so."""
+
+    started: float  # the chunk's start (unix time)
+    start_step: int
+    deadline: Deadline
+    metrics_log: MetricsLog | None  # (rank 0's)
+    progress: Any  # a progress bar (`_progress`), or None
+    last_save: float  # (unix time)
+    pending: int = 0  # this rank's tokens since they were last summed over the ranks (`_count_tokens`)
+    meter: Meter = field(default_factory=Meter)  # the logging interval's losses and metrics
+    matmul_dtype: str | None = None  # what the student's matmuls ran in, seen in the chunk's first step
+
+
 def _run_chunk(chunk: Chunk, signals: StopSignals, started: float) -> dict[str, Any]:
+    """Train until the target step, the deadline, a signal or the chunk's step cap, saving every
+    pretrain.checkpoint_minutes and at the end; the chunk's marker (written by rank 0 where asked)."""
     args, s, env = chunk.args, chunk.settings, chunk.env
-    run_dir = Path(args.run_dir)
     device = device_info(env.device)
-    metrics_log = MetricsLog(run_dir, chunk.step, args.tensorboard) if env.is_main else None
+    metrics_log = MetricsLog(Path(args.run_dir), chunk.step, args.tensorboard) if env.is_main else None
     if metrics_log is not None:
         metrics_log.event({"step": chunk.step, "event": "chunk_start", "chunk": args.chunk,
                            "world_size": env.world_size, "device": device})
     batches = micro_batch_loader(
         MicroBatches(chunk.data, chunk.step, s.steps, chunk.accumulation, env.rank, env.world_size),
         s.loader_workers, pin_memory=env.device.type == "cuda")
-    ends = end_times(started, args.deadline, args.runtime_minutes)
-    deadline = Deadline(min(ends.values(), default=None), 60.0 * args.margin_minutes)
-    log.info("rank %d of %d on %s: %s", env.rank, env.world_size, socket.gethostname(), describe(ends))
-    progress = _progress(env, chunk.step, s.steps)
-    start_step, last_save, pending = chunk.step, time.time(), 0
+    loop = Loop(started, chunk.step, _deadline(chunk, started), metrics_log, _progress(env, chunk.step, s.steps),
+                time.time())
     reason = "target" if chunk.step >= s.steps else None
-    meter = Meter()
-    matmul_dtype = None  # what the student's matmuls ran in, seen in the chunk's first step
-
     while chunk.step < s.steps:
-        t0 = time.time()
-        pending += optimizer_step(chunk, batches, meter)
-        chunk.step += 1
-        if matmul_dtype is None:
-            matmul_dtype = check_compute_dtype(chunk)
-        deadline.observe_step(time.time() - t0)
-        if progress is not None:
-            progress.update(1)
+        _train_step(chunk, batches, loop)
         if chunk.step % s.log_every == 0 or chunk.step == s.steps:
-            chunk.check_finite()
-            values = meter.read(env)
-            _count_tokens(chunk, pending)
-            pending = 0
-            if metrics_log is not None:
-                metrics_log.write({"step": chunk.step, "samples": chunk.step * s.global_batch,
-                                   "tokens": chunk.tokens, "lr": chunk.scheduler.get_last_lr()[0], **values,
-                                   "elapsed_s": time.time() - started})
-                if progress is None:  # not a terminal (a job's log): a line instead of the bar
-                    log.info(progress_line(chunk.step, s.steps, chunk.step - start_step, args.max_steps, values,
-                                           deadline))
-            meter = Meter()
-
-        due = (time.time() - last_save) / 60.0 >= s.checkpoint_minutes
-        stop_signal, near, due = all_max([float(signals.stop), float(deadline.near()), float(due)], env)
-        reason = _stop_reason(chunk, stop_signal, near, start_step)
+            _log_interval(chunk, loop)
+        reason, due = _stop_or_save(chunk, signals, loop)
         if reason or due:
-            t_save = time.time()
-            _count_tokens(chunk, pending)
-            pending = 0
-            _save(chunk)
-            deadline.save_s = max(deadline.save_s, time.time() - t_save)
-            last_save = time.time()
+            _timed_save(chunk, loop)
         if reason:
             break
     del batches  # stops the loader's worker processes
-    if progress is not None:
-        progress.close()
+    if loop.progress is not None:
+        loop.progress.close()
     if metrics_log is not None:
         metrics_log.close()
 
-    marker = {"objective": s.objective, "chunk": args.chunk, "step": chunk.step, "steps": s.steps,
-              "done": chunk.step >= s.steps, "reason": reason, "samples": chunk.step * s.global_batch,
-              "tokens": chunk.tokens, "steps_this_chunk": chunk.step - start_step,
-              "checkpoint": checkpoint.latest_tag(run_dir), "wall_s": round(time.time() - started, 1),
-              "world_size": env.world_size, "threads": torch.get_num_threads(), "device": device,
-              "precision": "bf16" if chunk.bf16 else "fp32", "matmul_dtype": matmul_dtype,
-              "compiled": chunk.engine.module.compiled}  # (false where a compilation failed and it went on eager)
+    marker = _marker(chunk, loop, reason, device)
     barrier()
     if env.is_main and args.marker:
         write_json_atomic(args.marker, marker)
     log.info("chunk %d: %s", args.chunk, json.dumps(marker))
     return marker
+
+
+def _deadline(chunk: Chunk, started: float) -> Deadline:
+    """The chunk's deadline: the first of its end times (`end_times`: --deadline, --runtime-minutes), less the
+    margin; each rank logs them."""
+    args, env = chunk.args, chunk.env
+    ends = end_times(started, args.deadline, args.runtime_minutes)
+    deadline = Deadline(min(ends.values(), default=None), 60.0 * args.margin_minutes)
+    log.info("rank %d of %d on %s: %s", env.rank, env.world_size, socket.gethostname(), describe(ends))
+    return deadline
+
+
+def _train_step(chunk: Chunk, batches: Iterator[dict[str, Any]], loop: Loop) -> None:
+    """One optimizer step (`optimizer_step`), its tokens counted, its time given to the deadline; after the
+    chunk's first, the dtype its matmuls ran in is checked (`check_compute_dtype`)."""
+    t0 = time.time()
+    loop.pending += optimizer_step(chunk, batches, loop.meter)
+    chunk.step += 1
+    if loop.matmul_dtype is None:
+        loop.matmul_dtype = check_compute_dtype(chunk)
+    loop.deadline.observe_step(time.time() - t0)
+    if loop.progress is not None:
+        loop.progress.update(1)
+
+
+def _log_interval(chunk: Chunk, loop: Loop) -> None:
+    """The end of a logging interval: the gradient checked finite, the interval's losses and metrics and the
+    tokens summed over the ranks (collectives), a metrics line (rank 0, with a log line where there is no
+    progress bar), and a new interval."""
+    s = chunk.settings
+    chunk.check_finite()
+    values = loop.meter.read(chunk.env)
+    _count_tokens(chunk, loop.pending)
+    loop.pending = 0
+    if loop.metrics_log is not None:
+        loop.metrics_log.write({"step": chunk.step, "samples": chunk.step * s.global_batch,
+                                "tokens": chunk.tokens, "lr": chunk.scheduler.get_last_lr()[0], **values,
+                                "elapsed_s": time.time() - loop.started})
+        if loop.progress is None:  # not a terminal (a job's log): a line instead of the bar
+            log.info(progress_line(chunk.step, s.steps, chunk.step - loop.start_step, chunk.args.max_steps, values,
+                                   loop.deadline))
+    loop.meter = Meter()
+
+
+def _stop_or_save(chunk: Chunk, signals: StopSignals, loop: Loop) -> tuple[str | None, float]:
+    """(why the chunk stops after this step, None where it goes on; whether a checkpoint is due), decided alike
+    on every rank: one collective takes a signal, the deadline's nearness and the save interval from any rank."""
+    due = (time.time() - loop.last_save) / 60.0 >= chunk.settings.checkpoint_minutes
+    stop_signal, near, due = all_max([float(signals.stop), float(loop.deadline.near()), float(due)], chunk.env)
+    return _stop_reason(chunk, stop_signal, near, loop.start_step), due
+
+
+def _timed_save(chunk: Chunk, loop: Loop) -> None:
+    """Save (`_save`), the tokens summed over the ranks first; the deadline keeps the longest save's time."""
+    t_save = time.time()
+    _count_tokens(chunk, loop.pending)
+    loop.pending = 0
+    _save(chunk)
+    loop.deadline.save_s = max(loop.deadline.save_s, time.time() - t_save)
+    loop.last_save = time.time()
+
+
+def _marker(chunk: Chunk, loop: Loop, reason: str | None, device: dict[str, Any]) -> dict[str, Any]:
+    """What the chunk did (its marker file and last log line)."""
+    s, env = chunk.settings, chunk.env
+    return {"objective": s.objective, "chunk": chunk.args.chunk, "step": chunk.step, "steps": s.steps,
+            "done": chunk.step >= s.steps, "reason": reason, "samples": chunk.step * s.global_batch,
+            "tokens": chunk.tokens, "steps_this_chunk": chunk.step - loop.start_step,
+            "checkpoint": checkpoint.latest_tag(Path(chunk.args.run_dir)),
+            "wall_s": round(time.time() - loop.started, 1), "world_size": env.world_size,
+            "threads": torch.get_num_threads(), "device": device, "precision": "bf16" if chunk.bf16 else "fp32",
+            "matmul_dtype": loop.matmul_dtype,
+            "compiled": chunk.engine.module.compiled}  # (false where a compilation failed and it went on eager)
 
 
 def _stop_reason(chunk: Chunk, stop_signal: float, near: float, start_step: int) -> str | None:

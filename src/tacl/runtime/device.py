@@ -20,7 +20,7 @@ import subprocess
 import sys
 import sysconfig
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from tacl.runtime.io import InputError
 
@@ -29,7 +29,6 @@ if TYPE_CHECKING:
 
 DEVICES = ("auto", "cuda", "cpu")
 TRANSFORMERS_MAJOR = 5  # every padded forward passes a 4-D boolean attention mask, which transformers 4.x refuses
-T = TypeVar("T")
 _SCHEDULER_GPU_VARS = ("SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "SLURM_GPUS")
 
 
@@ -414,92 +413,3 @@ def _doctor(a: argparse.Namespace) -> int:
     if not problems:
         print("ok: " + (f"{facts['gpus']} x {facts['gpu']}" if facts.get("gpus") else "CPU only"))
     return 1 if problems else 0
-
-
-# Where `compile: auto` compiles: on a GPU, for the stages where a GPU benchmark showed that it pays, compile
-# time included. Measured 2026-11-26 on an NVIDIA H200 (torch 2.11.0+cu130, BERT-base, bf16, ZeRO 0;
-# benchmarks/gpu_check.sh, figures in docs/pretraining.md and docs/finetuning.md):
-# - pretraining: TaCL 0.157 -> 0.118 s per step at micro-batch 128 (1.33x), MLM+NSP 0.175 -> 0.096 s at 64
-#   (1.82x), after 104-124 s of compilation at the start of each chunk: repaid after about 3,000 steps (under
-#   10 minutes) of a chunk that runs for hours;
-# - fine-tuning: QNLI at batch 32, 105 ms per step eager, 3,022 ms compiled (49 s for the first 3 steps).
-COMPILE_PAYS = {"pretrain": True, "finetune": False}
-
-
-def compiles(setting: bool | str, device: torch.device, stage: str) -> bool:
-    """pretrain.compile and finetune.compile (`stage`): true, false, or auto = on a GPU where COMPILE_PAYS says
-    the stage's compiled step was measured faster, its compile time included; off on a CPU (where compiling
-    costs minutes and gains little)."""
-    return setting is True or (setting == "auto" and device.type == "cuda" and COMPILE_PAYS[stage])
-
-
-def compile_in_own_thread(call: Callable[[], T], device: torch.device) -> tuple[T | None, str | None]:
-    """(`call()`'s result, None), `call` run in a thread of its own (on `device`), or (None, what failed:
-    `compile_failure`) where it failed to compile; any other error is raised here. A compiled call that
-    compiles runs so: a torch.compile that fails inside AOTAutograd can leave the thread's dispatcher state
-    behind (its own dispatch keys on, inference mode on: seen on the CPU with torch 2.13, "Cannot set
-    version_counter for inference tensor", and on an H200 with torch 2.11), and an eager retry in that thread
-    died ("Hit PythonDispatcher dispatch key but PythonDispatcherTLS was not set", "Inference tensors cannot
-    be saved for backward"). That state is per thread: it goes with the thread, and so does the failed call's
-    error (its frames hold the compiler's context guards, which set the state of the thread that frees them),
-    freed there; the caller's thread is never touched."""
-    import gc
-    import threading
-
-    import torch
-
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        if device.type == "cuda":  # (the current device is per thread)
-            torch.cuda.set_device(device)
-        try:
-            box["result"] = call()
-        except BaseException as e:
-            failure = compile_failure(e) if isinstance(e, Exception) else None
-            if failure is None:
-                box["error"] = e  # (an out-of-memory error, the model's own: raised in the caller's thread)
-                return
-            box["failure"] = failure
-        gc.collect()  # (the failed call's frames and guards, freed in this thread)
-
-    thread = threading.Thread(target=run, name="tacl-compile", daemon=True)
-    thread.start()
-    thread.join()
-    if "error" in box:
-        raise box.pop("error")
-    return box.get("result"), box.get("failure")
-
-
-def out_of_memory(error: BaseException) -> bool:
-    """Whether an out-of-memory error is in `error`'s chain (causes and contexts included): never taken for a
-    compilation failure, whatever wraps it."""
-    import torch
-
-    return any(isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower() for e in _chain(error))
-
-
-def compile_failure(error: BaseException) -> str | None:
-    """`Type: first line` of the root cause where `error` is a failure of torch.compile: an error of dynamo's
-    or inductor's own types in its chain (torch._dynamo.exc.TorchDynamoException: BackendCompilerFailed, which
-    wraps a backend's error, inductor's InductorError, dynamo's InternalTorchDynamoError, which wraps its own
-    AssertionErrors and KeyErrors, as seen on an H200), and no out-of-memory error (`out_of_memory`). None
-    for anything else: the model's own errors and an out-of-memory error propagate."""
-    from torch._dynamo.exc import TorchDynamoException
-
-    chain = _chain(error)
-    if out_of_memory(error) or not any(isinstance(e, TorchDynamoException) for e in chain):
-        return None
-    root = chain[-1]
-    first = str(root).strip().splitlines()[0] if str(root).strip() else ""
-    return f"{type(root).__name__}: {first[:300]}"
-
-
-def _chain(error: BaseException) -> list[BaseException]:
-    """`error` and what it wraps (dynamo's `inner_exception`, `__cause__`, `__context__`), outermost first."""
-    chain: list[BaseException] = []
-    at: BaseException | None = error
-    while at is not None and all(at is not seen for seen in chain):
-        chain.append(at)
-        at = getattr(at, "inner_exception", None) or at.__cause__ or at.__context__
-    return chain
