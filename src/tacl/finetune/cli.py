@@ -96,7 +96,7 @@ def _prepare(a: argparse.Namespace) -> None:
     print(json.dumps(prepare(a.task, with_cache(json.loads(a.source), a.cache_dir), a.out)))
 
 
-def _finetune(a: argparse.Namespace) -> None:
+def _finetune(a: argparse.Namespace) -> int:
     from tacl.finetune import EXIT_STOPPED, Stopped
     from tacl.finetune.resume import Checkpointing
     from tacl.finetune.seeds import note_job, run_seeds, weights_fingerprint
