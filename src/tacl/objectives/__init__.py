@@ -3,6 +3,7 @@ batch and the model outputs into named loss terms (exact definitions in docs/pre
 The list of objectives, and what each name builds, is tacl.objectives.registry:
 
     mlm_nsp   BERT masked LM + next sentence prediction (the "more pretraining" control)
+    mlm       masked LM alone (the control of a family pretrained without NSP: RoBERTa and the others)
     tacl      MLM + NSP + TaCL token contrastive loss against a frozen teacher (Su et al. 2021)
     tacl_batch  tacl with cross-sequence negatives (tacl.negatives: batch), its own model in the tables
     tacl_attn   tacl with each masked token's term weighted by the attention it receives in the teacher

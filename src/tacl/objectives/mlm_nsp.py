@@ -54,9 +54,10 @@ def mlm_nsp_terms(model: Any, batch: dict[str, torch.Tensor], sequence_output: t
 @dataclass
 class MlmNsp:
     name: str = "mlm_nsp"
+    with_nsp: bool = True  # False: the MLM control of a family pretrained without NSP (objective `mlm`)
     needs_teacher: bool = False
 
     def __call__(self, model: Any, teacher: Any, batch: dict[str, torch.Tensor],
                  draws: dict[str, Any]) -> tuple[dict, dict]:
         out = encode(model.bert, batch)
-        return mlm_nsp_terms(model, batch, out.last_hidden_state, pooled(model, out, batch))
+        return mlm_nsp_terms(model, batch, out.last_hidden_state, pooled(model, out, batch), self.with_nsp)

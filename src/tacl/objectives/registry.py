@@ -30,6 +30,8 @@ class Objective:
 
 REGISTRY: dict[str, Objective] = {o.name: o for o in (
     Objective("mlm_nsp", "mlm_nsp:MlmNsp", "BERT masked LM + next sentence prediction (the control)"),
+    Objective("mlm", "mlm_nsp:MlmNsp", "masked LM alone (the control of a family pretrained without NSP)",
+              fixed={"name": "mlm", "with_nsp": False}),
     Objective("tacl", "tacl:TaCL", "MLM + NSP + TaCL token contrast against a frozen teacher", ("tacl",)),
     Objective("tacl_batch", "tacl:TaCL", "TaCL with the other sequences' tokens as negatives too", ("tacl",),
               {"negatives": "batch", "name": "tacl_batch"}, grouped=True, variant_of="tacl"),
