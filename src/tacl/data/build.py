@@ -3,6 +3,7 @@ write the shard and its manifest entry. A shard's bytes depend only on (corpus, 
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 from typing import Any
@@ -40,19 +41,43 @@ def load_backend(tokenizer_dir: str) -> tuple[Any, dict[str, Any]]:
     return Tokenizer.from_file(str(backend_path)), read_json(meta_path)
 
 
-def encode(backend: Any, sep_id: int, sentences: list[str], progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """Token ids of all sentences: (flat ids, per-sentence lengths).
+def groups_exact(backend: Any, sep_id: int) -> bool:
+    """Whether sentences joined by the separator token (nothing around it) come out of the tokenizer exactly as
+    each does on its own. The tokenizer splits its added tokens off first and then normalises and pre-tokenizes
+    each piece between them apart, so they do where the separator is an added special token matched as it is
+    (not normalised, not stripping the whitespace beside it, not only as a whole word) and no pre-tokenizer
+    treats a piece by where it stands in the text: a Metaspace whose prepend_scheme is "first" puts its "▁"
+    before the first piece only, where each sentence on its own would get one."""
+    token = backend.get_added_tokens_decoder().get(sep_id)
+    if token is None or not token.special or token.normalized or token.lstrip or token.rstrip or token.single_word:
+        return False
 
-    Sentences go to the Rust tokenizer in groups joined by " [SEP] ": the separator is an added token,
-    split off before normalisation, so each sentence is tokenized exactly as on its own, and the [SEP]
-    ids in the output mark the sentence boundaries. Far fewer, longer calls roughly halve the per-call
-    cost. A group whose text itself contains the separator string is encoded sentence by sentence.
+    def by_position(part: Any) -> bool:
+        if isinstance(part, dict):
+            if part.get("type") == "Metaspace" and part.get("prepend_scheme", "always") == "first":
+                return True
+            return any(by_position(v) for v in part.values())
+        return isinstance(part, list) and any(by_position(v) for v in part)
+
+    return not by_position(json.loads(backend.to_str()).get("pre_tokenizer"))
+
+
+def encode(backend: Any, sep_id: int, sentences: list[str], progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids of all sentences: (flat ids, per-sentence lengths), each sentence tokenized as on its own.
+
+    Where `groups_exact` holds (WordPiece, byte-level BPE, SentencePiece's Metaspace with a "▁" before every
+    piece), sentences go to the Rust tokenizer in groups joined by the separator token, and the separator ids
+    in the output mark the sentence boundaries: far fewer, longer calls roughly halve the per-call cost. Spaces
+    around the separator would not be neutral: byte-level BPE reads a leading space as part of the next word
+    ("Ġword") and a trailing one as a token of its own. A group whose text itself holds the separator, and
+    every sentence of a tokenizer where the groups are not exact, are encoded sentence by sentence.
     """
     from tqdm import tqdm
 
     encode_batch = getattr(backend, "encode_batch_fast", backend.encode_batch)
-    separator = " " + backend.id_to_token(sep_id) + " "
-    groups = [sentences[i : i + GROUP] for i in range(0, len(sentences), GROUP)]
+    separator = backend.id_to_token(sep_id)
+    size = GROUP if groups_exact(backend, sep_id) else 1
+    groups = [sentences[i : i + size] for i in range(0, len(sentences), size)]
     flat_parts: list[np.ndarray] = []
     length_parts: list[np.ndarray] = []
     for i in tqdm(range(0, len(groups), BATCH), desc="tokenize", unit=" batches", disable=not progress,
@@ -60,6 +85,10 @@ def encode(backend: Any, sep_id: int, sentences: list[str], progress: bool = Fal
         batch = groups[i : i + BATCH]
         for group, enc in zip(batch, encode_batch([separator.join(g) for g in batch], add_special_tokens=False)):
             ids = np.asarray(enc.ids, dtype=np.int64)
+            if size == 1:
+                flat_parts.append(ids)
+                length_parts.append(np.array([len(ids)], dtype=np.int64))
+                continue
             is_sep = ids == sep_id
             if int(is_sep.sum()) != len(group) - 1:  # the text itself holds the separator: no shortcut
                 per_sentence = [np.asarray(e.ids, dtype=np.int64)
