@@ -70,9 +70,9 @@ def register(stages: argparse._SubParsersAction) -> None:
 
 
 def _tokenizer(a: argparse.Namespace) -> None:
-    from tacl.data.download import fetch_tokenizer, start_family
+    from tacl.data.download import fetch_tokenizer
 
-    fetch_tokenizer(a.name, a.out, start_family(a.start_model, a.family) if a.start_model or a.family else "bert")
+    fetch_tokenizer(a.name, a.out, a.family, a.start_model)
 
 
 def _download(a: argparse.Namespace) -> None:
