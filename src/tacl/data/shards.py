@@ -165,14 +165,17 @@ class ShardSet:
     """All shards of a manifest, verified, with global random access to examples."""
 
     def __init__(self, manifest_path: str | os.PathLike, tokenizer_hash: str | None = None,
-                 verify: bool = True):
+                 verify: bool = True, tokenizer_name: str = "the tokenizer given"):
+        """`tokenizer_hash`: refuse shards written by another tokenizer (tacl.runtime.hub.tokenizer_hash) than
+        this one, which `tokenizer_name` names in the message."""
         self.manifest_path = Path(manifest_path)
         self.manifest: dict[str, Any] = read_json(self.manifest_path)
-        if tokenizer_hash is not None and self.manifest["tokenizer"]["hash"] != tokenizer_hash:
+        written = self.manifest["tokenizer"]
+        if tokenizer_hash is not None and written["hash"] != tokenizer_hash:
             raise InputError(
-                f"{self.manifest_path}: shards were written with tokenizer "
-                f"{self.manifest['tokenizer']['name']!r} (hash {self.manifest['tokenizer']['hash']}), "
-                f"not the one given (hash {tokenizer_hash})"
+                f"{self.manifest_path.parent}: these shards were written with tokenizer {written['name']!r} (hash "
+                f"{written['hash']}), not with {tokenizer_name} (hash {tokenizer_hash}); build the shards with the "
+                "start model's tokenizer (config keys `tokenizer`, else `model`) or train from a start model of theirs"
             )
         root = self.manifest_path.parent
         self.shards: list[Shard] = []
