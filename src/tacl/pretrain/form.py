@@ -11,15 +11,10 @@ from tacl.runtime.family import FAMILIES
 
 
 def reads_nsp(objective: Any) -> bool:
-    """Whether the objective's loss reads next sentence prediction labels: its `with_nsp` (mlm_nsp, mlm) or
-    `keep_nsp` (TACO) where it has one; TaCL and its variants add MLM and NSP to their contrast unless they say
-    otherwise; COCO-LM never reads them."""
-    from tacl.objectives.tacl import TaCL
-
-    for key in ("with_nsp", "keep_nsp"):
-        if hasattr(objective, key):
-            return bool(getattr(objective, key))
-    return isinstance(objective, TaCL)
+    """Whether the objective trains next sentence prediction whatever the family: its `with_nsp` (mlm_nsp; not
+    mlm) or `keep_nsp` (TACO). The others add NSP where the start model's family has it, and the shards' form
+    follows that family (`form_error`'s second check)."""
+    return any(bool(getattr(objective, key, False)) for key in ("with_nsp", "keep_nsp"))
 
 
 def start_family_name(start_model: str) -> str | None:
@@ -30,6 +25,15 @@ def start_family_name(start_model: str) -> str | None:
 
     model_type = getattr(AutoConfig.from_pretrained(resolve_pretrained(start_model)), "model_type", None)
     return model_type if model_type in FAMILIES else None
+
+
+def mlm_probability(configured: float | None, start_model: str) -> float:
+    """The share of tokens masking selects: pretrain.mlm_probability, else the start model's family's (0.15 for
+    BERT and a family outside tacl.runtime.family, 0.30 for ModernBERT)."""
+    if configured is not None:
+        return configured
+    family = start_family_name(start_model)
+    return FAMILIES[family].mlm_probability if family else FAMILIES["bert"].mlm_probability
 
 
 def form_error(manifest_path: str, manifest: dict[str, Any], objective_name: str, objective: Any,
