@@ -323,3 +323,31 @@ def test_the_tokenizer_job_records_the_start_models_family(kit, tmp_path):
     with pytest.raises(InputError, match=r"^model_init.family: a bort checkpoint"):
         fetch_tokenizer(str(kit["unigram"]), str(tmp_path / "bort"), family="bort")
     assert not (tmp_path / "gpt2").exists() and not (tmp_path / "bort").exists()
+
+
+def test_the_trainer_refuses_shards_of_the_wrong_form(tmp_path):
+    """An objective that trains NSP needs NSP pairs; the shards' form must be the start model's family's."""
+    from tacl.objectives.registry import build_objective
+    from tacl.pretrain.form import form_error
+
+    def start(model_type):
+        folder = tmp_path / model_type
+        folder.mkdir(exist_ok=True)
+        (folder / "config.json").write_text(json.dumps({"model_type": model_type}))
+        return str(folder)
+
+    pairs, sentences = {"form": "nsp_pairs"}, {"form": "sentences"}
+    manifest = str(tmp_path / "shards" / "manifest.json")
+    assert form_error(manifest, {}, "mlm_nsp", build_objective("mlm_nsp"), start("bert")) is None  # (before forms)
+    assert form_error(manifest, sentences, "mlm", build_objective("mlm"), start("roberta")) is None
+    assert form_error(manifest, sentences, "coco_lm", build_objective("coco_lm", {"negatives_group": 4}),
+                      start("roberta")) is None
+    why = form_error(manifest, sentences, "mlm_nsp", build_objective("mlm_nsp"), start("roberta"))
+    assert why == (f"pretrain.objectives: mlm_nsp trains next sentence prediction, which needs NSP pairs, but the "
+                   f"shards in {tmp_path / 'shards'} hold sentences (the start model's family, roberta, was pretrained "
+                   "without NSP): leave it out of pretrain.objectives for this family (mlm is MLM alone)")
+    taco = build_objective("taco", {"keep_nsp": True, "negatives_group": 4})
+    assert "taco trains next sentence prediction" in form_error(manifest, sentences, "taco", taco, start("roberta"))
+    why = form_error(manifest, pairs, "mlm", build_objective("mlm"), start("modernbert"))
+    assert why.startswith(f"{tmp_path / 'shards'}: these shards hold nsp_pairs, and the start model ")
+    assert "is of family modernbert, pretrained on sentences: build the shards again" in why

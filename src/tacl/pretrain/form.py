@@ -1,11 +1,13 @@
-"""Whether the shards suit the run before anything is built: their form (tacl.data.shards: NSP pairs or whole
-sentences) against what the objective reads and against the start model's family (tacl.runtime.family)."""
+"""What the start model's family (tacl.runtime.family) decides about the data a run trains on, checked before
+anything is built: whether the shards' form (tacl.data.shards: NSP pairs or whole sentences) suits the objective
+and the family, and the masking rate (pretrain.mlm_probability, else the family's)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from tacl.data.masking import MaskingSpec
 from tacl.data.shards import NSP_PAIRS, form_of, manifest_form
 from tacl.runtime.family import FAMILIES
 
@@ -18,12 +20,19 @@ def reads_nsp(objective: Any) -> bool:
 
 
 def start_family_name(start_model: str) -> str | None:
-    """The family of the start model (its config's model_type), None for a type outside tacl.runtime.family."""
-    from transformers import AutoConfig
-
+    """The family of the start model (its config's model_type), None for a type outside tacl.runtime.family. A
+    folder's config.json is read as it is (the workflow's start model is one; transformers' AutoConfig imports
+    torch)."""
     from tacl.runtime.hub import resolve_pretrained
+    from tacl.runtime.io import read_json
 
-    model_type = getattr(AutoConfig.from_pretrained(resolve_pretrained(start_model)), "model_type", None)
+    config = Path(resolve_pretrained(start_model)) / "config.json"
+    if config.is_file():
+        model_type = read_json(config).get("model_type")
+    else:
+        from transformers import AutoConfig
+
+        model_type = getattr(AutoConfig.from_pretrained(resolve_pretrained(start_model)), "model_type", None)
     return model_type if model_type in FAMILIES else None
 
 
@@ -34,6 +43,12 @@ def mlm_probability(configured: float | None, start_model: str) -> float:
         return configured
     family = start_family_name(start_model)
     return FAMILIES[family].mlm_probability if family else FAMILIES["bert"].mlm_probability
+
+
+def masking_spec(tokenizer: Any, max_len: int, configured: float | None, start_model: str) -> MaskingSpec:
+    """The run's masking (the loader's masks and its step counts both read it): the tokenizer's special and mask
+    ids, at the rate `mlm_probability` gives."""
+    return MaskingSpec.from_tokenizer(tokenizer, max_len, mlm_probability(configured, start_model))
 
 
 def form_error(manifest_path: str, manifest: dict[str, Any], objective_name: str, objective: Any,

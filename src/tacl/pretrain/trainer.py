@@ -44,7 +44,6 @@ from typing import Any, Iterator, NoReturn
 
 import torch
 
-from tacl.data.masking import MaskingSpec
 from tacl.data.packing import is_packed
 from tacl.data.pretraining import Batching, MicroBatches, PretrainingData, micro_batch_loader, on_device
 from tacl.data.shards import ShardSet
@@ -57,7 +56,7 @@ from tacl.objectives import NO_PADDING, GroupDraws, build_objective, objective_d
 from tacl.objectives.registry import group_error, packing_error
 from tacl.pretrain import checkpoint
 from tacl.pretrain.deadline import Deadline, StopSignals, describe, end_times
-from tacl.pretrain.form import form_error, mlm_probability
+from tacl.pretrain.form import form_error, masking_spec
 from tacl.pretrain.distributed import DistEnv, all_max, all_sum, barrier, broadcast_object, init_distributed, shutdown
 from tacl.pretrain.identity import adopt_run_dir, check_not_removed, check_zero_stage, manifests_after, run_identity
 from tacl.runtime.lock import RunLock
@@ -305,8 +304,8 @@ def _setup(args: ChunkArgs, env: DistEnv, lock: RunLock) -> Chunk:
     saved_world = _saved_world_size(args, env, tag)
     batching = Batching(s.global_batch, s.micro_batch, s.group_by_length, s.max_len if s.pad_to_max_len else 8,
                         packing=s.packing, max_len=s.max_len)
-    spec = MaskingSpec.from_tokenizer(tokenizer, s.max_len, mlm_probability(s.mlm_probability, args.start_model))
-    data = PretrainingData(shards, spec, s.seed, batching)
+    data = PretrainingData(shards, masking_spec(tokenizer, s.max_len, s.mlm_probability, args.start_model), s.seed,
+                           batching)
     trainable, teacher = _build_model(args, env, objective, bf16)
     engine, scheduler, universal = _engine(args, env, trainable, accumulation, tag, saved_world)
     chunk = Chunk(args, env, engine, scheduler, teacher, data, accumulation, torch.Generator(device=env.device),
