@@ -121,5 +121,5 @@ def _verify(a: argparse.Namespace) -> None:
         from tacl.runtime.hub import load_tokenizer, tokenizer_hash
 
         expected = tokenizer_hash(load_tokenizer(a.tokenizer))
-    shards = ShardSet(a.manifest, tokenizer_hash=expected, verify=True)
+    shards = ShardSet(a.manifest, tokenizer_hash=expected, verify=True, tokenizer_name=f"tokenizer {a.tokenizer!r}")
     print(f"{a.manifest}: {len(shards.shards)} shards, {len(shards)} examples, all sha256 match")
