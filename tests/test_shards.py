@@ -351,3 +351,23 @@ def test_the_trainer_refuses_shards_of_the_wrong_form(tmp_path):
     why = form_error(manifest, pairs, "mlm", build_objective("mlm"), start("modernbert"))
     assert why.startswith(f"{tmp_path / 'shards'}: these shards hold nsp_pairs, and the start model ")
     assert "is of family modernbert, pretrained on sentences: build the shards again" in why
+
+
+def test_a_bpe_tokenizers_hash_covers_its_merges_and_pre_tokenizer(kit, tmp_path):
+    """The same vocabulary with other merges, or without a space before the first word, gives other ids: the
+    hash that shards and the trainer compare tells them apart."""
+    from tacl.runtime.hub import load_tokenizer, tokenizer_hash
+
+    before = tokenizer_hash(load_tokenizer(str(kit["bpe"])))
+    for change in ("merges", "prefix"):
+        other = tmp_path / change
+        shutil.copytree(kit["bpe"], other)
+        tj = json.loads((other / "tokenizer.json").read_text())
+        if change == "merges":
+            tj["model"]["merges"] = tj["model"]["merges"][:-1]
+        else:
+            tj["pre_tokenizer"]["add_prefix_space"] = True
+        (other / "tokenizer.json").write_text(json.dumps(tj))
+        tokenizer = load_tokenizer(str(other))
+        assert sorted(tokenizer.get_vocab().items()) == sorted(load_tokenizer(str(kit["bpe"])).get_vocab().items())
+        assert tokenizer_hash(tokenizer) != before, change
