@@ -56,12 +56,13 @@ def form_error(manifest_path: str, manifest: dict[str, Any], objective_name: str
     """Why these shards cannot train this objective from this start model (one line), or None."""
     form, folder = manifest_form(manifest), Path(manifest_path).parent
     family = start_family_name(start_model)
-    if reads_nsp(objective) and form != NSP_PAIRS:
-        return (f"pretrain.objectives: {objective_name} trains next sentence prediction, which needs NSP pairs, but "
-                f"the shards in {folder} hold {form} (the start model's family, {family or 'unknown'}, was "
-                "pretrained without NSP): leave it out of pretrain.objectives for this family (mlm is MLM alone)")
     if family is not None and form != form_of(FAMILIES[family]):
         return (f"{folder}: these shards hold {form}, and the start model {start_model} is of family {family}, "
                 f"pretrained on {form_of(FAMILIES[family])}: build the shards again for this start model (its "
                 "family is what the tokenizer job records: `snakemake --forcerun fetch_tokenizer`)")
+    if reads_nsp(objective) and form != NSP_PAIRS:
+        return (f"pretrain.objectives: {objective_name} trains next sentence prediction, which needs NSP pairs, but "
+                f"the shards in {folder} hold {form}"
+                + (f" (the start model's family, {family}, was pretrained without NSP)" if family else "")
+                + ": leave it out of pretrain.objectives for this family (mlm is MLM alone)")
     return None

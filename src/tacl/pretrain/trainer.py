@@ -350,7 +350,7 @@ def _take_run_dir(args: ChunkArgs, env: DistEnv, lock: RunLock, tokenizer: Any, 
             if why := form_error(args.manifest, read_json(args.manifest), s.objective, objective, args.start_model):
                 raise InputError(why)
             shards = ShardSet(args.manifest, tokenizer_hash=tokenizer_hash(tokenizer), verify=True,
-                              tokenizer_name=f"the start model's tokenizer ({args.start_model})")
+                              tokenizer_name=f"the tokenizer of the start model {args.start_model}")
             identity = run_identity(s, args.start_model, shards.manifest, bf16)
             lock.acquire()
             adopt_run_dir(run_dir, identity, lock, args.chunk, s.objective)
