@@ -43,7 +43,7 @@ rule fetch_tokenizer:
         **start_family_given(),
         name=tokenizer_name(),
     shell:
-        "python -m tacl data tokenizer --name {params.name:q} " + tokenizer_options() + " --out {output} > {log} 2>&1"
+        f"python -m tacl data tokenizer --name {{params.name:q}} {tokenizer_options()} --out {{output}} > {{log}} 2>&1"
 
 
 rule clean:
