@@ -182,7 +182,7 @@ def saved_tokenizer(kit, kind, tmp_path, family=None):
     return Path(fetch_tokenizer(str(kit[kind]), str(tmp_path / f"tok-{kind}-{family}"), family=family))
 
 
-@pytest.mark.parametrize("kind", [*FORMS, "unigram-first"])
+@pytest.mark.parametrize("kind", [*FORMS, "unigram-first", "bpe-normalized", "wordpiece-normalized"])
 def test_grouped_encoding_equals_sentence_by_sentence_for_every_kind(kind, kit, corpus, tmp_path):
     """Byte-level BPE reads a space before a word as part of it and SentencePiece's Metaspace puts "▁" before
     each piece: sentences encoded in groups come out as each does alone, in groups where that is exact."""
@@ -192,13 +192,16 @@ def test_grouped_encoding_equals_sentence_by_sentence_for_every_kind(kind, kit, 
     from tacl.data.clean import read_documents
 
     folder = saved_tokenizer(kit, kind.split("-")[0], tmp_path)
-    if kind == "unigram-first":  # a Metaspace that puts "▁" before the first piece only: no groups
-        for name in ("tokenizer.json", "tacl_backend.json"):
-            tj = json.loads((folder / name).read_text())
+    for name in ("tokenizer.json", "tacl_backend.json"):
+        tj = json.loads((folder / name).read_text())
+        if kind == "unigram-first":  # a Metaspace that puts "▁" before the first piece only: no groups
             tj["pre_tokenizer"]["prepend_scheme"] = "first"
-            (folder / name).write_text(json.dumps(tj))
+        if kind.endswith("-normalized"):  # a separator matched after normalisation: groups only without a normaliser
+            for token in tj["added_tokens"]:
+                token["normalized"] = True
+        (folder / name).write_text(json.dumps(tj))
     backend, meta = load_backend(str(folder))
-    assert groups_exact(backend, meta["sep_id"]) == (kind != "unigram-first")
+    assert groups_exact(backend, meta["sep_id"]) == (kind not in ("unigram-first", "wordpiece-normalized"))
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     sentences = [s for d in read_documents(str(corpus / "corpus.txt"), str(corpus / "corpus.idx.npy"), 0, 40)
                  for s in d]

@@ -59,11 +59,14 @@ def groups_exact(backend: Any, sep_id: int) -> bool:
     """Whether sentences joined by the separator token (nothing around it) come out of the tokenizer exactly as
     each does on its own. The tokenizer splits its added tokens off first and then normalises and pre-tokenizes
     each piece between them apart, so they do where the separator is an added special token matched as it is
-    (not normalised, not stripping the whitespace beside it, not only as a whole word) and no pre-tokenizer
-    treats a piece by where it stands in the text: a Metaspace whose prepend_scheme is "first" puts its "▁"
-    before the first piece only, where each sentence on its own would get one."""
+    (not stripping the whitespace beside it, not only as a whole word; matched after normalisation only where
+    there is no normaliser, which would otherwise see the whole group) and no pre-tokenizer treats a piece by
+    where it stands in the text: a Metaspace whose prepend_scheme is "first" puts its "▁" before the first piece
+    only, where each sentence on its own would get one."""
     token = backend.get_added_tokens_decoder().get(sep_id)
-    if token is None or not token.special or token.normalized or token.lstrip or token.rstrip or token.single_word:
+    saved = json.loads(backend.to_str())
+    if (token is None or not token.special or token.lstrip or token.rstrip or token.single_word
+            or (token.normalized and saved.get("normalizer") is not None)):
         return False
 
     def by_position(part: Any) -> bool:
@@ -73,7 +76,7 @@ def groups_exact(backend: Any, sep_id: int) -> bool:
             return any(by_position(v) for v in part.values())
         return isinstance(part, list) and any(by_position(v) for v in part)
 
-    return not by_position(json.loads(backend.to_str()).get("pre_tokenizer"))
+    return not by_position(saved.get("pre_tokenizer"))
 
 
 def encode(backend: Any, sep_id: int, sentences: list[str], progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
