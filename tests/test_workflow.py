@@ -271,11 +271,12 @@ def test_plan_errors_know_the_start_models_family(tmp_path, monkeypatch):
                                                      "max_position_embeddings": 514, "pad_token_id": 1}))
     local = {"model": str(roberta), "model_init": {"kind": "pretrained"}}
     assert plan_errors_of(demo_config(tmp_path, **local, **{"data.max_len": 513})) == [
-        f"pretrain.objectives: mlm_nsp trains next sentence prediction, but the start model is a roberta encoder, "
-        f"pretrained without it (model ({roberta})); its control is mlm (masked LM alone): put mlm in place of mlm_nsp",
-        f"finetune.contrastive.models: mlm_nsp trains next sentence prediction, but the start model is a roberta "
-        f"encoder, pretrained without it (model ({roberta})); its control is mlm (masked LM alone): put mlm in place "
+        f"pretrain.objectives: mlm_nsp trains next sentence prediction, but the start model is of the roberta "
+        f"family, pretrained without it (model ({roberta})); its control is mlm (masked LM alone): put mlm in place "
         "of mlm_nsp",
+        f"finetune.contrastive.models: mlm_nsp trains next sentence prediction, but the start model is of the "
+        f"roberta family, pretrained without it (model ({roberta})); its control is mlm (masked LM alone): put mlm "
+        "in place of mlm_nsp",
         f"data.max_len: 513 tokens, but the start model has 512 positions (model ({roberta}))"]
     controls = {"pretrain.objectives": ["none", "mlm", "tacl"], "finetune.contrastive": {"forms": ["scl"],
                                                                                          "models": ["mlm"]}}
@@ -284,8 +285,8 @@ def test_plan_errors_know_the_start_models_family(tmp_path, monkeypatch):
     monkeypatch.setattr("huggingface_hub.try_to_load_from_cache", lambda *a, **k: None)  # (nothing cached)
     found = plan_errors_of(demo_config(tmp_path, model="roberta-base", model_init={"kind": "pretrained"},
                                        **{"finetune.contrastive": {"forms": ["scl"], "models": ["tacl"]}}))
-    assert found == ["pretrain.objectives: mlm_nsp trains next sentence prediction, but the start model is a roberta "
-                     "encoder, pretrained without it (model (roberta-base): from roberta-base's published "
+    assert found == ["pretrain.objectives: mlm_nsp trains next sentence prediction, but the start model is of the "
+                     "roberta family, pretrained without it (model (roberta-base): from roberta-base's published "
                      "config.json); its control is mlm (masked LM alone): put mlm in place of mlm_nsp"]
     (roberta / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 2}))
     assert plan_errors_of(demo_config(tmp_path, **local, **controls)) == [

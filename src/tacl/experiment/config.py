@@ -254,7 +254,7 @@ def family_errors(config: dict[str, Any], shape: dict[str, Any]) -> list[str]:
     ft = config["finetune"]
     named = [("pretrain.objectives", config["pretrain"]["objectives"]), ("finetune.models", ft.get("models")),
              ("finetune.contrastive.models", (ft.get("contrastive") or {}).get("models"))]
-    return [f"{where}: mlm_nsp trains next sentence prediction, but the start model is a {found.name} encoder, "
+    return [f"{where}: mlm_nsp trains next sentence prediction, but the start model is of the {found.name} family, "
             f"pretrained without it ({shape['key']}); its control is mlm (masked LM alone): put mlm in place of "
             "mlm_nsp" for where, names in named if "mlm_nsp" in (names or [])]
 
