@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import (REPO, demo_config, fresh_clone, run_snakemake, start_snakemake, write_embeddings_fixture,
-                      write_nli_fixture)
+from conftest import (REPO, demo_config, fresh_clone, run_snakemake, silent_schedulers, start_snakemake,
+                      write_embeddings_fixture, write_nli_fixture)
 from tacl.experiment.config import config_errors, load_schema
 from tacl.finetune.sweep import number
 
@@ -25,12 +25,28 @@ def job_counts(stdout: str) -> dict[str, int]:
     return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)\s*$", table, re.M)}
 
 
-def test_paper_config_dry_run_lists_the_jobs(tmp_path, monkeypatch):
+@pytest.mark.parametrize("example", [None, "examples/roberta/config.yaml"])
+def test_paper_config_dry_run_lists_the_jobs(tmp_path, monkeypatch, example):
+    """config.yaml's DAG, offline. An example given over it as a user gives it (examples/roberta: RoBERTa-base,
+    with profiles/slurm, its variables set and a scheduler that does not answer): the same jobs with mlm as the
+    control, the plan counting the start model from its published config.json before any download."""
     for k, v in NO_NETWORK.items():
         monkeypatch.setenv(k, v)
     cfg = yaml.safe_load((REPO / "config.yaml").read_text())
     cfg["results_dir"] = str(tmp_path / "results")
-    proc = run_snakemake(tmp_path, cfg, "-n")
+    if example is None:
+        proc = run_snakemake(tmp_path, cfg, "-n")
+    else:
+        for k, v in {"TACL_SLURM_ACCOUNT": "p123", "TACL_SLURM_CPU_PARTITION": "cpu",
+                     "TACL_SLURM_GPU_PARTITION": "gpu"}.items():
+            monkeypatch.setenv(k, v)
+        monkeypatch.setenv("PATH", silent_schedulers(tmp_path / "bin"))
+        proc = run_snakemake(tmp_path, None, "--profile", str(REPO / "profiles/slurm"), "-n", "--configfile",
+                             str(REPO / "config.yaml"), str(REPO / example), "--config",
+                             f"results_dir={cfg['results_dir']}")
+        log = proc.stdout + proc.stderr
+        assert "(model (roberta-base): from roberta-base's published config.json): family roberta" in log
+        assert "wildcards: objective=mlm, chunk=0" in log and "objective=mlm_nsp" not in log
     counts = job_counts(proc.stdout)
     assert counts["download_corpus"] == 1 and counts["fetch_tokenizer"] == 1 and counts["clean"] == 1
     assert counts["shard"] == cfg["data"]["num_shards"] == 64
