@@ -80,9 +80,7 @@ def pretrain_flops_per_token(objective: str, shape: Shape, seq: float, params: d
                              masked: float | None = None) -> float:
     """FLOPs per (padded) token of a pretraining step of one objective; the MLM head computes on the `masked`
     share of the positions (the family's rate where None)."""
-    if masked is None:
-        masked = FAMILIES.get(shape.family, FAMILIES["bert"]).mlm_probability
-    head = 6 * shape.head * masked
+    head = 6 * shape.head * (masked_share({}, shape) if masked is None else masked)
     if objective == "coco_lm":
         aux = params.get("aux_layers") or max(1, shape.layers // 3)
         # the main model on the corrupted sequence and on the cropped original (both trained), the auxiliary
