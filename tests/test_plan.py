@@ -44,6 +44,81 @@ def test_expected_minutes_by_hand():
                                 A100) == pytest.approx(5 * work / (312e12 * 0.2) / 60)
 
 
+# Tiny configs of every family, each key the counts read set away from the family's default somewhere
+TINY = {"vocab_size": 101, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 48,
+        "max_position_embeddings": 64}
+MODERN_IDS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "cls_token_id": 3, "sep_token_id": 4,
+              "mask_token_id": 5}  # (ModernBERT's special tokens must lie inside its vocabulary)
+FAMILY_CONFIGS = [
+    ("bert", {"type_vocab_size": 3}),
+    ("roberta", {"type_vocab_size": 1, "pad_token_id": 1}),
+    ("xlm-roberta", {"type_vocab_size": 1, "tie_word_embeddings": False}),
+    ("deberta-v2", {"type_vocab_size": 0}),
+    ("deberta-v2", {"type_vocab_size": 0, "relative_attention": True, "position_buckets": 16, "pos_att_type": "p2c|c2p",
+                    "position_biased_input": False, "share_att_key": True, "norm_rel_ebd": "layer_norm"}),
+    ("deberta-v2", {"type_vocab_size": 2, "relative_attention": True, "pos_att_type": ["c2p"], "share_att_key": False,
+                    "embedding_size": 24, "conv_kernel_size": 3}),
+    ("electra", {"embedding_size": 16}),
+    ("electra", {"embedding_size": 32, "tie_word_embeddings": False}),
+    ("modernbert", MODERN_IDS),
+    ("modernbert", {**MODERN_IDS, "attention_bias": True, "mlp_bias": True, "norm_bias": True, "classifier_bias": True,
+                    "decoder_bias": False}),
+]
+
+
+def test_the_shape_of_each_family_counts_the_parameters_transformers_builds():
+    """For a tiny config of every family (and variants of the keys that change the count: ELECTRA's and
+    DeBERTa's narrower embeddings, DeBERTa's relative positions, ModernBERT's biases, untied projections),
+    Shape's count equals the parameters of the masked-LM model transformers builds from it; BERT's start
+    model (BertForPreTraining) adds the pooler and the NSP classifier. The defaults Shape takes for keys a
+    config leaves out are transformers' config classes'."""
+    from transformers import AutoConfig, AutoModelForMaskedLM, BertForPreTraining
+
+    from tacl.runtime.shape import DEFAULTS
+
+    for family, keys in FAMILY_CONFIGS:
+        config = AutoConfig.for_model(family, **TINY, **keys)
+        eager = {"attn_implementation": "eager"} if family == "deberta-v2" else {}  # (it has no SDPA)
+        built = AutoModelForMaskedLM.from_config(config, **eager)
+        shape = Shape.of_config(config.to_dict())
+        assert shape.masked_lm == sum(p.numel() for p in built.parameters()), (family, keys)
+        assert shape.total == shape.masked_lm or family == "bert"
+    bert = AutoConfig.for_model("bert", **TINY)
+    assert Shape.of_config(bert.to_dict()).total == sum(p.numel() for p in BertForPreTraining(bert).parameters())
+    for family, defaults in DEFAULTS.items():
+        config = AutoConfig.for_model(family)
+        assert {k: getattr(config, k) for k in defaults if hasattr(config, k)} == {
+            k: v for k, v in defaults.items() if hasattr(config, k)}, family
+    assert Shape.of_config({"num_hidden_layers": 12, "hidden_size": 768, "intermediate_size": 3072}).total == (
+        110_106_428)  # bert-base-uncased's BertForPreTraining
+
+
+def test_the_mlm_head_computes_on_the_masked_share_of_the_family_or_the_config():
+    """The MLM head (transform and vocabulary projection: XLM-R's 250k words make it a third of a step) counts
+    6 FLOPs per weight on the masked positions only: pretrain.mlm_probability of them, else the family's rate
+    (ModernBERT's 30%). The published configs give the plan the example models' sizes before a download."""
+    from tacl.planning.estimates import masked_share, pretrain_flops_per_token
+    from tacl.runtime.shape import PUBLISHED_CONFIGS
+
+    xlmr = Shape.of_config(PUBLISHED_CONFIGS["xlm-roberta-base"])
+    assert xlmr.head == 768 * 768 + 768 * 250002 and xlmr.encoder == Shape(**BERT_BASE).encoder
+    seq = 176.0
+    at = {p: pretrain_flops_per_token("mlm", xlmr, seq, {}, p) for p in (0.15, 0.4)}
+    assert at[0.4] - at[0.15] == pytest.approx(6 * xlmr.head * 0.25)
+    assert at[0.15] == pytest.approx(6 * xlmr.encoder + 12 * 12 * 768 * seq + 6 * xlmr.head * 0.15)
+    modern = Shape.of_config(PUBLISHED_CONFIGS["answerdotai/ModernBERT-base"])
+    assert masked_share({}, modern) == 0.30 and masked_share({"mlm_probability": 0.2}, modern) == 0.2
+    assert masked_share({}, xlmr) == 0.15
+    assert modern.encoder == 22 * (4 * 768 * 768 + 3 * 768 * 1152 + 2 * 768)  # (GLU: Wi is 768 x 2 x 1152)
+    # DeBERTa-v3: the relative position terms (c2p, p2c: a score per relative position of 2 x 256) on top
+    deberta = Shape.of_config(PUBLISHED_CONFIGS["microsoft/deberta-v3-base"])
+    assert deberta.attention_flops(seq) == 12 * (4 * 768 * seq + 2 * 2 * 512 * 768)
+    assert deberta.positions == 0 and deberta.type_vocab == 0 and deberta.relative == 512
+    assert pretrain_minutes("mlm", {"steps": 10, "global_batch": 8, "nodes": 1, "ranks_per_node": 1,
+                                    "mlm_probability": 0.4}, xlmr, seq, A100) == pytest.approx(
+        10 * 8 * seq * at[0.4] / (312e12 * 0.3) / 60)
+
+
 def test_requests_and_chunks():
     assert request(2.0, PLAN) == 15  # the floor
     assert request(100.0, PLAN) == 205 and request(100.0, PLAN, cap=120) == 120

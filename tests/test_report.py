@@ -82,6 +82,38 @@ def test_tables_files_and_missing_runs(tree):
     assert (out / "glue_dev.png").stat().st_size > 1000
 
 
+def test_results_from_another_family_stand_beside_no_published_number(tree):
+    """The published numbers are BERT-base's: beside results whose start model (the results directory's
+    models/start: tacl_start.json's family, else config.json's model_type) is of another family, the tables and
+    the report say there is no published number instead; the differences compare with the mlm control."""
+    from tacl.report.tables import start_family
+
+    start = tree / "models" / "start"
+    start.mkdir(parents=True)
+    assert start_family(tree) is None  # (before init_model: the published rows, as for a BERT)
+    (start / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    assert start_family(tree) == "bert"
+    (start / "config.json").write_text(json.dumps({"model_type": "roberta"}))
+    assert start_family(tree) == "roberta"
+    (start / "tacl_start.json").write_text(json.dumps({"family": "xlm-roberta"}))
+    assert start_family(tree) == "xlm-roberta"
+    for seed, acc in enumerate([0.70, 0.72]):
+        write_run(tree, "mlm", "rte", seed, "glue", {"dev": {"accuracy": acc, "main": acc}})
+    out = tree / "report"
+    build_report(str(tree), ["none", "mlm", "tacl"], ["rte", "mrpc", "squad_v2"], [], [], str(out))
+    said = "no published number: the start model is of the xlm-roberta family"
+    published = pd.read_csv(out / "glue_published.csv", dtype=str)
+    assert len(published) == 1 and published.source[0].startswith(said)
+    squad = pd.read_csv(out / "squad_dev.csv", dtype=str)
+    assert list(squad.model) == ["none", "mlm", "tacl", "-"] and squad.source.iloc[-1].startswith(said)
+    md = (out / "report.md").read_text()
+    assert "BERT paper" not in md and "Reproduction (2xA100" not in md and "(BERT-base 79.6, TaCL 81.2)" not in md
+    assert md.count("No published number: the start model is of the xlm-roberta family") == 2
+    assert "mlm, as much continued masked-LM pretraining (without NSP)" in md
+    diffs = pd.read_csv(out / "differences.csv", dtype=str)
+    assert set(diffs[diffs.model == "tacl"].vs) == {"mlm", "none"} and list(diffs[diffs.model == "none"].vs) == ["mlm"]
+
+
 def test_glue_average_is_berts_on_its_published_numbers():
     """The mean of BERT-base's nine published test numbers (MCC, F1 for MRPC/QQP, Spearman for STS-B,
     MNLI-m and -mm apart, no WNLI) is the 79.6 BERT and TaCL report."""

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import (REPO, demo_config, fresh_clone, run_snakemake, start_snakemake, write_embeddings_fixture,
-                      write_nli_fixture)
+from conftest import (REPO, demo_config, fresh_clone, run_snakemake, silent_schedulers, start_snakemake,
+                      write_embeddings_fixture, write_nli_fixture)
 from tacl.experiment.config import config_errors, load_schema
 from tacl.finetune.sweep import number
 
@@ -25,12 +25,28 @@ def job_counts(stdout: str) -> dict[str, int]:
     return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)\s*$", table, re.M)}
 
 
-def test_paper_config_dry_run_lists_the_jobs(tmp_path, monkeypatch):
+@pytest.mark.parametrize("example", [None, "examples/roberta/config.yaml"])
+def test_paper_config_dry_run_lists_the_jobs(tmp_path, monkeypatch, example):
+    """config.yaml's DAG, offline. An example given over it as a user gives it (examples/roberta: RoBERTa-base,
+    with profiles/slurm, its variables set and a scheduler that does not answer): the same jobs with mlm as the
+    control, the plan counting the start model from its published config.json before any download."""
     for k, v in NO_NETWORK.items():
         monkeypatch.setenv(k, v)
     cfg = yaml.safe_load((REPO / "config.yaml").read_text())
     cfg["results_dir"] = str(tmp_path / "results")
-    proc = run_snakemake(tmp_path, cfg, "-n")
+    if example is None:
+        proc = run_snakemake(tmp_path, cfg, "-n")
+    else:
+        for k, v in {"TACL_SLURM_ACCOUNT": "p123", "TACL_SLURM_CPU_PARTITION": "cpu",
+                     "TACL_SLURM_GPU_PARTITION": "gpu"}.items():
+            monkeypatch.setenv(k, v)
+        monkeypatch.setenv("PATH", silent_schedulers(tmp_path / "bin"))
+        proc = run_snakemake(tmp_path, None, "--profile", str(REPO / "profiles/slurm"), "-n", "--configfile",
+                             str(REPO / "config.yaml"), str(REPO / example), "--config",
+                             f"results_dir={cfg['results_dir']}")
+        log = proc.stdout + proc.stderr
+        assert "(model (roberta-base): from roberta-base's published config.json): family roberta" in log
+        assert "wildcards: objective=mlm, chunk=0" in log and "objective=mlm_nsp" not in log
     counts = job_counts(proc.stdout)
     assert counts["download_corpus"] == 1 and counts["fetch_tokenizer"] == 1 and counts["clean"] == 1
     assert counts["shard"] == cfg["data"]["num_shards"] == 64
@@ -99,8 +115,8 @@ def test_config_errors_name_the_key():
     assert config_errors(cfg, schema) == [
         "finetune.contrastive.forms.1: 'simclr' is not one of ['kl', 'scl']",
         "pretrain.coco_lm.aux_layer: unknown key (did you mean 'aux_layers'?)",
-        "pretrain.objectives.1: 'coco' is not one of ['none', 'mlm_nsp', 'tacl', 'tacl_batch', 'tacl_attn', 'taco', "
-        "'coco_lm']",
+        "pretrain.objectives.1: 'coco' is not one of ['none', 'mlm_nsp', 'mlm', 'tacl', 'tacl_batch', 'tacl_attn', "
+        "'taco', 'coco_lm']",
     ]
 
 
@@ -257,6 +273,41 @@ def test_plan_errors_name_each_key(tmp_path):
     cfg = demo_config(tmp_path, model="bert-base-uncased", model_init={"kind": "pretrained"},
                       **{"data.max_len": 512})
     assert plan_errors_of(cfg) == [], "a Hub model not fetched yet: unknown, left to the jobs"
+
+
+def test_plan_errors_know_the_start_models_family(tmp_path, monkeypatch):
+    """The start model's family, where it is known before a download (a local model's config.json, a Hub
+    model's published one, model_init): mlm_nsp with a family pretrained without NSP is one line per key that
+    names it, pointing to mlm; mlm with a BERT is allowed; a family tacl does not know is named; RoBERTa's
+    positions are its 514 less the two it never gives a token."""
+    roberta = tmp_path / "roberta"
+    roberta.mkdir()
+    (roberta / "config.json").write_text(json.dumps({"model_type": "roberta", "num_hidden_layers": 2, "hidden_size": 64,
+                                                     "intermediate_size": 128, "vocab_size": 50265,
+                                                     "max_position_embeddings": 514, "pad_token_id": 1}))
+    local = {"model": str(roberta), "model_init": {"kind": "pretrained"}}
+    assert plan_errors_of(demo_config(tmp_path, **local, **{"data.max_len": 513})) == [
+        f"pretrain.objectives: mlm_nsp trains next sentence prediction, but the start model is of the roberta "
+        f"family, pretrained without it (model ({roberta})); its control is mlm (masked LM alone): put mlm in place "
+        "of mlm_nsp",
+        f"finetune.contrastive.models: mlm_nsp trains next sentence prediction, but the start model is of the "
+        f"roberta family, pretrained without it (model ({roberta})); its control is mlm (masked LM alone): put mlm "
+        "in place of mlm_nsp",
+        f"data.max_len: 513 tokens, but the start model has 512 positions (model ({roberta}))"]
+    controls = {"pretrain.objectives": ["none", "mlm", "tacl"], "finetune.contrastive": {"forms": ["scl"],
+                                                                                         "models": ["mlm"]}}
+    assert plan_errors_of(demo_config(tmp_path, **local, **controls)) == []
+    assert plan_errors_of(demo_config(tmp_path, **controls)) == [], "mlm with a BERT start model"
+    monkeypatch.setattr("huggingface_hub.try_to_load_from_cache", lambda *a, **k: None)  # (nothing cached)
+    found = plan_errors_of(demo_config(tmp_path, model="roberta-base", model_init={"kind": "pretrained"},
+                                       **{"finetune.contrastive": {"forms": ["scl"], "models": ["tacl"]}}))
+    assert found == ["pretrain.objectives: mlm_nsp trains next sentence prediction, but the start model is of the "
+                     "roberta family, pretrained without it (model (roberta-base): from roberta-base's published "
+                     "config.json); its control is mlm (masked LM alone): put mlm in place of mlm_nsp"]
+    (roberta / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 2}))
+    assert plan_errors_of(demo_config(tmp_path, **local, **controls)) == [
+        f"model: a gpt2 checkpoint; the start model must be one of bert, roberta, xlm-roberta, deberta-v2, electra, "
+        f"modernbert (an encoder with a masked-LM head, or one that can take one) (model ({roberta}))"]
 
 
 def test_bad_sweep_and_start_name_the_key(tmp_path):

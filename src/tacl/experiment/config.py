@@ -132,14 +132,21 @@ def config_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
 
 
 def start_model_shape(config: dict[str, Any]) -> dict[str, Any] | None:
-    """Depth, positions and sizes of the start model where they are known without a download: `model_init`
-    (kind random), or the config.json of a local model directory or a package's model; None for a Hub name
-    that is not in the local cache yet. `key` names where they come from, for messages."""
+    """Depth, positions, sizes and family of the start model where they are known without a download:
+    `model_init` (kind random: its sizes, and `model_init.family`), the config.json of a local model
+    directory, a package's model or the Hub's local cache, or the sizes a Hub model's published config.json
+    gives (tacl.runtime.shape.PUBLISHED_CONFIGS); None for another Hub name that is not in the local cache
+    yet. `config` holds the config.json keys (tacl.runtime.shape.Shape.of_config reads them); `key` names
+    where they come from, for messages."""
     init = config.get("model_init") or {}
     if init.get("kind", "pretrained") == "random":
-        return {"layers": init["layers"], "positions": init.get("max_position", 512), "hidden": init.get("hidden"),
-                "intermediate": init.get("intermediate"), "vocab": None, "key": "model_init"}
+        family = init.get("family", "bert")
+        model = {"model_type": family, "num_hidden_layers": init["layers"], "hidden_size": init.get("hidden"),
+                 "intermediate_size": init.get("intermediate"), "max_position_embeddings": init.get("max_position",
+                                                                                                    512)}
+        return _described(model, "model_init")
     from tacl.runtime.hub import resolve_pretrained
+    from tacl.runtime.shape import PUBLISHED_CONFIGS
 
     try:
         path = Path(resolve_pretrained(config["model"])) / "config.json"
@@ -151,14 +158,26 @@ def start_model_shape(config: dict[str, Any]) -> dict[str, Any] | None:
 
             cached = try_to_load_from_cache(config["model"], "config.json")
         except Exception:  # noqa: BLE001 (not a Hub name, no cache: unknown, checked later by the jobs)
-            return None
+            cached = None
         if not isinstance(cached, str):
-            return None
+            published = PUBLISHED_CONFIGS.get(config["model"])
+            if published is None:
+                return None
+            return _described(published, f"model ({config['model']}): from {config['model']}'s published config.json")
         path = Path(cached)
-    model = json.loads(path.read_text())
-    return {"layers": model.get("num_hidden_layers"), "positions": model.get("max_position_embeddings"),
-            "hidden": model.get("hidden_size"), "intermediate": model.get("intermediate_size"),
-            "vocab": model.get("vocab_size"), "key": f"model ({config['model']})"}
+    return _described(json.loads(path.read_text()), f"model ({config['model']})")
+
+
+def _described(model: dict[str, Any], key: str) -> dict[str, Any]:
+    """start_model_shape's answer for a model's config.json keys: the positions a sequence may use (RoBERTa's
+    and XLM-R's first pad_token_id + 1 position ids are never given to a token)."""
+    family = model.get("model_type")
+    positions = model.get("max_position_embeddings")
+    if positions and family in ("roberta", "xlm-roberta"):
+        positions -= model.get("pad_token_id", 1) + 1
+    return {"layers": model.get("num_hidden_layers"), "positions": positions, "hidden": model.get("hidden_size"),
+            "intermediate": model.get("intermediate_size"), "vocab": model.get("vocab_size"), "family": family,
+            "config": model, "key": key}
 
 
 def plan_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
@@ -194,6 +213,7 @@ def plan_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
     shape = start_model_shape(config)
     if shape is None:
         return problems
+    problems += family_errors(config, shape)
     aux = p.get("coco_lm", {}).get("aux_layers")
     if "coco_lm" in trained and aux is not None and shape["layers"] and aux > shape["layers"]:
         problems.append(f"pretrain.coco_lm.aux_layers: {aux} layers for the auxiliary model, but the start model "
@@ -214,6 +234,29 @@ def plan_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
         problems += [f"{key}: {value} tokens, but the start model has {positions} positions ({shape['key']})"
                      for key, value in lengths if value > positions]
     return problems
+
+
+def family_errors(config: dict[str, Any], shape: dict[str, Any]) -> list[str]:
+    """The objectives against the start model's family (`start_model_shape`'s): a family tacl does not know is
+    named; `mlm_nsp` trains next sentence prediction, which a family pretrained without it never learned, so
+    its control is `mlm`. (`mlm` with a BERT start model is allowed: masked LM alone, without NSP.)"""
+    from tacl.runtime.family import family
+
+    if shape.get("family") is None:
+        return []
+    key = "model_init.family" if shape["key"] == "model_init" else "model"
+    try:
+        found = family(shape["family"], key)
+    except InputError as e:
+        return [f"{e} ({shape['key']})"]
+    if found.nsp:
+        return []
+    ft = config["finetune"]
+    named = [("pretrain.objectives", config["pretrain"]["objectives"]), ("finetune.models", ft.get("models")),
+             ("finetune.contrastive.models", (ft.get("contrastive") or {}).get("models"))]
+    return [f"{where}: mlm_nsp trains next sentence prediction, but the start model is of the {found.name} family, "
+            f"pretrained without it ({shape['key']}); its control is mlm (masked LM alone): put mlm in place of "
+            "mlm_nsp" for where, names in named if "mlm_nsp" in (names or [])]
 
 
 def _json_type(value: Any) -> str:

@@ -85,8 +85,8 @@ def seed_memory_gib(model_config: dict[str, Any], batch: int, max_len: int) -> f
     h = model_config.get("hidden_size", 768)
     layers = model_config.get("num_hidden_layers", 12)
     heads = model_config.get("num_attention_heads", 12)
-    params = Shape(layers, h, model_config.get("intermediate_size", 4 * h),
-                   model_config.get("vocab_size", 30522)).total
+    params = Shape.of_config({"intermediate_size": 4 * h, **model_config, "num_hidden_layers": layers,
+                              "hidden_size": h}).total
     activations = layers * batch * max_len * h * (34 + 5 * heads * max_len / h)
     return (16 * params + activations) / 2**30 + CUDA_CONTEXT_GIB
 

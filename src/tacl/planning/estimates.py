@@ -6,12 +6,15 @@ Expected time = the model FLOPs of the work / (GPUs x the GPU's dense bf16 peak 
 utilisation), plus a start-up allowance per job. FLOPs per token (docs/development.md, the MFU count): 6 N for
 a trained encoder of N non-embedding parameters (forward and backward), 2 N for a forward-only one (TaCL's
 teacher, evaluation), plus attention, 12 x layers x hidden x sequence length trained, a third of it forward
-only; the MLM head on the masked 15% of positions. Tokens: pretraining, steps x global batch x the mean
-padded length (the data stage's own mean once it has run, else 0.625 x max_len, the shared Wikipedia
-sample's; 9% padding with length grouping, 37% without); fine-tuning, the task's train examples x epochs x
-its mean padded length as its batching makes it (random batches by default: 34-67% padding on GLUE, measured
-per task; grouped 9%), and its dev and test examples once (published sizes, or the task's own once
-prepare_task has counted them). The assumptions are printed with the plan and set in the config (`plan`).
+only (DeBERTa's relative position terms added); the MLM head (its transform and vocabulary projection) on the
+masked positions only, pretrain.mlm_probability of them (the family's rate where unset: 15%, ModernBERT's
+30%). N and the head follow the start model's config, per family (tacl.runtime.shape). Tokens: pretraining,
+steps x global batch x the mean padded length (the data stage's own mean once it has run, else 0.625 x
+max_len, the shared Wikipedia sample's; 9% padding with length grouping, 37% without); fine-tuning, the
+task's train examples x epochs x its mean padded length as its batching makes it (random batches by default:
+34-67% padding on GLUE, measured per task; grouped 9%), and its dev and test examples once (published sizes,
+or the task's own once prepare_task has counted them). The assumptions are printed with the plan and set in
+the config (`plan`).
 
 Requests: runtime = the safety factor x the expected minutes, at least `plan.min_runtime_minutes`; a
 pretraining chunk asks for at most `pretrain.chunk.runtime_minutes` (a chunk that runs short of time saves
@@ -27,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tacl.runtime.family import FAMILIES
 from tacl.runtime.io import disk_bytes, size_text
 from tacl.runtime.shape import Shape
 
@@ -46,31 +50,37 @@ RANDOM_PADDING = {"mrpc": 0.335, "rte": 0.480, "qnli": 0.506, "wnli": 0.544, "st
 RANDOM_PADDING_DEFAULT = 0.55
 GROUPED_PADDING = 0.09
 BERT_BASE = {"layers": 12, "hidden": 768, "intermediate": 3072, "vocab": 30522}
-MASKED = 0.15  # share of positions the MLM head computes on
 
 
 def shape_of(config: dict[str, Any], known: dict[str, Any] | None) -> Shape:
-    """The start model's size: what tacl.experiment.config.start_model_shape found, else BERT-base (said so)."""
-    if known and all(known.get(k) for k in ("layers", "hidden", "intermediate")):
-        return Shape(known["layers"], known["hidden"], known["intermediate"], known.get("vocab") or 30522,
-                     known.get("key", "the start model"))
+    """The start model's size: from the config tacl.experiment.config.start_model_shape found (the model's
+    own config.json, a published one, or model_init's sizes), else BERT-base (said so)."""
+    if known and known.get("config") and all(known["config"].get(k) for k in (
+            "num_hidden_layers", "hidden_size", "intermediate_size")):
+        return Shape.of_config(known["config"], known.get("key", "the start model"))
     return Shape(**BERT_BASE, source=f"assumed BERT-base ({config['model']} not found without a download)")
+
+
+def masked_share(pretrain: dict[str, Any], shape: Shape) -> float:
+    """The share of positions the MLM head computes on: pretrain.mlm_probability, else the family's rate."""
+    return pretrain.get("mlm_probability") or FAMILIES.get(shape.family, FAMILIES["bert"]).mlm_probability
 
 
 def train_flops(shape: Shape, seq: float, layers: int | None = None) -> float:
     """FLOPs per token of training an encoder (forward and backward)."""
-    layers = shape.layers if layers is None else layers
-    encoder = shape.encoder * layers / shape.layers
-    return 6 * encoder + 12 * layers * shape.hidden * seq
+    share = (shape.layers if layers is None else layers) / shape.layers
+    return share * (6 * shape.encoder + 3 * shape.attention_flops(seq))
 
 
 def forward_flops(shape: Shape, seq: float) -> float:
-    return 2 * shape.encoder + 4 * shape.layers * shape.hidden * seq
+    return 2 * shape.encoder + shape.attention_flops(seq)
 
 
-def pretrain_flops_per_token(objective: str, shape: Shape, seq: float, params: dict[str, Any]) -> float:
-    """FLOPs per (padded) token of a pretraining step of one objective."""
-    head = 6 * shape.head * MASKED
+def pretrain_flops_per_token(objective: str, shape: Shape, seq: float, params: dict[str, Any],
+                             masked: float | None = None) -> float:
+    """FLOPs per (padded) token of a pretraining step of one objective; the MLM head computes on the `masked`
+    share of the positions (the family's rate where None)."""
+    head = 6 * shape.head * (masked_share({}, shape) if masked is None else masked)
     if objective == "coco_lm":
         aux = params.get("aux_layers") or max(1, shape.layers // 3)
         # the main model on the corrupted sequence and on the cropped original (both trained), the auxiliary
@@ -119,7 +129,8 @@ def pretrain_minutes(objective: str, pretrain: dict[str, Any], shape: Shape, seq
     steps = pretrain["steps"] if steps is None else steps
     ranks = pretrain["nodes"] * pretrain["ranks_per_node"]
     params = pretrain.get("coco_lm", {}) if objective == "coco_lm" else {}
-    flops = steps * pretrain["global_batch"] * seq * pretrain_flops_per_token(objective, shape, seq, params)
+    per_token = pretrain_flops_per_token(objective, shape, seq, params, masked_share(pretrain, shape))
+    flops = steps * pretrain["global_batch"] * seq * per_token
     return gpu.seconds(flops, ranks) / 60
 
 

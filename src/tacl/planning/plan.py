@@ -196,7 +196,10 @@ def plan_text(sizing: Sizing, jobs: list[estimates.Job]) -> str:
     config, shape, gpu = sizing.config, sizing.shape, sizing.gpu
     chain = estimates.longest_chain(jobs, config["finetune"]["start_from"])
     data = sizing.data_summary()
-    assumptions = [f"start model ({shape.source}): {shape.encoder / 1e6:.3g} M encoder parameters"]
+    masked = estimates.masked_share(config["pretrain"], shape)
+    assumptions = [f"start model ({shape.source}): family {shape.family}, {shape.encoder / 1e6:.3g} M encoder "
+                   f"parameters, {shape.total / 1e6:.4g} M in all; the MLM head on the masked {masked:.0%} of the "
+                   "positions"]
     at_once = max((sizing.seeds_at_once(task) for task in config["finetune"]["tasks"]), default=1)
     assumptions.append(stops_before_limit(sizing, at_once))
     if config["device"] == "cpu":

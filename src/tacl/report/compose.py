@@ -15,10 +15,11 @@ from tacl.objectives.registry import REGISTRY
 from tacl.report.curves import Run, pretraining_runs, write_curves
 from tacl.report.document import Document, markdown, save_png, table_text
 from tacl.runtime.io import write_text_atomic
-from tacl.report.tables import (CONTROLS, GLUE_AVERAGE_LABELS, GLUE_COLUMNS, HEADLINE, cls_table, collect,
-                                differences_table, embeddings_table, glue_reference_table, glue_table, ner_table,
-                                prepared, read_result, reference_numbers, selected, selections, similarity_table,
-                                squad_table, status_table, summarise, summary_row, sweep_table)
+from tacl.report.tables import (CONTROLS, GLUE_AVERAGE_LABELS, GLUE_COLUMNS, HEADLINE, PUBLISHED_FAMILY, cls_table,
+                                collect, differences_table, embeddings_table, glue_reference_table, glue_table,
+                                ner_table, prepared, published_numbers, read_result, selected,
+                                selections, similarity_table, squad_table, start_family, status_table, summarise,
+                                summary_row, sweep_table)
 
 EMBEDDINGS_OFF = ("Not run: `analysis.embeddings.enabled: false` in the config. Set it to true to evaluate "
                   "sentence embeddings (STS-B dev and `analysis.embeddings.cluster_task` dev from "
@@ -85,6 +86,7 @@ class Results:
     models: list[str]
     runs: list[Run]  # the pretraining runs' metric lines (tacl.report.curves)
     prepared: dict[str, dict[str, Any]]  # each task's preparation record: split sizes, chance
+    family: str | None = None  # the start model's family (tables.start_family); None before it exists
 
 
 def compute(results_dir: str, models: list[str], tasks: list[str], expected: list[dict[str, Any]],
@@ -95,14 +97,15 @@ def compute(results_dir: str, models: list[str], tasks: list[str], expected: lis
     chosen = selections(every)
     long = selected(every, chosen)  # the headline tables and the differences: the selected settings
     summary = summarise(long)
-    refs = reference_numbers()
+    family = start_family(results_dir)
+    refs = published_numbers(family)
     tasks_prepared = prepared(results_dir, tasks, damaged)
     chance = {t: r["baseline"] for t, r in tasks_prepared.items() if r.get("baseline")}
     similarity = [p for p in similarity if read_result(p, damaged, ("model",)) is not None]
     embeddings = [p for p in embeddings or [] if read_result(p, damaged, ("model",)) is not None]
     glue_tasks = [t for t in tasks if t in {c[1] for c in GLUE_COLUMNS}]
     glue = glue_table(summary, long, models, glue_tasks, chance)
-    squad = squad_table(summary, long, models, refs, tasks, chance)
+    squad = squad_table(summary, long, models, refs, tasks, chance, family)
     status, missing = status_table(every, expected, chosen)
     sim = similarity_table(similarity)
     diffs = differences_table(long, models)
@@ -110,14 +113,14 @@ def compute(results_dir: str, models: list[str], tasks: list[str], expected: lis
     cls = cls_table(similarity)
     sentence = embeddings_table(embeddings or [])
     sweep = sweep_table(every, chosen)
-    tables = {"glue_dev": glue, "glue_published": glue_reference_table(refs), "squad_dev": squad,
+    tables = {"glue_dev": glue, "glue_published": glue_reference_table(refs, family), "squad_dev": squad,
               "differences": diffs, "status": status, "self_similarity": sim, "anisotropy": anisotropy,
               "cls_cosine": cls, "embeddings": sentence, "sweep": sweep}
     if "conll2003" in tasks:
         tables["ner"] = ner_table(summary, long, models)
     several = sweep.groupby(["model", "task"]).size().max() > 1 if not sweep.empty else False
     return Results(every, long, summary, chance, tasks, glue_tasks, tables, missing, damaged, several, models,
-                   pretraining_runs(results_dir, models), tasks_prepared)
+                   pretraining_runs(results_dir, models), tasks_prepared, family)
 
 
 def build_report(results_dir: str, models: list[str], tasks: list[str], expected: list[dict[str, Any]],
@@ -194,10 +197,26 @@ def _glue(doc: Document, r: Results, out: Path) -> None:
     doc.figure("GLUE dev", out / "glue_dev.png", "Dashed: the chance row's score on that task.")
     doc.heading("Published GLUE numbers (test server: not comparable one-to-one with dev scores)")
     doc.table(r.tables["glue_published"])
+    if not bert_numbers_apply(r):
+        doc.paragraph(published_note(r))
+        return
     doc.paragraph("The TaCL paper's own GLUE figures are its averages (BERT-base 79.6, TaCL 81.2). The nine "
                   "per-task numbers the reproduction quotes for the paper average 80.9 and cannot be "
                   "reconciled with it (their QQP fits neither F1 nor accuracy), so no average is derived from "
                   "them.")
+
+
+def bert_numbers_apply(r: Results) -> bool:
+    """Whether the published numbers (BERT-base's) stand beside these results: a BERT start model, or one
+    not made yet."""
+    return r.family in (None, PUBLISHED_FAMILY)
+
+
+def published_note(r: Results) -> str:
+    """Why no published number stands beside results from a start model of another family."""
+    return (f"No published number: the start model is of the {r.family} family, and the published numbers the "
+            "workflow carries are BERT-base's and TaCL's from BERT-base (reference_numbers.csv), which would "
+            "read as this model's own. Compare these rows with each other and with the chance rows.")
 
 
 def _squad(doc: Document, r: Results) -> None:
@@ -210,6 +229,8 @@ def _squad(doc: Document, r: Results) -> None:
     note = squad_chance_note(r)
     if note:
         doc.paragraph(note)
+    if not bert_numbers_apply(r):
+        doc.paragraph(published_note(r))
 
 
 # A score within this of the chance row (display scale, x100) counts as at chance
@@ -268,6 +289,7 @@ SQUAD_FEW = 10_000  # training questions below which no model is expected to lea
 
 
 CONTROL_WORDS = {"mlm_nsp": "mlm_nsp, as much continued pretraining without the contrastive loss",
+                 "mlm": "mlm, as much continued masked-LM pretraining (without NSP) without the contrastive loss",
                  "none": "none, the start model"}
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import pandas as pd
 
+from tacl.experiment.layout import Layout
 from tacl.finetune.sweep import HEADLINE_DEV, select
 from tacl.objectives.registry import REGISTRY
 
@@ -73,12 +74,41 @@ SQUAD_COLUMNS = [  # (label, task, metric); the dev-tuned ones only ever hold ou
 ]
 PERCENT_FAMILIES = {"glue", "ner"}  # fractions in metrics.json; SQuAD is already in percent
 OURS = "this workflow"  # the source of our own rows
-CONTROLS = ("mlm_nsp", "none")  # every objective is compared with these, seed by seed
+# Every objective is compared with these, seed by seed: the MLM control the experiment ran (mlm_nsp for a
+# family pretrained with NSP, mlm for the others; a BERT experiment may run both) and the start model
+CONTROLS = ("mlm_nsp", "mlm", "none")
+# The family whose published numbers reference_numbers.csv holds (BERT-base's, and TaCL's from BERT-base)
+PUBLISHED_FAMILY = "bert"
 
 
 def reference_numbers() -> pd.DataFrame:
     with resources.files("tacl.report").joinpath("reference_numbers.csv").open() as f:
         return pd.read_csv(f)
+
+
+def start_family(results_dir: str | Path) -> str | None:
+    """The family of the start model the results come from: what init_model recorded in the results
+    directory's start model (tacl_start.json's `family`, else its config.json's `model_type`), or None before
+    that model exists. The results directory itself answers, as for every table: `tacl report RESULTS_DIR`
+    needs no config, and a config edited since the runs cannot change it."""
+    start = Path(Layout(str(results_dir)).start)
+    for name, key in (("tacl_start.json", "family"), ("config.json", "model_type")):
+        found = read_result(start / name) if (start / name).is_file() else None
+        if found and found.get(key):
+            return str(found[key])
+    return None
+
+
+def published_numbers(family: str | None) -> pd.DataFrame:
+    """The published rows to place beside results from a start model of `family`: reference_numbers.csv's for a
+    BERT (or where the family is not known yet), none for another family, whose numbers they are not."""
+    refs = reference_numbers()
+    return refs if family in (None, PUBLISHED_FAMILY) else refs.iloc[0:0]
+
+
+def no_published_number(family: str) -> str:
+    return (f"no published number: the start model is of the {family} family, and the published numbers here are "
+            "BERT-base's (reference_numbers.csv)")
 
 
 LONG_COLUMNS = ["model", "task", "setting", "family", "preset", "start", "seed", "split", "metric", "value"]
@@ -254,11 +284,15 @@ def glue_table(summary: pd.DataFrame, long: pd.DataFrame, models: list[str], tas
     return pd.DataFrame(table)
 
 
-def glue_reference_table(refs: pd.DataFrame) -> pd.DataFrame:
+def glue_reference_table(refs: pd.DataFrame, family: str | None = None) -> pd.DataFrame:
     """The published GLUE rows, one per (source, model), each naming its split; the average as published
-    (never derived here: the quotation's numbers cannot be reconciled with the paper's average)."""
+    (never derived here: the quotation's numbers cannot be reconciled with the paper's average). With no
+    published rows for a start model of another family (`published_numbers`), one row that says so."""
     keys = {key: label for label, _, _, _, key in HEADLINE if label in GLUE_AVERAGE_LABELS}
     glue = refs[refs.task.isin(list(keys) + ["glue_avg"])]
+    if glue.empty and family not in (None, PUBLISHED_FAMILY):
+        return pd.DataFrame([{"source": no_published_number(family), "model": "-", "split": "-", "metrics": "-",
+                              **{label: "-" for label in keys.values()}, "GLUE avg (as published)": "-"}])
     rows = []
     for (source, model, split), part in glue.groupby(["source", "model", "split"], sort=False):
         row = {"source": source, "model": model, "split": split}
@@ -274,7 +308,10 @@ def glue_reference_table(refs: pd.DataFrame) -> pd.DataFrame:
 
 
 def squad_table(summary: pd.DataFrame, long: pd.DataFrame, models: list[str], refs: pd.DataFrame,
-                tasks: list[str], chance: dict[str, dict[str, Any]] | None = None) -> pd.DataFrame:
+                tasks: list[str], chance: dict[str, dict[str, Any]] | None = None,
+                family: str | None = None) -> pd.DataFrame:
+    """Our rows, the chance row, and the published rows (`refs`); with none for a start model of another
+    family (`published_numbers`), one row that says so."""
     columns = [c for c in SQUAD_COLUMNS if c[1] in tasks]
     rows = []
     for model in models:
@@ -287,6 +324,9 @@ def squad_table(summary: pd.DataFrame, long: pd.DataFrame, models: list[str], re
                      "preset": "-", **{label: f"{scores[metric]:.1f}" if task == "squad_v2" and metric in scores
                                        else "-" for label, task, metric in columns}})
     ref = refs[refs.task.isin(tasks) & (refs.split == "dev")]
+    if ref.empty and family not in (None, PUBLISHED_FAMILY) and columns:
+        rows.append({"model": "-", "source": no_published_number(family), "split": "dev", "preset": "-",
+                     **{label: "-" for label, _, _ in columns}})
     for (source, model), part in ref.groupby(["source", "model"], sort=False):
         row = {"model": model, "source": source, "split": "dev", "preset": "-"}
         for label, task, metric in columns:
@@ -323,16 +363,16 @@ def interval(diffs: list[float] | None, a: list[float], b: list[float]) -> tuple
 
 
 def differences_table(long: pd.DataFrame, models: list[str]) -> pd.DataFrame:
-    """For every headline number and every model against each control (mlm_nsp, none), and a variant of an
-    objective (tacl_batch, tacl_attn) against that objective (tacl): the mean difference over seeds with its
-    95% interval, paired by fine-tuning seed where both have the same seeds, and whether it exceeds seed noise
-    (the interval excludes 0)."""
+    """For every headline number and every model against each control the experiment ran (the MLM control,
+    mlm_nsp or mlm, and none), and a variant of an objective (tacl_batch, tacl_attn) against that objective
+    (tacl): the mean difference over seeds with its 95% interval, paired by fine-tuning seed where both have
+    the same seeds, and whether it exceeds seed noise (the interval excludes 0)."""
     rows = []
     for label, task, split, metric, _ in HEADLINE:
         part = long[(long.task == task) & (long.split == split) & (long.metric == metric)] if not long.empty else long
         values = {m: dict(zip(g.seed.astype(int), g.value)) for m, g in part.groupby("model")} if not part.empty else {}
         pairs = [(model, control) for control in CONTROLS if control in values for model in models
-                 # not a control against itself, nor none against mlm_nsp (mlm_nsp vs none says it)
+                 # not a control against itself, nor a pair of controls twice (none vs mlm_nsp says mlm_nsp vs none)
                  if model not in CONTROLS[: CONTROLS.index(control) + 1] and model in values]
         pairs += [(model, REGISTRY[model].variant_of) for model in models if model in values and model in REGISTRY
                   and REGISTRY[model].variant_of in values]
