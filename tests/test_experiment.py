@@ -205,3 +205,27 @@ def test_the_inputs_a_config_names_are_checked_for_the_jobs_still_to_run(tmp_pat
     assert errors()[0].startswith("finetune.glue_source.data_dir: no-glue: folder not found")
     cfg["data"]["source"]["paths"] = [str(tmp_path / "other_*")]  # (download_corpus runs again)
     assert errors()[0] == f"data.source.paths: {tmp_path}/other_*: no file matches"
+
+
+def test_a_change_of_the_start_models_family_reruns_the_tokenizer_job(tmp_path):
+    """The tokenizer job's parameters name the family only where the tokenizer's name does not decide it (the
+    demo's and the paper config's stay as they were); its record's `given` says what changed."""
+    from tacl.data.download import tokenizer_given
+
+    cfg = filled(demo_config(tmp_path))
+    assert design.start_family_given(cfg) == {} and design.tokenizer_options(cfg) == "--family bert"
+    layout = Layout.of(cfg)
+    folder = Path(layout.data) / "tokenizer"
+    folder.mkdir(parents=True)
+    (folder / "tacl_tokenizer.json").write_text(json.dumps({"given": tokenizer_given(cfg["model"], "bert", None)}))
+    assert rerun_tags(finished_jobs(cfg, layout)) == set()
+    cfg["model_init"]["family"] = "roberta"
+    assert design.start_family_given(cfg) == {"family": "roberta"}
+    assert design.tokenizer_options(cfg) == "--family roberta"
+    job = next(j for j in finished_jobs(cfg, layout) if j.rule == "fetch_tokenizer")
+    assert job.changes == ["family None -> roberta"]
+    cfg.update(model_init={"kind": "pretrained"}, model="roberta-base", tokenizer="other/tokenizer")
+    assert design.start_family_given(cfg) == {"start_model": "roberta-base"}
+    assert design.tokenizer_options(cfg) == "--start-model roberta-base"
+    cfg["tokenizer"] = None
+    assert design.start_family_given(cfg) == {}

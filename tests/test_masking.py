@@ -146,3 +146,37 @@ def test_same_key_same_mask_whatever_the_batch_and_cap(spec, tokenizer):
     long_ids, long_len = pad([np.concatenate([[101], np.full(1000, 2000), [102]])], spec.pad_id)
     _, labels = mask_batch(long_ids, long_len, example_keys(0, np.zeros(1), np.zeros(1)), spec)
     assert (labels != IGNORE_INDEX).sum() == spec.max_predictions
+
+
+def start_folder(tmp_path, model_type):
+    """A start model's folder as far as its family goes: a config naming its model_type."""
+    import json
+
+    folder = tmp_path / model_type
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": model_type}))
+    return str(folder)
+
+
+def test_mlm_probability_reaches_the_masking(tokenizer, tmp_path):
+    """pretrain.mlm_probability, else the start model's family's rate, decides how many positions masking selects
+    (the loader's step counts read the same spec: tests/test_packing.py); set, it is part of the run's identity,
+    unset it leaves the identity of the runs made before it as it was."""
+    from tacl.pretrain.form import masking_spec
+    from tacl.pretrain.settings import TrainSettings
+
+    pretrain = {"steps": 10, "global_batch": 16, "micro_batch": 16}
+    assert "mlm_probability" not in TrainSettings.from_config(pretrain, "mlm", 128).result()
+    settings = TrainSettings.from_config({**pretrain, "mlm_probability": 0.4}, "mlm", 128)
+    assert settings.result()["mlm_probability"] == 0.4
+    bert, modernbert = start_folder(tmp_path, "bert"), start_folder(tmp_path, "modernbert")
+    specs = {0.15: masking_spec(tokenizer, 256, None, bert), 0.30: masking_spec(tokenizer, 256, None, modernbert),
+             0.4: masking_spec(tokenizer, 256, settings.mlm_probability, bert)}
+    assert [spec.mlm_prob for spec in specs.values()] == list(specs)
+    assert [spec.max_predictions for spec in specs.values()] == [64, 128, 170]  # (64 as before other rates)
+    seqs = sample_sequences(tokenizer, 64, np.random.default_rng(3))
+    candidates = sum(len(s) - 3 for s in seqs)
+    for rate, spec in specs.items():
+        chosen = sum(int((labels != IGNORE_INDEX).sum()) for _, labels, _, _ in mask_all(seqs, spec))
+        assert chosen == specs[rate].selected(seqs).sum()
+        assert abs(chosen / candidates - rate) < 0.01

@@ -144,3 +144,40 @@ def test_same_seed_same_instances_and_two_documents_needed():
     assert create_instances(s, d, 128, 0.1, random.Random(5)) != create_instances(s, d, 128, 0.1, random.Random(6))
     with pytest.raises(ValueError):
         create_instances(s[:3], np.array([0, 2]), 128, 0.1, random.Random(5))
+
+
+# -- the sentences form (tacl.data.sentences): whole sentences of one document, for families without NSP ---------
+
+
+def test_sentences_are_whole_and_within_max_len():
+    """Every example is a run of whole consecutive sentences of one document within max_len - 2 tokens, the
+    next sentence of its document never fitting; a longer sentence is cut to its first max_len - 2 tokens; every
+    sentence is used once per dupe_factor; the same seed gives the same examples, short targets come from it."""
+    from tacl.data.sentences import create_sequences
+
+    rng = np.random.default_rng(5)
+    lengths = rng.integers(1, 40, 600)
+    lengths[[10, 200]] = [90, 300]  # longer than max_len - 2
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    docs = np.unique(np.concatenate([[0], rng.choice(np.arange(1, 600), 50, replace=False), [600]]))
+    max_len = 64
+    spans = create_sequences(offsets, docs, max_len, 0.0, random.Random(1), dupe_factor=2)
+    first_sentence = {int(o): s for s, o in enumerate(offsets[:-1])}
+    covered = []
+    for start, end in spans.tolist():
+        s = first_sentence[start]  # every example starts at a sentence
+        d = np.searchsorted(docs, s, side="right") - 1
+        if lengths[s] > max_len - 2:
+            assert end - start == max_len - 2
+            covered.append(s)
+            continue
+        last = int(np.searchsorted(offsets, end)) - 1  # ends at a sentence's end, within the document
+        assert offsets[last + 1] == end and last < docs[d + 1]
+        assert end - start <= max_len - 2
+        assert last + 1 == docs[d + 1] or offsets[last + 2] - start > max_len - 2  # the next does not fit
+        covered += range(s, last + 1)
+    assert covered == list(range(600)) * 2
+    again = create_sequences(offsets, docs, max_len, 0.3, random.Random(1))
+    assert np.array_equal(again, create_sequences(offsets, docs, max_len, 0.3, random.Random(1)))
+    assert len(again) > len(spans) // 2 == len(create_sequences(offsets, docs, max_len, 0.0, random.Random(1)))
+    # (shorter targets for some documents: more examples)

@@ -22,7 +22,7 @@ import torch
 from conftest import run_params
 from sync_guard import SyncGuard
 from test_step import env  # noqa: F401 (the module's gloo process group)
-from tacl.data.masking import MaskingSpec
+from tacl.data.masking import MaskingSpec, max_share
 from tacl.data.pretraining import Batching, PretrainingData
 from tacl.data.shards import ShardSet
 from tacl.objectives import build_objective, objective_draws, seeded_draws
@@ -254,3 +254,15 @@ def test_packed_resume_is_bit_exact(demo_data, tmp_path, env):  # noqa: F811 (th
     assert first + second == whole and all(math.isfinite(v["taco"]) for v in whole)
     assert whole_weights.keys() == weights.keys()
     assert all(torch.equal(whole_weights[k], weights[k]) for k in weights)
+
+
+def test_the_step_counts_use_the_runs_masking_rate(data):
+    """The counts a micro-batch carries (the losses' denominators) are those of its masks at the run's rate
+    (pretrain.mlm_probability, else the start model's family's)."""
+    for rate in (0.15, 0.3):
+        spec = dataclasses.replace(data.spec, mlm_prob=rate, max_predictions=int(max_share(rate) * 64))
+        one = PretrainingData(data.shards, spec, data.seed, Batching(8, 8, False))
+        batch = one.micro_batch(2, 0)
+        candidates = int((batch["attention_mask"].bool() & ~batch["special_tokens_mask"]).sum())
+        assert int(batch["step_counts"][0]) == int(batch["mlm_mask"].sum())
+        assert abs(int(batch["mlm_mask"].sum()) / candidates - rate) < 0.02

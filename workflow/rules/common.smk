@@ -138,8 +138,9 @@ def operational(value):
     return lambda wildcards, resources: value
 
 
-def tokenizer_name():
-    return config["tokenizer"] or config["model"]
+tokenizer_name = partial(design.tokenizer_name, config)
+start_family_given = partial(design.start_family_given, config)
+tokenizer_options = partial(design.tokenizer_options, config)
 
 
 def data_outputs():

@@ -39,9 +39,11 @@ rule fetch_tokenizer:
     conda:
         CONDA_ENV
     params:
+        # the start model's family (decides the shards' form) where the tokenizer's name does not decide it
+        **start_family_given(),
         name=tokenizer_name(),
     shell:
-        "python -m tacl data tokenizer --name {params.name:q} --out {output} > {log} 2>&1"
+        f"python -m tacl data tokenizer --name {{params.name:q}} {tokenizer_options()} --out {{output}} > {{log}} 2>&1"
 
 
 rule clean:

@@ -25,6 +25,8 @@ def register(stages: argparse._SubParsersAction) -> None:
     c = cmds.add_parser("tokenizer", help="save the tokenizer into the results tree (login node)")
     c.add_argument("--name", required=True, help="HF name, local directory, or package:NAME")
     c.add_argument("--out", required=True)
+    c.add_argument("--start-model", help="the start model (`model`), whose config's model_type is its family")
+    c.add_argument("--family", help="the family of a random start model (model_init.family; default: bert)")
     c.set_defaults(func=_tokenizer, online=True)
 
     c = cmds.add_parser("clean", help="TaCL cleaning + sentence split")
@@ -70,7 +72,7 @@ def register(stages: argparse._SubParsersAction) -> None:
 def _tokenizer(a: argparse.Namespace) -> None:
     from tacl.data.download import fetch_tokenizer
 
-    fetch_tokenizer(a.name, a.out)
+    fetch_tokenizer(a.name, a.out, a.family, a.start_model)
 
 
 def _download(a: argparse.Namespace) -> None:
@@ -106,8 +108,9 @@ def _gather(a: argparse.Namespace) -> None:
                "heldout_documents": clean["heldout_documents"], "examples": t["examples"],
                "tokens": t["tokens"], "shards": t["shards"], "random_next": t["random_next"]}
     write_json_atomic(a.summary, summary)
-    print("data: {documents} documents, {sentences} sentences -> {examples} NSP examples, "
-          "{tokens} tokens in {shards} shards".format(**summary))
+    what = {"nsp_pairs": "NSP examples", "sentences": "sequences of whole sentences"}[manifest["form"]]
+    print("data: {documents} documents, {sentences} sentences -> {examples} {what}, "
+          "{tokens} tokens in {shards} shards".format(what=what, **summary))
 
 
 def _verify(a: argparse.Namespace) -> None:
@@ -118,5 +121,5 @@ def _verify(a: argparse.Namespace) -> None:
         from tacl.runtime.hub import load_tokenizer, tokenizer_hash
 
         expected = tokenizer_hash(load_tokenizer(a.tokenizer))
-    shards = ShardSet(a.manifest, tokenizer_hash=expected, verify=True)
+    shards = ShardSet(a.manifest, tokenizer_hash=expected, verify=True, tokenizer_name=f"tokenizer {a.tokenizer!r}")
     print(f"{a.manifest}: {len(shards.shards)} shards, {len(shards)} examples, all sha256 match")

@@ -68,17 +68,51 @@ TOKENIZER_META = "tacl_tokenizer.json"
 TOKENIZER_BACKEND = "tacl_backend.json"
 
 
-def fetch_tokenizer(name: str, out_dir: str) -> str:
+def tokenizer_given(name: str, family: str | None, start_model: str | None) -> dict[str, str | None]:
+    """What the tokenizer job is given that decides its result, as it keeps it (`given` in tacl_tokenizer.json)
+    and as the workflow compares it for a rerun (tacl.experiment.design.start_family_given): the tokenizer's name,
+    a random start model's family where it is not bert, the start model where it is not the tokenizer's name
+    (None where not given)."""
+    return {"name": name, "family": family if family and family != "bert" else None,
+            "start_model": start_model if start_model and start_model != name else None}
+
+
+def start_family(model: str | None, family_name: str | None = None) -> str:
+    """The family of the start model (tacl.runtime.family): `family_name` for a random start model
+    (model_init.family), else the `model_type` of `model`'s config, read from the Hub where it is a Hub name;
+    bert where neither is given."""
+    from tacl.runtime.family import family
+
+    if family_name or not model:
+        return family(family_name or "bert", "model_init.family").name
+    from transformers import AutoConfig
+
+    with from_hub(model, "model", "`model`"):
+        model_type = getattr(AutoConfig.from_pretrained(resolve_pretrained(model)), "model_type", None)
+    return family(model_type, "model").name
+
+
+def fetch_tokenizer(name: str, out_dir: str, family: str | None = None, start_model: str | None = None) -> str:
     """Save the tokenizer next to the data it will write, so shards and training share one copy.
 
     Besides the Hugging Face files, two files for the shard jobs, which need no `transformers`:
     the effective Rust tokenizer with padding and truncation off (`tacl_backend.json`; transformers may
     override the saved normaliser from tokenizer_config.json, so the backend is taken from the loaded
-    tokenizer) and its special ids and hash (`tacl_tokenizer.json`).
+    tokenizer) and its special ids, hash and the start model's family (`tacl_tokenizer.json`: `family` for a
+    random start model, else `start_model`'s, see `start_family`; the family decides the form of the shards'
+    examples, tacl.data.shards). The first and last special tokens of a sequence are the
+    tokenizer's own `cls_token` and `sep_token` ([CLS] and [SEP], <s> and </s>): a tokenizer without them is
+    refused here.
     """
     from tokenizers import Tokenizer
 
     tok = load_tokenizer(name)
+    missing = [t for t in ("cls_token", "sep_token", "mask_token", "pad_token") if getattr(tok, f"{t}_id") is None]
+    if missing:
+        raise InputError(f"tokenizer {name!r}: no {', '.join(missing)}; the data stage wraps each sequence in the "
+                         "tokenizer's cls_token and sep_token, and masking needs its mask_token and pad_token "
+                         "(`tokenizer` or `model` names it)")
+    start_family_name = start_family(start_model, family)
     backend = Tokenizer.from_str(tok.backend_tokenizer.to_str())
     backend.no_padding()
     backend.no_truncation()
@@ -89,5 +123,6 @@ def fetch_tokenizer(name: str, out_dir: str) -> str:
         write_json_atomic(tmp / TOKENIZER_META, {
             "name": name, "source": resolve_pretrained(name), "hash": tokenizer_hash(tok),
             "vocab_size": len(tok), "cls_id": tok.cls_token_id, "sep_id": tok.sep_token_id,
+            "family": start_family_name, "given": tokenizer_given(name, family, start_model),
         })
     return str(out)

@@ -2,14 +2,22 @@
 
     header   32 bytes: magic b"TACLSHRD", u32 format version, u32 bytes per token id (2 or 4),
              u64 number of examples n, u64 number of tokens
-    offsets  int64[n + 1]   example e is tokens[offsets[e]:offsets[e+1]] = [CLS] A [SEP] B [SEP]
-    len_a    uint16[n]      length of [CLS] A [SEP]: positions >= len_a have segment id 1
-    nsp      uint8[n]       1 = B is a random segment from another document, 0 = B follows A
+    offsets  int64[n + 1]   example e is tokens[offsets[e]:offsets[e+1]]
+    len_a    uint16[n]      length of the first segment with its specials: positions >= len_a have segment id 1
+    nsp      uint8[n]       1 = B is a random segment from another document, 0 = B follows A (or no B)
     (zero padding to a multiple of 8 bytes)
     tokens   uint16 or uint32[number of tokens]
 
+An example has one of two forms, the same in every shard of a manifest (its `form`, from the start model's
+family, tacl.runtime.family):
+
+    nsp_pairs   BERT's NSP pairs: [CLS] A [SEP] B [SEP], len_a = the length of [CLS] A [SEP], the NSP label
+    sentences   consecutive whole sentences of one document, wrapped in the tokenizer's first and last special
+                tokens (<s> ... </s> for RoBERTa and XLM-R, [CLS] ... [SEP] for DeBERTa-v3 and ModernBERT):
+                len_a = the whole length (every segment id 0), label 0
+
 Files are written under a temporary name and renamed, so a killed writer never leaves a shard that
-looks complete; the manifest records every shard's sha256, counts, tokenizer hash and config hash, and
+looks complete; the manifest records every shard's sha256, counts, form, tokenizer hash and config hash, and
 the reader checks them before training starts.
 """
 
@@ -23,11 +31,24 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from tacl.runtime.family import Family
 from tacl.runtime.io import InputError, atomic_path, read_json, sha256_file
 
 MAGIC = b"TACLSHRD"
 FORMAT_VERSION = 1
 _HEADER = struct.Struct("<8sIIQQ")
+NSP_PAIRS, SENTENCES = "nsp_pairs", "sentences"
+FORMS = (NSP_PAIRS, SENTENCES)
+
+
+def form_of(family: Family) -> str:
+    """The form of the examples a family was pretrained on: NSP pairs where it was pretrained with NSP."""
+    return NSP_PAIRS if family.nsp else SENTENCES
+
+
+def manifest_form(manifest: dict[str, Any]) -> str:
+    """The form of a manifest's examples (a manifest written before forms existed holds NSP pairs)."""
+    return manifest.get("form", NSP_PAIRS)
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -66,7 +87,31 @@ def write_shard(
     k = np.arange(int(seg_len.sum()), dtype=np.int64)
     tokens[np.repeat(seg_out - before, seg_len) + k] = flat_tokens[np.repeat(seg_src - before, seg_len) + k]
     len_a = (len_a_tokens + 2).astype(np.uint16)
+    return _write(path, offsets, len_a, nsp, tokens, dtype)
 
+
+def write_sequences(path: str | os.PathLike, flat_tokens: np.ndarray, spans: np.ndarray, first_id: int, last_id: int,
+                    dtype: np.dtype) -> dict[str, int]:
+    """Write examples `[first] flat[s0:s1] [last]` (the `sentences` form), one per row of `spans` (n x 2):
+    every segment id 0 (len_a = the whole length), every label 0."""
+    spans = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
+    n = len(spans)
+    inner = spans[:, 1] - spans[:, 0]
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(inner + 2, out=offsets[1:])
+    starts = offsets[:-1]
+    tokens = np.empty(int(offsets[-1]), dtype=dtype)
+    tokens[starts] = first_id
+    tokens[offsets[1:] - 1] = last_id
+    before = np.cumsum(inner) - inner
+    k = np.arange(int(inner.sum()), dtype=np.int64)
+    tokens[np.repeat(starts + 1 - before, inner) + k] = flat_tokens[np.repeat(spans[:, 0] - before, inner) + k]
+    return _write(path, offsets, (inner + 2).astype(np.uint16), np.zeros(n, np.uint8), tokens, dtype)
+
+
+def _write(path: str | os.PathLike, offsets: np.ndarray, len_a: np.ndarray, nsp: np.ndarray, tokens: np.ndarray,
+           dtype: np.dtype) -> dict[str, int]:
+    n, total = len(offsets) - 1, len(tokens)
     with atomic_path(path) as tmp:
         with open(tmp, "wb") as f:
             f.write(_HEADER.pack(MAGIC, FORMAT_VERSION, dtype.itemsize, n, total))
@@ -111,7 +156,7 @@ class Shard:
         return self.n
 
     def example(self, i: int) -> tuple[np.ndarray, int, int]:
-        """(token ids, length of [CLS] A [SEP], NSP label) of example i."""
+        """(token ids, length of the first segment with its specials, NSP label) of example i."""
         return (np.asarray(self.tokens[self.offsets[i] : self.offsets[i + 1]], dtype=np.int64),
                 int(self.len_a[i]), int(self.nsp[i]))
 
@@ -120,14 +165,17 @@ class ShardSet:
     """All shards of a manifest, verified, with global random access to examples."""
 
     def __init__(self, manifest_path: str | os.PathLike, tokenizer_hash: str | None = None,
-                 verify: bool = True):
+                 verify: bool = True, tokenizer_name: str = "the tokenizer given"):
+        """`tokenizer_hash`: refuse shards written by another tokenizer (tacl.runtime.hub.tokenizer_hash) than
+        this one, which `tokenizer_name` names in the message."""
         self.manifest_path = Path(manifest_path)
         self.manifest: dict[str, Any] = read_json(self.manifest_path)
-        if tokenizer_hash is not None and self.manifest["tokenizer"]["hash"] != tokenizer_hash:
+        written = self.manifest["tokenizer"]
+        if tokenizer_hash is not None and written["hash"] != tokenizer_hash:
             raise InputError(
-                f"{self.manifest_path}: shards were written with tokenizer "
-                f"{self.manifest['tokenizer']['name']!r} (hash {self.manifest['tokenizer']['hash']}), "
-                f"not the one given (hash {tokenizer_hash})"
+                f"{self.manifest_path.parent}: these shards were written with tokenizer {written['name']!r} (hash "
+                f"{written['hash']}), not with {tokenizer_name} (hash {tokenizer_hash}); build the shards with the "
+                "start model's tokenizer (config keys `tokenizer`, else `model`) or train from a start model of theirs"
             )
         root = self.manifest_path.parent
         self.shards: list[Shard] = []

@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from tacl.data.download import tokenizer_given as given_to_tokenizer
 from tacl.experiment.config import defaults_unlike
 from tacl.experiment.layout import Layout
 from tacl.finetune import GLUE_CLASSIFICATION, TASKS
@@ -36,6 +37,39 @@ def check(config: dict[str, Any]) -> None:
 
 
 # -- pretraining -------------------------------------------------------------------------------------------
+
+
+def tokenizer_name(config: dict[str, Any]) -> str:
+    """The tokenizer the data stage saves: `tokenizer`, else the start model's own."""
+    return config["tokenizer"] or config["model"]
+
+
+def start_family_given(config: dict[str, Any]) -> dict[str, str]:
+    """What decides the start model's family (tacl.runtime.family) beyond the tokenizer's name, among the
+    tokenizer job's parameters, which decide its rerun and so the shards': a random start model's
+    `model_init.family` where it is not bert, and the start model where it is not the tokenizer's name (a
+    pretrained start model's family is its config's model_type). Empty where neither is needed, so that the
+    parameters of the configs made before families were recorded stay as they were (no rerun)."""
+    return {k: v for k, v in tokenizer_given(config).items() if k != "name" and v is not None}
+
+
+def tokenizer_given(config: dict[str, Any]) -> dict[str, str | None]:
+    """The tokenizer job's `given` (tacl.data.download.tokenizer_given) as the config decides it now."""
+    init = config["model_init"]
+    random_start = init.get("kind", "pretrained") == "random"
+    return given_to_tokenizer(tokenizer_name(config), init.get("family") or "bert" if random_start else None,
+                              None if random_start else config["model"])
+
+
+def tokenizer_options(config: dict[str, Any]) -> str:
+    """The tokenizer job's options that name the start model's family: `--family` for a random start model,
+    else `--start-model` (braces doubled: the rule's command is a format string)."""
+    init = config["model_init"]
+    if init.get("kind", "pretrained") == "random":
+        option = f"--family {shlex.quote(init.get('family') or 'bert')}"
+    else:
+        option = f"--start-model {shlex.quote(config['model'])}"
+    return option.replace("{", "{{").replace("}", "}}")
 
 
 def trained_objectives(config: dict[str, Any]) -> list[str]:

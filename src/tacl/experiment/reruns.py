@@ -21,7 +21,9 @@ from typing import Any
 from tacl import RESULT_VERSIONS
 from tacl.data.build import shard_config
 from tacl.data.clean import clean_given
-from tacl.experiment.design import expected_runs, finetune_models, pretrain_settings, setting_hparams, task_source
+from tacl.data.download import TOKENIZER_META
+from tacl.experiment.design import (expected_runs, finetune_models, pretrain_settings, setting_hparams, task_source,
+                                    tokenizer_given)
 from tacl.experiment.layout import Layout
 from tacl.finetune import GIVEN, finetune_given
 from tacl.runtime.io import changed_keys
@@ -83,6 +85,8 @@ def finished_jobs(config: dict[str, Any], layout: Layout) -> list[Finished]:
     raw = f"{layout.data}/raw.json"
     jobs = [
         Finished("download_corpus", raw, "source", raw, dict(d["source"])),
+        Finished("fetch_tokenizer", f"{layout.data}/tokenizer/{TOKENIZER_META}", "given", f"{layout.data}/tokenizer",
+                 tokenizer_given(config)),
         Finished("clean", clean, "given", clean,
                  clean_given(d["max_lines"], d["heldout_fraction"], d["sentence_splitter"])),
         Finished("shard", manifest, "config", manifest,

@@ -120,7 +120,7 @@ def plan_jobs(sizing: Sizing, changed: set[str]) -> list[estimates.Job]:
     data, p = layout.data, config["pretrain"]
     raw, tokenizer, corpus = f"{data}/raw.json", f"{data}/tokenizer", f"{data}/corpus.txt"
     out.add("download_corpus", raw, tags={"download_corpus:"})
-    out.add("fetch_tokenizer", tokenizer)
+    out.add("fetch_tokenizer", tokenizer, tags={"fetch_tokenizer:"})
     out.add("clean", corpus, tags={"clean:"}, after=[raw])
     shards = [f"{data}/shards/shard-{k:05d}.bin" for k in range(config["data"]["num_shards"])]
     for shard in shards:

@@ -23,7 +23,7 @@ from tacl.runtime.io import InputError, stable_hash
 
 RESULT_KEYS = ("objective", "steps", "global_batch", "lr", "warmup_ratio", "weight_decay", "adam_eps", "adam_betas",
                "grad_clip", "precision", "seed", "pad_to_max_len", "group_by_length", "max_len", "objective_params",
-               "packing")
+               "packing", "mlm_probability")
 OPERATIONAL_KEYS = ("micro_batch", "zero_stage", "log_every", "checkpoint_minutes", "keep_checkpoints",
                     "loader_workers", "compile", "device")
 # The config keys of `pretrain` that reach no trainer setting and only say how a run is cut into jobs and
@@ -67,7 +67,8 @@ def auto_micro_batch(global_batch: int, world_size: int, gpu_memory_gib: float |
 BF16_VERSION = 2
 # Before the split above (commit a513d30, 2026-11-25), a run's identity was a hash of these (precision left
 # out); kept to read the run.json of such runs (tacl.pretrain.identity).
-LEGACY_TRAJECTORY_KEYS = tuple(k for k in RESULT_KEYS if k not in ("precision", "packing")) + ("data_version",)
+LEGACY_TRAJECTORY_KEYS = (tuple(k for k in RESULT_KEYS if k not in ("precision", "packing", "mlm_probability"))
+                          + ("data_version",))
 
 
 @dataclass
@@ -92,6 +93,8 @@ class TrainSettings:
     group_by_length: bool = True  # micro-batches of similar length (less padding); see data/pretraining.py
     max_len: int = 256
     packing: bool = False  # sequences packed without padding (tacl.data.packing); changes the trajectory
+    # the share of tokens masking selects (tacl.data.masking); None: the start model's family's (tacl.runtime.family)
+    mlm_probability: float | None = None
     objective_params: dict[str, Any] = field(default_factory=dict)
     # where and how fast (OPERATIONAL_KEYS, with micro_batch and zero_stage above)
     device: str = "auto"  # auto | cuda | cpu; cuda: stop at once unless a GPU is usable (tacl.runtime.device)
@@ -144,9 +147,10 @@ class TrainSettings:
         in bf16 (`bf16`; None: as precision and device say, tacl.runtime.device.computes_bf16), BF16_VERSION: what a
         run's checkpoints belong to, and what Snakemake compares to decide a rerun."""
         d = self.to_dict()
-        # (packing only where it is on: the runs made before it existed (commit 14a0e48, 2026-11-25) keep their
-        # identity, and no rerun)
-        out = {**{k: d[k] for k in RESULT_KEYS if k != "packing" or self.packing}, "data_version": DATA_VERSION}
+        # (packing only where it is on, mlm_probability only where it is set: the runs made before they existed
+        # (commit 14a0e48, 2026-11-25, and the family's masking rate) keep their identity, and no rerun)
+        out = {**{k: d[k] for k in RESULT_KEYS if (k != "packing" or self.packing)
+                  and (k != "mlm_probability" or self.mlm_probability is not None)}, "data_version": DATA_VERSION}
         if computes_bf16(self.precision, self.device) if bf16 is None else bf16:
             out["bf16_version"] = BF16_VERSION
         return out

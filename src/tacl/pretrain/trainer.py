@@ -44,7 +44,6 @@ from typing import Any, Iterator, NoReturn
 
 import torch
 
-from tacl.data.masking import MaskingSpec
 from tacl.data.packing import is_packed
 from tacl.data.pretraining import Batching, MicroBatches, PretrainingData, micro_batch_loader, on_device
 from tacl.data.shards import ShardSet
@@ -52,11 +51,12 @@ from tacl.runtime.compile import (compile_failure, compile_in_own_thread, compil
                                   give_up_compiling)
 from tacl.runtime.device import computes_bf16, device_info, fast_fp32_matmul, gpu_memory_gib
 from tacl.runtime.hub import load_tokenizer, tokenizer_hash
-from tacl.runtime.io import InputError, stable_hash, write_json_atomic
+from tacl.runtime.io import InputError, read_json, stable_hash, write_json_atomic
 from tacl.objectives import NO_PADDING, GroupDraws, build_objective, objective_draws
 from tacl.objectives.registry import group_error, packing_error
 from tacl.pretrain import checkpoint
 from tacl.pretrain.deadline import Deadline, StopSignals, describe, end_times
+from tacl.pretrain.form import form_error, masking_spec
 from tacl.pretrain.distributed import DistEnv, all_max, all_sum, barrier, broadcast_object, init_distributed, shutdown
 from tacl.pretrain.identity import adopt_run_dir, check_not_removed, check_zero_stage, manifests_after, run_identity
 from tacl.runtime.lock import RunLock
@@ -300,11 +300,12 @@ def _setup(args: ChunkArgs, env: DistEnv, lock: RunLock) -> Chunk:
     objective, accumulation = _check_inputs(args, env)
     tokenizer = load_tokenizer(args.start_model)
     bf16 = computes_bf16(s.precision, env.device.type)
-    shards, tag = _take_run_dir(args, env, lock, tokenizer, bf16)
+    shards, tag = _take_run_dir(args, env, lock, tokenizer, bf16, objective)
     saved_world = _saved_world_size(args, env, tag)
     batching = Batching(s.global_batch, s.micro_batch, s.group_by_length, s.max_len if s.pad_to_max_len else 8,
                         packing=s.packing, max_len=s.max_len)
-    data = PretrainingData(shards, MaskingSpec.from_tokenizer(tokenizer, s.max_len), s.seed, batching)
+    data = PretrainingData(shards, masking_spec(tokenizer, s.max_len, s.mlm_probability, args.start_model), s.seed,
+                           batching)
     trainable, teacher = _build_model(args, env, objective, bf16)
     engine, scheduler, universal = _engine(args, env, trainable, accumulation, tag, saved_world)
     chunk = Chunk(args, env, engine, scheduler, teacher, data, accumulation, torch.Generator(device=env.device),
@@ -335,7 +336,7 @@ def _check_inputs(args: ChunkArgs, env: DistEnv) -> tuple[Any, int]:
     return objective, accumulation
 
 
-def _take_run_dir(args: ChunkArgs, env: DistEnv, lock: RunLock, tokenizer: Any, bf16: bool
+def _take_run_dir(args: ChunkArgs, env: DistEnv, lock: RunLock, tokenizer: Any, bf16: bool, objective: Any
                   ) -> tuple[ShardSet, str | None]:
     """(the shards, the checkpoint every rank resumes from: None for none). Rank 0 verifies the shards, takes
     the run directory (its lock, the run's identity, what a killed chunk left unfinished, run.json) and verifies
@@ -345,7 +346,11 @@ def _take_run_dir(args: ChunkArgs, env: DistEnv, lock: RunLock, tokenizer: Any, 
     error = tag = None
     if env.is_main:
         try:
-            shards = ShardSet(args.manifest, tokenizer_hash=tokenizer_hash(tokenizer), verify=True)
+            # (the form from the manifest alone, before the shards' sha256 are read)
+            if why := form_error(args.manifest, read_json(args.manifest), s.objective, objective, args.start_model):
+                raise InputError(why)
+            shards = ShardSet(args.manifest, tokenizer_hash=tokenizer_hash(tokenizer), verify=True,
+                              tokenizer_name=f"the tokenizer of the start model {args.start_model}")
             identity = run_identity(s, args.start_model, shards.manifest, bf16)
             lock.acquire()
             adopt_run_dir(run_dir, identity, lock, args.chunk, s.objective)

@@ -115,10 +115,16 @@ def load_tokenizer(name: str) -> Any:
 
 
 def tokenizer_hash(tokenizer: Any) -> str:
-    """Hash of what decides the ids: the token -> id map and the normaliser (lower-casing, accents).
+    """Hash of what decides the ids: the token -> id map and the normaliser (lower-casing, accents); for a model
+    other than WordPiece (byte-level BPE, SentencePiece's Unigram) also the model (BPE's merges, Unigram's scores)
+    and the pre-tokenizer (a space before a word, Metaspace's "▁"), which decide how a word is split. (WordPiece's
+    hash stays what it was: its split follows from the vocabulary.)
 
     Two tokenizers with the same hash turn the same text into the same ids."""
     vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
-    normalizer = json.loads(tokenizer.backend_tokenizer.to_str()).get("normalizer")
-    blob = json.dumps([vocab, normalizer], ensure_ascii=False, sort_keys=True)
+    saved = json.loads(tokenizer.backend_tokenizer.to_str())
+    parts = [vocab, saved.get("normalizer")]
+    if (saved.get("model") or {}).get("type") != "WordPiece":
+        parts += [saved.get("pre_tokenizer"), saved.get("model")]
+    blob = json.dumps(parts, ensure_ascii=False, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
