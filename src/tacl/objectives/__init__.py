@@ -101,13 +101,6 @@ def sdpa_mask(attention_mask: torch.Tensor, no_padding: bool = False) -> torch.T
 # (tacl.pretrain.trainer.Pretrainer.compile_losses).
 
 
-def encoder_inputs(batch: dict[str, Any], ids: str = "input_ids") -> dict[str, Any]:
-    """A BERT encoder's keyword arguments for this batch (the padding mask as `sdpa_mask`: none where the
-    batch's `NO_PADDING` flag is set)."""
-    return {"input_ids": batch[ids], "token_type_ids": batch["token_type_ids"],
-            "attention_mask": sdpa_mask(batch["attention_mask"], batch.get(NO_PADDING) is True)}
-
-
 # The step's counts that the loader puts in every micro-batch as `step_counts` (int64, in this order): the
 # positions selected for MLM, the real tokens, and the number of micro-batches the step is cut into (all ranks).
 STEP_COUNTS = ("masked", "tokens", "micro_batches")
