@@ -12,8 +12,9 @@ from typing import Any, Callable
 
 import yaml
 
-from tacl.objectives.registry import MODELS, group_error, objective_params, packing_error
+from tacl.objectives.registry import MODELS, family_error, group_error, objective_params, packing_error
 from tacl.pretrain.settings import CHUNK_OPERATIONAL_KEYS, OPERATIONAL_KEYS
+from tacl.runtime.family import FAMILIES
 from tacl.runtime.io import InputError
 
 # The config keys that decide no result, only where and how a job runs (the schema marks each key with its
@@ -138,7 +139,8 @@ def start_model_shape(config: dict[str, Any]) -> dict[str, Any] | None:
     init = config.get("model_init") or {}
     if init.get("kind", "pretrained") == "random":
         return {"layers": init["layers"], "positions": init.get("max_position", 512), "hidden": init.get("hidden"),
-                "intermediate": init.get("intermediate"), "vocab": None, "key": "model_init"}
+                "intermediate": init.get("intermediate"), "vocab": None, "key": "model_init",
+                "family": init.get("family", "bert")}
     from tacl.runtime.hub import resolve_pretrained
 
     try:
@@ -158,7 +160,7 @@ def start_model_shape(config: dict[str, Any]) -> dict[str, Any] | None:
     model = json.loads(path.read_text())
     return {"layers": model.get("num_hidden_layers"), "positions": model.get("max_position_embeddings"),
             "hidden": model.get("hidden_size"), "intermediate": model.get("intermediate_size"),
-            "vocab": model.get("vocab_size"), "key": f"model ({config['model']})"}
+            "vocab": model.get("vocab_size"), "key": f"model ({config['model']})", "family": model.get("model_type")}
 
 
 def plan_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
@@ -194,6 +196,9 @@ def plan_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
     shape = start_model_shape(config)
     if shape is None:
         return problems
+    if shape["family"] in FAMILIES:  # (another model_type: init_model names it)
+        problems += [why for o in trained if (why := family_error(o, objective_params(p, o), FAMILIES[shape["family"]],
+                                                                  bool(p.get("packing"))))]
     aux = p.get("coco_lm", {}).get("aux_layers")
     if "coco_lm" in trained and aux is not None and shape["layers"] and aux > shape["layers"]:
         problems.append(f"pretrain.coco_lm.aux_layers: {aux} layers for the auxiliary model, but the start model "

@@ -43,7 +43,6 @@ import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
-from tacl.data import NO_PADDING
 from tacl.objectives.registry import OBJECTIVES, build_objective, objective_params  # noqa: F401 (the API)
 from tacl.runtime.io import InputError
 

@@ -21,8 +21,9 @@ weights are constants (the teacher is frozen). Attention dropout (a teacher in t
 to P. That holds for BERT, RoBERTa, XLM-R and ELECTRA, whose layers are BERT's. A DeBERTa teacher runs
 eager attention anyway (transformers has no SDPA for it) and returns its own probabilities, relative
 positions included (`output_attentions`): P_h is those, mean over heads in the same way (with attention
-dropout where the teacher is in train mode). A ModernBERT start model is refused: its query and key carry
-rotary positions and its SDPA returns no probabilities. Metric `tacl_weight_ess`: the weights' effective share of the masked tokens, sum over groups of
+dropout where the teacher is in train mode). A ModernBERT start model is refused
+(tacl.objectives.registry.family_error): its query and key carry rotary positions and its SDPA returns no
+probabilities. Metric `tacl_weight_ess`: the weights' effective share of the masked tokens, sum over groups of
 (sum_G w)^2 / sum over groups of |G| sum_G w^2, 1 when they are uniform.
 """
 
@@ -114,12 +115,7 @@ class TaCLAttn(TaCL):
         """Before anything is built: the layer exists in the start model."""
         from transformers import AutoConfig
 
-        config = AutoConfig.from_pretrained(start_dir)
-        if config.model_type == "modernbert":
-            raise InputError("pretrain.objectives: tacl_attn reads a teacher layer's attention, which a ModernBERT "
-                             "start model does not give (rotary positions, SDPA without probabilities); leave "
-                             "tacl_attn out for it")
-        layers = config.num_hidden_layers
+        layers = AutoConfig.from_pretrained(start_dir).num_hidden_layers
         if not (1 <= self.layer <= layers or -layers <= self.layer <= -1):
             raise InputError(f"pretrain.tacl_attn.layer: {self.layer}, but the start model has {layers} layers "
                              f"(1..{layers}, or -1 for the last)")

@@ -87,7 +87,7 @@ def random_model(fam: Family, init: dict[str, Any], tok: Any) -> Any:
         extra = {"embedding_size": init["hidden"]}
     else:  # modernbert
         extra = {"cls_token_id": first, "sep_token_id": last}
-    config = AutoConfig.for_model(fam.name, **size, **specials, **extra)
+    config = AutoConfig.for_model(fam.name, **{**size, **specials, **extra})
     return AutoModelForMaskedLM.from_config(config, attn_implementation=fam.attention)
 
 

@@ -54,7 +54,7 @@ from tacl.runtime.device import computes_bf16, device_info, fast_fp32_matmul, gp
 from tacl.runtime.hub import load_tokenizer, tokenizer_hash
 from tacl.runtime.io import InputError, stable_hash, write_json_atomic
 from tacl.objectives import NO_PADDING, GroupDraws, build_objective, objective_draws
-from tacl.objectives.registry import group_error, packing_error
+from tacl.objectives.registry import family_error, group_error, packing_error
 from tacl.pretrain import checkpoint
 from tacl.pretrain.deadline import Deadline, StopSignals, describe, end_times
 from tacl.pretrain.distributed import DistEnv, all_max, all_sum, barrier, broadcast_object, init_distributed, shutdown
@@ -62,7 +62,7 @@ from tacl.pretrain.identity import adopt_run_dir, check_not_removed, check_zero_
 from tacl.runtime.lock import RunLock
 from tacl.pretrain.metrics import MetricsLog
 from tacl.pretrain.rundir import clear_leftovers
-from tacl.pretrain.model import load_student, load_teacher
+from tacl.pretrain.model import load_student, load_teacher, start_family
 from tacl.pretrain.settings import TrainSettings
 
 log = logging.getLogger("tacl.pretrain")
@@ -330,6 +330,8 @@ def _check_inputs(args: ChunkArgs, env: DistEnv) -> tuple[Any, int]:
     objective = build_objective(s.objective, s.objective_params)
     if s.packing and (why := packing_error(s.objective, s.objective_params)):
         raise InputError(why)
+    if why := family_error(s.objective, s.objective_params, start_family(args.start_model), s.packing):
+        raise InputError(why)  # e.g. mlm_nsp on a family without NSP
     if hasattr(objective, "check"):
         objective.check(args.start_model)  # e.g. COCO-LM's auxiliary model is no larger than the main one
     return objective, accumulation
