@@ -20,6 +20,7 @@ from tacl.runtime.io import InputError
 
 NAMES = tuple(FAMILIES)
 GLOBAL, MICRO, STEP = 8, 2, 8
+NSP_TERMS = ("mlm_nsp", "tacl", "tacl_batch", "tacl_attn")  # (the objectives with an NSP term on BERT)
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +104,7 @@ def test_every_objective_trains_a_step_of_every_family(starts, data, name):
             continue
         terms, grads, student = step(starts / name, data, name, objective, GLOBAL)
         assert all(torch.isfinite(torch.tensor(v)) for v in terms.values()), (objective, terms)
-        assert "mlm" in terms and ("nsp" in terms) == (name == "bert" and objective != "mlm" and objective != "taco")
+        assert ("mlm" in terms or "clm" in terms) and ("nsp" in terms) == (name == "bert" and objective in NSP_TERMS)
         embeddings = encoder(student).get_input_embeddings().weight
         assert embeddings.grad is not None and embeddings.grad.abs().sum() > 0, objective
         assert all(torch.isfinite(g).all() for g in grads), objective
@@ -225,3 +226,22 @@ def test_a_fine_tune_step_without_token_type_ids(starts, tmp_path, name):
     assert torch.isfinite(out.loss)
     out.loss.backward()
     assert model.base_model.get_input_embeddings().weight.grad.abs().sum() > 0
+
+
+def test_every_family_gives_the_embedding_output_first(starts):
+    """TACO reads hidden_states[0] as the embedding layer's output (after ELECTRA's projection) and
+    hidden_states[-1] as the last layer's, of every family's encoder."""
+    from tacl.pretrain.model import load_teacher
+
+    ids = torch.arange(3, 19).view(2, 8)
+    for name in NAMES:
+        teacher = load_teacher(str(starts / name)).eval()
+        with torch.no_grad():
+            out = teacher(input_ids=ids, output_hidden_states=True)
+            mask = {"mask": torch.ones_like(ids)} if name == "deberta-v2" else {}
+            embedded = teacher.embeddings(input_ids=ids, **mask)
+            if hasattr(teacher, "embeddings_project"):
+                embedded = teacher.embeddings_project(embedded)
+        assert len(out.hidden_states) == teacher.config.num_hidden_layers + 1, name
+        torch.testing.assert_close(out.hidden_states[0], embedded, msg=name)
+        torch.testing.assert_close(out.hidden_states[-1], out.last_hidden_state, msg=name)

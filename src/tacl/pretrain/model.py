@@ -138,15 +138,18 @@ def load_student(start_dir: str) -> Any:
 
 def load_teacher(start_dir: str) -> Any:
     """A frozen copy of the starting encoder, outside the optimizer."""
-    from transformers import AutoModel, BertModel
+    from transformers import AutoModel
 
     fam = start_family(start_dir)
-    if fam.name == "bert":
-        teacher = BertModel.from_pretrained(start_dir, add_pooling_layer=False, attn_implementation=fam.attention)
-    else:
-        teacher = AutoModel.from_pretrained(start_dir, attn_implementation=fam.attention)
+    teacher = AutoModel.from_pretrained(start_dir, attn_implementation=fam.attention, **without_pooler(fam))
     teacher.requires_grad_(False)
     return teacher
+
+
+def without_pooler(fam: Family) -> dict[str, Any]:
+    """AutoModel's keyword arguments for an encoder without the pooler that BERT's and RoBERTa's models add
+    (no objective reads a teacher's pooled output; RoBERTa's masked-LM checkpoints have none to load)."""
+    return {"add_pooling_layer": False} if fam.name in ("bert", "roberta", "xlm-roberta") else {}
 
 
 def export_model(state_dict: dict[str, torch.Tensor] | None, start_dir: str, out_dir: str,
