@@ -43,6 +43,7 @@ import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
+from tacl.data import NO_PADDING  # noqa: F401 (read here by the trainer and the tests)
 from tacl.objectives.registry import OBJECTIVES, build_objective, objective_params  # noqa: F401 (the API)
 from tacl.runtime.io import InputError
 
