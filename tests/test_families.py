@@ -245,3 +245,32 @@ def test_every_family_gives_the_embedding_output_first(starts):
         assert len(out.hidden_states) == teacher.config.num_hidden_layers + 1, name
         torch.testing.assert_close(out.hidden_states[0], embedded, msg=name)
         torch.testing.assert_close(out.hidden_states[-1], out.last_hidden_state, msg=name)
+
+
+def test_a_pretrained_checkpoint_without_an_mlm_head_gets_one_and_the_log_says_so(tmp_path, tokenizer_dir, caplog):
+    """An ELECTRA discriminator (ElectraForPreTraining: no MLM head) as the start model: its family's masked-LM
+    model, the head fresh, one line in the log, the family in tacl_start.json; a model_type outside the
+    families is refused naming `model`."""
+    import logging
+
+    from transformers import AutoConfig, ElectraForPreTraining, GPT2Config, GPT2Model
+
+    from tacl.pretrain.model import START_META, init_start_model
+    from tacl.runtime.hub import load_tokenizer
+    from tacl.runtime.io import read_json
+
+    tok = load_tokenizer(str(tokenizer_dir))
+    config = AutoConfig.for_model("electra", vocab_size=len(tok), hidden_size=32, embedding_size=32,
+                                  num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                                  pad_token_id=tok.pad_token_id)
+    ElectraForPreTraining(config).save_pretrained(str(tmp_path / "discriminator"))
+    with caplog.at_level(logging.INFO, logger="tacl.pretrain"):
+        meta = init_start_model(str(tmp_path / "discriminator"), {"kind": "pretrained"}, str(tokenizer_dir),
+                                str(tmp_path / "start"))
+    said = [r.getMessage() for r in caplog.records if "no masked-LM head" in r.getMessage()]
+    assert len(said) == 1 and "a fresh one is initialised" in said[0]
+    assert meta["family"] == "electra" and read_json(tmp_path / "start" / START_META)["family"] == "electra"
+    assert AutoConfig.from_pretrained(str(tmp_path / "start")).architectures == ["ElectraForMaskedLM"]
+    GPT2Model(GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=len(tok))).save_pretrained(str(tmp_path / "gpt2"))
+    with pytest.raises(InputError, match=r"^model '.*gpt2': a gpt2 checkpoint; the start model must be one of bert"):
+        init_start_model(str(tmp_path / "gpt2"), {"kind": "pretrained"}, str(tokenizer_dir), str(tmp_path / "no"))

@@ -403,6 +403,12 @@ def _build_model(args: ChunkArgs, env: DistEnv, objective: Any, bf16: bool) -> t
     return trainable, teacher
 
 
+def no_weight_decay(name: str, parameter: torch.Tensor) -> bool:
+    """Biases and normalisation weights train without weight decay: BERT's by name (`bias`, `LayerNorm`), and
+    every 1-D parameter (another family's norms, e.g. ModernBERT's `attn_norm`, which have other names)."""
+    return any(k in name for k in ("bias", "LayerNorm")) or parameter.dim() < 2
+
+
 def _engine(args: ChunkArgs, env: DistEnv, trainable: Pretrainer, accumulation: int, tag: str | None,
             saved_world: int) -> tuple[Any, Any, Path | None]:
     """(DeepSpeed's engine, the learning rate's schedule, the universal checkpoint that another number of
@@ -411,8 +417,8 @@ def _engine(args: ChunkArgs, env: DistEnv, trainable: Pretrainer, accumulation: 
     import deepspeed
 
     s, run_dir, cpu = args.settings, Path(args.run_dir), env.device.type == "cpu"
-    decay = [p for n, p in trainable.named_parameters() if not any(k in n for k in ("bias", "LayerNorm"))]
-    no_decay = [p for n, p in trainable.named_parameters() if any(k in n for k in ("bias", "LayerNorm"))]
+    decay = [p for n, p in trainable.named_parameters() if not no_weight_decay(n, p)]
+    no_decay = [p for n, p in trainable.named_parameters() if no_weight_decay(n, p)]
     # fused: one kernel for all parameters, and the step count stays on the device (the unfused CPU/foreach
     # variants read it on the host for every parameter)
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": s.weight_decay},
