@@ -1,6 +1,6 @@
 """Every objective on every encoder family (tacl.runtime.family): a tiny random start model of each family
 (2 layers, hidden 32, the demo tokenizer's vocabulary) trains a step of every objective the family takes,
-the step is the same cut into 1 or 4 micro-batches (and packed, where the family packs), the export reloads
+the step is the same cut into 1 or 2 micro-batches (and packed, where the family packs), the export reloads
 with the same logits, what a family cannot train is refused in one line, and a fine-tune runs on a tokenizer
 that gives no token type ids."""
 
@@ -19,8 +19,7 @@ from tacl.runtime.family import FAMILIES
 from tacl.runtime.io import InputError
 
 NAMES = tuple(FAMILIES)
-GLOBAL, MICRO, STEP = 8, 2, 8
-NSP_TERMS = ("mlm_nsp", "tacl", "tacl_batch", "tacl_attn")  # (the objectives with an NSP term on BERT)
+GLOBAL, MICRO, STEP = 8, 4, 8
 
 
 @pytest.fixture(scope="module")
@@ -42,11 +41,11 @@ def data(demo_data):
             MaskingSpec.from_tokenizer(load_tokenizer(str(demo_data["start"])), 64))
 
 
-def batch_of(data, name: str, micro: int, j: int, packing: bool = False) -> dict:
+def batch_of(data, name: str, micro: int, j: int, packing: bool = False, size: int = GLOBAL) -> dict:
     """Micro-batch j of step STEP; for a family without NSP, token type ids all 0 (its sequences' own, as
     the data stage writes them for it); the NSP labels stay, unread."""
     shards, spec = data
-    batch = PretrainingData(shards, spec, 3, Batching(GLOBAL, micro, True, packing=packing, max_len=64)).micro_batch(
+    batch = PretrainingData(shards, spec, 3, Batching(size, micro, True, packing=packing, max_len=64)).micro_batch(
         STEP, j)
     if not FAMILIES[name].nsp:
         batch["token_type_ids"] = torch.zeros_like(batch["token_type_ids"])
@@ -74,18 +73,19 @@ def models(start, objective: str, packed: bool = False):
     return student, teacher, obj
 
 
-def step(start, data, name: str, objective: str, micro: int, packing: bool = False):
-    """One step's loss terms and gradients (the trainer's averaging over the step's micro-batches)."""
+def step(start, data, name: str, objective: str, micro: int, packing: bool = False, size: int = GLOBAL):
+    """One step of `size` sequences: its loss terms and gradients (the trainer's averaging over the step's
+    micro-batches)."""
     student, teacher, obj = models(start, objective, packing)
     trainable = [p for m in (student, obj) if isinstance(m, torch.nn.Module) for p in m.parameters()]
     terms = {}
-    for j in range(GLOBAL // micro):
-        batch = batch_of(data, name, micro, j, packing)
+    for j in range(size // micro):
+        batch = batch_of(data, name, micro, j, packing, size)
         draws = GroupDraws(torch.Generator(), lambda group: 1000 + group, first=j * micro)
         losses, _ = obj(student, teacher, batch, objective_draws(obj, batch, draws))
-        (sum(losses.values()) / (GLOBAL // micro)).backward()
+        (sum(losses.values()) / (size // micro)).backward()
         for k, v in losses.items():
-            terms[k] = terms.get(k, 0.0) + v.item() / (GLOBAL // micro)
+            terms[k] = terms.get(k, 0.0) + v.item() / (size // micro)
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in trainable]
     return terms, grads, student
 
@@ -94,7 +94,7 @@ def refused(name: str, objective: str, packing: bool = False) -> str | None:
     return family_error(objective, run_params(objective, 2), FAMILIES[name], packing)
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", [n for n in NAMES if n != "bert"])  # (BERT's: tests/test_invariance.py)
 def test_every_objective_trains_a_step_of_every_family(starts, data, name):
     from tacl.objectives.encoders import encoder
 
@@ -102,14 +102,14 @@ def test_every_objective_trains_a_step_of_every_family(starts, data, name):
     for objective in OBJECTIVES:
         if refused(name, objective):
             continue
-        terms, grads, student = step(starts / name, data, name, objective, GLOBAL)
+        terms, grads, student = step(starts / name, data, name, objective, 4, size=4)
         assert all(torch.isfinite(torch.tensor(v)) for v in terms.values()), (objective, terms)
-        assert ("mlm" in terms or "clm" in terms) and ("nsp" in terms) == (name == "bert" and objective in NSP_TERMS)
+        assert ("mlm" in terms or "clm" in terms) and "nsp" not in terms, (objective, terms)  # (no NSP head)
         embeddings = encoder(student).get_input_embeddings().weight
         assert embeddings.grad is not None and embeddings.grad.abs().sum() > 0, objective
         assert all(torch.isfinite(g).all() for g in grads), objective
         trained += 1
-    assert trained == len(OBJECTIVES) - (name != "bert") - (name == "modernbert")
+    assert trained == len(OBJECTIVES) - 1 - (name == "modernbert")  # (mlm_nsp; tacl_attn on ModernBERT)
 
 
 def assert_same(got, ref):
@@ -128,7 +128,7 @@ def assert_same(got, ref):
 def test_the_step_is_the_same_in_any_micro_batch_of_every_family(starts, data, name, objective):
     ref = step(starts / name, data, name, objective, GLOBAL)
     assert_same(step(starts / name, data, name, objective, MICRO), ref)
-    if FAMILIES[name].packing:  # (RoBERTa's and XLM-R's positions from the padding id + 1 in the packed row too)
+    if FAMILIES[name].packing and objective == "tacl":  # (RoBERTa's and XLM-R's positions: the padding id + 1)
         assert_same(step(starts / name, data, name, objective, MICRO, packing=True), ref)
 
 
