@@ -66,14 +66,21 @@ def pooler(model: Any) -> Any:
     return encoder(model).pooler
 
 
+def segments(fam: Family) -> bool:
+    """Whether the encoder is given the batch's token type ids: where its sequences are NSP pairs of two
+    segments (BERT). A family pretrained without NSP reads single segments, token type 0 throughout, which
+    its embeddings take when given none (RoBERTa's and XLM-R's have one type, ModernBERT's none)."""
+    return fam.nsp and fam.token_types
+
+
 def padded_inputs(model: Any, batch: dict[str, Any], ids: str = "input_ids") -> dict[str, Any]:
-    """The encoder's keyword arguments for a padded batch (read from its `ids` key): token type ids where the
-    family's embeddings take them; the padding mask as the family's attention takes it with no read on the
+    """The encoder's keyword arguments for a padded batch (read from its `ids` key): token type ids where
+    `segments` says; the padding mask as the family's attention takes it with no read on the
     host: SDPA's 4-D boolean mask, none where the batch's `NO_PADDING` flag is set (`sdpa_mask`); DeBERTa's
     eager attention the 2-D mask itself; ModernBERT one mask per kind of layer (`modernbert_masks`)."""
     fam = family_of(model)
     inputs = {"input_ids": batch[ids]}
-    if fam.token_types:
+    if segments(fam):
         inputs["token_type_ids"] = batch["token_type_ids"]
     no_padding = batch.get(NO_PADDING) is True
     if fam.name == "deberta-v2":
@@ -105,7 +112,7 @@ def packed_inputs(model: Any, batch: dict[str, Any], ids: str = "input_ids") -> 
     if fam.name in ("roberta", "xlm-roberta"):
         positions = positions + (model.config.pad_token_id + 1)
     inputs = {"input_ids": batch[ids], "position_ids": positions}
-    if fam.token_types:
+    if segments(fam):
         inputs["token_type_ids"] = batch["token_type_ids"]
     return inputs
 
