@@ -280,3 +280,28 @@ def test_a_pretrained_checkpoint_without_an_mlm_head_gets_one_and_the_log_says_s
     GPT2Model(GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=len(tok))).save_pretrained(str(tmp_path / "gpt2"))
     with pytest.raises(InputError, match=r"^model '.*gpt2': a gpt2 checkpoint; the start model must be one of bert"):
         init_start_model(str(tmp_path / "gpt2"), {"kind": "pretrained"}, str(tokenizer_dir), str(tmp_path / "no"))
+
+
+def test_the_config_check_refuses_what_the_family_cannot_train(tmp_path):
+    """Before any job: a random RoBERTa start model with mlm_nsp among the objectives, or with packing on a
+    DeBERTa, is one line naming the key (the demo's BERT has none)."""
+    from snakemake.utils import validate
+
+    from conftest import REPO, demo_config
+    from tacl.experiment.config import load_schema, plan_errors
+
+    schema = REPO / "workflow" / "schemas" / "config.schema.yaml"
+
+    def errors(**overrides):
+        cfg = demo_config(tmp_path, **overrides)
+        validate(cfg, str(schema), set_default=True)
+        return plan_errors(cfg, load_schema(schema))
+
+    assert errors() == []
+    init = {"kind": "random", "layers": 2, "hidden": 32, "heads": 2, "intermediate": 64, "max_position": 128}
+    found = errors(model_init={**init, "family": "roberta"}, **{"pretrain.objectives": ["mlm_nsp", "mlm", "tacl"]})
+    assert len(found) == 1 and found[0].startswith("pretrain.objectives: mlm_nsp trains next sentence prediction")
+    found = errors(model_init={**init, "family": "deberta-v2"}, **{"pretrain.objectives": ["tacl"],
+                                                                   "pretrain.packing": True})
+    assert found == ["pretrain.packing: a deberta-v2 start model's attention cannot read packed batches; set "
+                     "pretrain.packing to false"]
