@@ -3,6 +3,7 @@ that have no masked token."""
 
 import copy
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -244,7 +245,8 @@ def test_gathered_mlm_head_equals_boolean_selection():
     assert len(batch["mlm_index"]) % 8 == 0 and len(batch["mlm_index"]) >= int((labels != -100).sum())
     hidden = torch.randn(3, 11, 16, generator=g, requires_grad=True)
     pooled = torch.randn(3, 16, generator=g)
-    losses, metrics = mlm_nsp_terms(model, batch, hidden, pooled)
+    out = SimpleNamespace(last_hidden_state=hidden, pooler_output=pooled)
+    losses, metrics = mlm_nsp_terms(model, batch, out)
     (grad,) = torch.autograd.grad(losses["mlm"], hidden)
     selected = labels != -100
     logits = model.cls.predictions(hidden[selected])

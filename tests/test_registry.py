@@ -13,6 +13,7 @@ from tacl.experiment.config import load_schema
 from tacl.finetune import CONTRASTIVE_FORM_PATTERN, CONTRASTIVE_FORMS, GLUE_CLASSIFICATION, GLUE_TASKS, TASKS
 from tacl.objectives.registry import (MODELS, NEGATIVES_GROUP, OBJECTIVE_PATTERN, OBJECTIVES, REGISTRY,
                                      objective_params)
+from tacl.runtime.family import FAMILIES
 
 SCHEMA = load_schema(REPO / "workflow" / "schemas" / "config.schema.yaml")
 PRETRAIN = SCHEMA["properties"]["pretrain"]["properties"]
@@ -23,6 +24,8 @@ def test_the_schema_names_exactly_the_registered_objectives_and_tasks():
     assert PRETRAIN["objectives"]["items"]["enum"] == list(MODELS)
     assert FINETUNE["models"]["items"]["enum"] == list(MODELS)
     assert set(PRETRAIN["objectives"]["default"]) <= set(MODELS)
+    families = SCHEMA["properties"]["model_init"]["properties"]["family"]
+    assert families["enum"] == list(FAMILIES) and families["default"] == "bert"
     # every section an objective reads is in the schema, and every objective section of the schema is read
     sections = {name for name, sub in PRETRAIN.items() if sub.get("type") == "object"} - {"chunk"}
     assert sections == {s for o in REGISTRY.values() for s in o.sections}

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import yaml
 
-from tacl.objectives.registry import MODELS, group_error, objective_params, packing_error
+from tacl.objectives.registry import MODELS, family_error, group_error, objective_params, packing_error
 from tacl.pretrain.settings import CHUNK_OPERATIONAL_KEYS, OPERATIONAL_KEYS
 from tacl.runtime.io import InputError
 
@@ -238,8 +238,10 @@ def plan_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
 
 def family_errors(config: dict[str, Any], shape: dict[str, Any]) -> list[str]:
     """The objectives against the start model's family (`start_model_shape`'s): a family tacl does not know is
-    named; `mlm_nsp` trains next sentence prediction, which a family pretrained without it never learned, so
-    its control is `mlm`. (`mlm` with a BERT start model is allowed: masked LM alone, without NSP.)"""
+    named; each trained objective's refusal for the family (tacl.objectives.registry.family_error: `mlm_nsp`
+    and TACO's NSP without an NSP head, tacl_attn without attention probabilities, packing without attention
+    that reads packed batches); `mlm_nsp` among the models to fine-tune of a family without NSP, whose control
+    is `mlm`. (`mlm` with a BERT start model is allowed: masked LM alone, without NSP.)"""
     from tacl.runtime.family import family
 
     if shape.get("family") is None:
@@ -249,14 +251,17 @@ def family_errors(config: dict[str, Any], shape: dict[str, Any]) -> list[str]:
         found = family(shape["family"], key)
     except InputError as e:
         return [f"{e} ({shape['key']})"]
+    p = config["pretrain"]
+    problems = [why for o in p["objectives"] if o != "none"
+                if (why := family_error(o, objective_params(p, o), found, bool(p.get("packing"))))]
     if found.nsp:
-        return []
+        return problems
     ft = config["finetune"]
-    named = [("pretrain.objectives", config["pretrain"]["objectives"]), ("finetune.models", ft.get("models")),
+    named = [("finetune.models", ft.get("models")),
              ("finetune.contrastive.models", (ft.get("contrastive") or {}).get("models"))]
-    return [f"{where}: mlm_nsp trains next sentence prediction, but the start model is of the {found.name} family, "
-            f"pretrained without it ({shape['key']}); its control is mlm (masked LM alone): put mlm in place of "
-            "mlm_nsp" for where, names in named if "mlm_nsp" in (names or [])]
+    return problems + [f"{where}: mlm_nsp trains next sentence prediction, but the start model is of the {found.name} "
+                       f"family, pretrained without it ({shape['key']}); its control is mlm (masked LM alone): put "
+                       "mlm in place of mlm_nsp" for where, names in named if "mlm_nsp" in (names or [])]
 
 
 def _json_type(value: Any) -> str:

@@ -111,12 +111,35 @@ def seed_everything(seed: int) -> None:
 def load_task_model(auto_class: Any, model_dir: str, seed: int, **kwargs: Any) -> torch.nn.Module:
     """`auto_class.from_pretrained(model_dir, **kwargs)` with every RNG seeded first: the new task head's
     random initialisation belongs to the fine-tuning seed (unseeded, it differs in every process, and a
-    (model, task, seed) run could not be repeated). SDPA attention (batches carry its 4-D mask); the head
-    runs in fp32 under autocast (`heads_in_fp32`)."""
-    from tacl.pretrain.model import ATTENTION
-
+    (model, task, seed) run could not be repeated). The attention of the model's family (`attention_of`:
+    SDPA, whose batches carry its 4-D mask, or DeBERTa's eager attention); the head runs in fp32 under
+    autocast (`heads_in_fp32`)."""
     seed_everything(seed)
-    return heads_in_fp32(auto_class.from_pretrained(model_dir, attn_implementation=ATTENTION, **kwargs))
+    return heads_in_fp32(auto_class.from_pretrained(model_dir, attn_implementation=attention_of(model_dir),
+                                                    **kwargs))
+
+
+def attention_of(model_dir: str) -> str:
+    """The attn_implementation a model directory loads with: its family's (tacl.runtime.family), SDPA for a
+    model_type outside the families."""
+    from transformers import AutoConfig
+
+    from tacl.runtime.family import FAMILIES
+
+    kind = AutoConfig.from_pretrained(model_dir).model_type
+    return FAMILIES[kind].attention if kind in FAMILIES else "sdpa"
+
+
+def takes_sdpa_mask(model: torch.nn.Module) -> bool:
+    """Whether the model's batches carry SDPA's 4-D padding mask (`to_device`): not DeBERTa's (eager attention,
+    which takes the 2-D mask) nor ModernBERT's (whose sliding-window layers make their own from the 2-D one)."""
+    return model.config.model_type not in ("deberta-v2", "modernbert")
+
+
+def input_names(tokenizer: Any) -> tuple[str, ...]:
+    """What a row keeps of the tokenizer's output: the inputs the tokenizer gives its model (token type ids
+    only where it gives them: BERT's, not RoBERTa's or ModernBERT's)."""
+    return tuple(tokenizer.model_input_names)
 
 
 def heads_in_fp32(model: torch.nn.Module) -> torch.nn.Module:
@@ -131,14 +154,15 @@ def heads_in_fp32(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
-    """A padded batch on the device, its padding mask as SDPA's 4-D mask (`sdpa_mask`). To a GPU each tensor
-    is pinned and copied without blocking (a copy from pageable memory waits for the device)."""
+def to_device(batch: dict[str, torch.Tensor], device: torch.device, sdpa: bool = True) -> dict[str, torch.Tensor]:
+    """A padded batch on the device, its padding mask as SDPA's 4-D mask (`sdpa_mask`) where `sdpa`
+    (`takes_sdpa_mask`), else as it is. To a GPU each tensor is pinned and copied without blocking (a copy
+    from pageable memory waits for the device)."""
     if device.type == "cuda":
         batch = {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
     else:
         batch = {k: v.to(device) for k, v in batch.items()}
-    return {**batch, "attention_mask": sdpa_mask(batch["attention_mask"])}
+    return {**batch, "attention_mask": sdpa_mask(batch["attention_mask"])} if sdpa else batch
 
 
 def bucket_width(length: int, max_len: int) -> int:
@@ -290,7 +314,7 @@ def train(model: torch.nn.Module, rows: list[dict[str, Any]], hp: dict[str, Any]
                 if epoch == first_epoch and b < done_in_epoch:
                     continue  # (done before the checkpoint)
                 step_started = time.time()
-                batch, positions = _padded_batch(rows, indices, lengths, hp, run, pad_id)
+                batch, positions = _padded_batch(rows, indices, lengths, hp, run, pad_id, takes_sdpa_mask(model))
                 progress.positions += positions
                 progress.add(train_step(model, batch, opt, sched, hp, run, extra_loss, task_weight))
                 steps_here += 1
@@ -313,14 +337,15 @@ def train(model: torch.nn.Module, rows: list[dict[str, Any]], hp: dict[str, Any]
 
 
 def _padded_batch(rows: list[dict[str, Any]], indices: np.ndarray, lengths: np.ndarray, hp: dict[str, Any],
-                  run: Run, pad_id: int) -> tuple[dict[str, torch.Tensor], int]:
+                  run: Run, pad_id: int, sdpa: bool = True) -> tuple[dict[str, torch.Tensor], int]:
     """The training batch of these rows on the device, padded to its longest row (under finetune.shapes
     buckets to that row's `bucket_width`, and to the full batch size: every batch full, of one of a few
     widths), and the positions it computes."""
     width, size = int(lengths[indices].max()), len(indices)
     if run.buckets:
         width, size = bucket_width(width, hp["max_len"]), hp["batch"]
-    return to_device(pad_batch([rows[j] for j in indices], pad_id, width=width, size=size), run.device), size * width
+    batch = to_device(pad_batch([rows[j] for j in indices], pad_id, width=width, size=size), run.device, sdpa)
+    return batch, size * width
 
 
 def _resume(state: dict[str, Any], progress: Progress, model: torch.nn.Module, opt: torch.optim.Optimizer,
@@ -511,7 +536,7 @@ def predict(model: torch.nn.Module, rows: list[dict[str, Any]], run: Run, pad_id
     kept: list[list[Any]] = []
     for chunk, width, size in prediction_batches(lengths, batch_size, run.buckets, max_len):
         batch = to_device(pad_batch([{k: v for k, v in rows[j].items() if k != "labels"} for j in chunk], pad_id,
-                                    width=width, size=size), run.device)
+                                    width=width, size=size), run.device, takes_sdpa_mask(model))
 
         def forward() -> Sequence[torch.Tensor]:  # (grad mode and autocast are per thread: set here)
             with torch.no_grad(), torch.autocast(run.device.type, dtype=torch.bfloat16, enabled=run.bf16):

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from tacl.finetune import CONLL_FILES, FAMILY_HPARAMS
-from tacl.finetune.common import Run, hyperparameters, load_task_model, predict, train
+from tacl.finetune.common import Run, attention_of, hyperparameters, input_names, load_task_model, predict, train
 from tacl.finetune.sequence import subset
 from tacl.finetune.settings import FineTune
 from tacl.runtime.hub import resolve_pretrained
@@ -69,8 +69,7 @@ def encode(tokenizer: Any, sentences: list[tuple[list[str], list[str]]], labels:
                     raise InputError(f"CoNLL tag {tags[w]!r} is not among the training tags {labels}")
                 row_labels.append(index[tags[w]])
             previous = w
-        rows.append({"input_ids": enc["input_ids"][i], "token_type_ids": enc["token_type_ids"][i],
-                     "attention_mask": enc["attention_mask"][i], "labels": row_labels})
+        rows.append({**{k: enc[k][i] for k in input_names(tokenizer)}, "labels": row_labels})
     return rows
 
 
@@ -95,10 +94,11 @@ def finetune_ner(tune: FineTune, seed: int, out_dir: str | Path) -> dict[str, An
     """One seed of the CoNLL-2003 fine-tune (its files in the source's `data_dir`), in `out_dir`: trained
     (from its checkpoint there where it has one, `tune.checkpointing`, tacl.finetune.resume), scored on dev
     and test, and metrics.json written last."""
-    from transformers import AutoModelForTokenClassification, AutoTokenizer, BertModel
+    from transformers import AutoConfig, AutoModel, AutoModelForTokenClassification, AutoTokenizer
 
     from tacl.objectives.tacl import supervised_tacl_loss
-    from tacl.pretrain.model import ATTENTION
+    from tacl.pretrain.model import without_pooler
+    from tacl.runtime.family import family
 
     model_dir = resolve_pretrained(tune.model)
     hp = hyperparameters(FAMILY_HPARAMS["ner"], tune.preset, tune.hparams)
@@ -117,14 +117,15 @@ def finetune_ner(tune: FineTune, seed: int, out_dir: str | Path) -> dict[str, An
         label2id={t: i for i, t in enumerate(labels)})
     extra = None
     if hp["supervised_tacl"]:
-        teacher = BertModel.from_pretrained(model_dir, add_pooling_layer=False,
-                                            attn_implementation=ATTENTION).to(run.device).eval()
+        teacher = AutoModel.from_pretrained(model_dir, attn_implementation=attention_of(model_dir),
+                                            **without_pooler(family(AutoConfig.from_pretrained(model_dir).model_type)))
+        teacher = teacher.to(run.device).eval()
+        names = input_names(tokenizer)
         teacher.requires_grad_(False)
 
         def extra(model, batch, outputs):
             with torch.no_grad():
-                h = teacher(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                            token_type_ids=batch["token_type_ids"]).last_hidden_state
+                h = teacher(**{k: batch[k] for k in names}).last_hidden_state
             loss, _ = supervised_tacl_loss(outputs.hidden_states[-1], h, batch["labels"], hp["tacl_tau"])
             return hp["tacl_weight"] * loss
 

@@ -32,8 +32,9 @@ def load_examples(version: str, split: str, source: dict[str, Any]) -> list[squa
 def feature_rows(features: squad.Features, train: bool) -> list[dict[str, Any]]:
     rows = []
     for i in range(len(features.input_ids)):
-        row = {"input_ids": features.input_ids[i], "token_type_ids": features.token_type_ids[i],
-               "attention_mask": features.attention_mask[i]}
+        row = {"input_ids": features.input_ids[i], "attention_mask": features.attention_mask[i]}
+        if features.token_type_ids:  # (what the tokenizer gives: none from RoBERTa's or ModernBERT's)
+            row["token_type_ids"] = features.token_type_ids[i]
         if train:
             row["start_positions"] = features.start_positions[i]
             row["end_positions"] = features.end_positions[i]

@@ -10,7 +10,8 @@ from typing import Any, Callable
 import numpy as np
 
 from tacl.finetune import glue
-from tacl.finetune.common import DEFAULT_HPARAMS, Run, hyperparameters, load_task_model, predict, train
+from tacl.finetune.common import (DEFAULT_HPARAMS, Run, hyperparameters, input_names, load_task_model, predict,
+                                  train)
 from tacl.finetune.contrastive import DEFAULTS as CONTRASTIVE_DEFAULTS
 from tacl.finetune.contrastive import CONTRASTIVE_FORMS, contrastive_loss
 from tacl.finetune.settings import FineTune
@@ -45,7 +46,7 @@ def encode(tokenizer: Any, task: str, examples: list[glue.Example], max_len: int
                     truncation=True, max_length=max_len, padding=False, return_attention_mask=True)
     rows = []
     for i, e in enumerate(examples):
-        row = {k: enc[k][i] for k in ("input_ids", "token_type_ids", "attention_mask")}
+        row = {k: enc[k][i] for k in input_names(tokenizer)}
         if e.label is not None:
             row["labels"] = float(e.label) if spec.is_regression else glue.label_id(task, e.label)
         rows.append(row)

@@ -80,7 +80,8 @@ def load_hf(version: str, split: str, cache_dir: str | None = None) -> list[Squa
 
 @dataclass
 class Features:
-    """One row per window; all lists have the same length."""
+    """One row per window; all lists have the same length, but `token_type_ids`, empty where the tokenizer
+    gives none (RoBERTa's, ModernBERT's)."""
 
     input_ids: list[list[int]] = field(default_factory=list)
     token_type_ids: list[list[int]] = field(default_factory=list)
@@ -128,7 +129,8 @@ def prepare_features(examples: list[SquadExample], tokenizer: Any, max_len: int 
         questions = _truncate_questions([ex.question for ex in chunk], tokenizer, max_query_len)
         enc = tokenizer(questions, [ex.context for ex in chunk], truncation="only_second", max_length=max_len,
                         stride=doc_stride, padding=False, return_overflowing_tokens=True,
-                        return_offsets_mapping=True, return_token_type_ids=True, return_attention_mask=True)
+                        return_offsets_mapping=True, return_attention_mask=True,
+                        return_token_type_ids="token_type_ids" in tokenizer.model_input_names)
         for w, k in enumerate(enc["overflow_to_sample_mapping"]):
             seq_ids = enc.sequence_ids(w)
             offsets = [tuple(o) if s == 1 else None for o, s in zip(enc["offset_mapping"][w], seq_ids)]
@@ -138,7 +140,8 @@ def prepare_features(examples: list[SquadExample], tokenizer: Any, max_len: int 
                 start_char = ex.answer_starts[0]
                 start, end = _answer_tokens(offsets, start_char, start_char + len(ex.answers[0]))
             feats.input_ids.append(list(enc["input_ids"][w]))
-            feats.token_type_ids.append(list(enc["token_type_ids"][w]))
+            if "token_type_ids" in enc:  # (not from RoBERTa's or ModernBERT's tokenizer)
+                feats.token_type_ids.append(list(enc["token_type_ids"][w]))
             feats.attention_mask.append(list(enc["attention_mask"][w]))
             feats.example_index.append(lo + k)
             feats.offsets.append(offsets)

@@ -43,7 +43,7 @@ import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
-from tacl.data import NO_PADDING
+from tacl.data import NO_PADDING  # noqa: F401 (read here by the trainer and the tests)
 from tacl.objectives.registry import OBJECTIVES, build_objective, objective_params  # noqa: F401 (the API)
 from tacl.runtime.io import InputError
 
@@ -99,13 +99,6 @@ def sdpa_mask(attention_mask: torch.Tensor, no_padding: bool = False) -> torch.T
 # True where no sequence of the micro-batch has padding (every one as long as the micro-batch is wide). A
 # compiled step specialises on it: at most two graphs, one with the mask and one without
 # (tacl.pretrain.trainer.Pretrainer.compile_losses).
-
-
-def encoder_inputs(batch: dict[str, Any], ids: str = "input_ids") -> dict[str, Any]:
-    """A BERT encoder's keyword arguments for this batch (the padding mask as `sdpa_mask`: none where the
-    batch's `NO_PADDING` flag is set)."""
-    return {"input_ids": batch[ids], "token_type_ids": batch["token_type_ids"],
-            "attention_mask": sdpa_mask(batch["attention_mask"], batch.get(NO_PADDING) is True)}
 
 
 # The step's counts that the loader puts in every micro-batch as `step_counts` (int64, in this order): the

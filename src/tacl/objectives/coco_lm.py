@@ -33,6 +33,7 @@ from tacl.data.packing import is_packed
 from tacl.runtime.io import InputError
 from tacl.objectives import (GroupDraws, check_negatives_group, counts, draw_width, group_size, in_fp32, mean_of,
                              step_denominator)
+from tacl.objectives.encoders import encoder, mlm_logits
 from tacl.objectives.mlm_nsp import IGNORE_INDEX, mlm_loss
 from tacl.objectives.packed import encode, first_tokens, padded_index
 
@@ -196,11 +197,22 @@ class COCOLM(torch.nn.Module):
                              f"main model has {layers}; it must be between 1 and {layers}")
 
     def attach(self, start_dir: str, student: Any) -> None:
-        """Build the auxiliary model (from the start checkpoint's bottom layers and MLM head) and the copy head."""
-        from transformers import BertForMaskedLM
+        """Build the auxiliary model (from the start checkpoint's bottom layers and MLM head: BERT's
+        BertForMaskedLM, another family's masked-LM model) and the copy head."""
+        from transformers import AutoConfig, AutoModelForMaskedLM, BertForMaskedLM
 
-        self.aux = BertForMaskedLM.from_pretrained(start_dir, num_hidden_layers=self.aux_layers,
-                                                   attn_implementation="sdpa")
+        from tacl.runtime.family import family
+
+        config = AutoConfig.from_pretrained(start_dir)
+        fam = family(config.model_type)
+        if fam.name == "bert":
+            self.aux = BertForMaskedLM.from_pretrained(start_dir, num_hidden_layers=self.aux_layers,
+                                                       attn_implementation=fam.attention)
+        else:
+            config.num_hidden_layers = self.aux_layers
+            if getattr(config, "layer_types", None) is not None:  # ModernBERT: its first layers' kinds
+                config.layer_types = config.layer_types[:self.aux_layers]
+            self.aux = AutoModelForMaskedLM.from_pretrained(start_dir, config=config, attn_implementation=fam.attention)
         self.copy_head = torch.nn.Linear(student.config.hidden_size, 1)
 
     def draws(self, batch: dict[str, torch.Tensor], draws: GroupDraws) -> dict[str, Any]:
@@ -222,8 +234,8 @@ class COCOLM(torch.nn.Module):
                 draws: dict[str, torch.Tensor]) -> tuple[dict, dict]:
         index, targets = batch["mlm_index"], batch["mlm_targets"]
         # the auxiliary MLM on the masked sequence, and its samples at the selected positions
-        aux_hidden = encode(self.aux.bert, batch).last_hidden_state
-        aux_logits = self.aux.cls(aux_hidden.flatten(0, 1).index_select(0, index))
+        aux_hidden = encode(encoder(self.aux), batch).last_hidden_state
+        aux_logits = mlm_logits(self.aux, aux_hidden.flatten(0, 1).index_select(0, index))
         losses, metrics = {}, {}
         masked, tokens = step_denominator(batch, "masked"), step_denominator(batch, "tokens")
         losses["aux_mlm"], metrics["aux_mlm_acc"] = mlm_loss(aux_logits, targets, masked)
@@ -235,11 +247,11 @@ class COCOLM(torch.nn.Module):
         corrupted = flat.scatter(0, index, picked).view_as(clean)
         # the main model on the corrupted sequence: copy head and corrective LM
         corrupted_batch = {**batch, "input_ids": corrupted}
-        hidden = encode(model.bert, corrupted_batch).last_hidden_state
+        hidden = encode(encoder(model), corrupted_batch).last_hidden_state
         copy_logits = self.copy_head(hidden).squeeze(-1)
         valid = torch.ones_like(clean, dtype=torch.bool) if is_packed(batch) else batch["attention_mask"].bool()
         copy, metrics["copy_acc"] = copy_loss(copy_logits, corrupted == clean, valid, tokens)
-        lm_logits = model.cls.predictions(hidden.flatten(0, 1).index_select(0, index))
+        lm_logits = mlm_logits(model, hidden.flatten(0, 1).index_select(0, index))
         lm, metrics["clm_acc"] = corrective_lm_loss(lm_logits, copy_logits.flatten().index_select(0, index),
                                                     picked, targets, masked)
         losses["clm"] = self.lambda_copy * copy + lm
@@ -251,7 +263,7 @@ class COCOLM(torch.nn.Module):
             view, types, attention = crop_view(clean, batch["token_type_ids"], batch["attention_mask"], self.crop,
                                                model.config.pad_token_id or 0, draws["crops"])
             view_batch = {"input_ids": view, "token_type_ids": types, "attention_mask": attention}
-        view_cls = first_tokens(encode(model.bert, view_batch).last_hidden_state, view_batch)
+        view_cls = first_tokens(encode(encoder(model), view_batch).last_hidden_state, view_batch)
         losses["scl"], metrics["scl_acc"] = sequence_contrastive_loss(first_tokens(hidden, batch), view_cls,
                                                                       self.tau, self.negatives_group)
         return losses, metrics

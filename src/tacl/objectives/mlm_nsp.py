@@ -1,4 +1,4 @@
-"""BERT's masked language model + next sentence prediction losses."""
+"""The masked language model loss (every family) and BERT's next sentence prediction loss."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from tacl.objectives import counts, in_fp32, mean_of, step_denominator
+from tacl.objectives.encoders import encoder, has_nsp, mlm_logits, nsp_logits
 from tacl.objectives.packed import encode, pooled
 
 IGNORE_INDEX = -100
@@ -34,19 +35,20 @@ def nsp_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, 
                                                            torch.ones_like(labels, dtype=torch.bool))
 
 
-def mlm_nsp_terms(model: Any, batch: dict[str, torch.Tensor], sequence_output: torch.Tensor,
-                  pooled_output: torch.Tensor, with_nsp: bool = True) -> tuple[dict, dict]:
-    """MLM (+ NSP) loss terms and metrics from a BertForPreTraining's heads.
+def mlm_nsp_terms(model: Any, batch: dict[str, torch.Tensor], out: Any, with_nsp: bool = True) -> tuple[dict, dict]:
+    """MLM (+ NSP) loss terms and metrics from the student's heads (tacl.objectives.encoders), given its
+    encoder's output `out`. NSP only where `with_nsp` and the model has BERT's NSP head (a family pretrained
+    without NSP has none: its batches' `nsp_labels` are not read).
 
     The vocabulary projection runs only on the selected positions (about 15%), gathered by the batch's
     fixed-length `mlm_index`, not on every token. MLM is the step's mean over its selected positions; NSP
     the mean over the micro-batch's sequences (every micro-batch of a step holds as many)."""
-    selected = sequence_output.flatten(0, 1).index_select(0, batch["mlm_index"])
+    selected = out.last_hidden_state.flatten(0, 1).index_select(0, batch["mlm_index"])
     losses, metrics = {}, {}
-    losses["mlm"], metrics["mlm_acc"] = mlm_loss(model.cls.predictions(selected), batch["mlm_targets"],
+    losses["mlm"], metrics["mlm_acc"] = mlm_loss(mlm_logits(model, selected), batch["mlm_targets"],
                                                  step_denominator(batch, "masked"))
-    if with_nsp:
-        losses["nsp"], metrics["nsp_acc"] = nsp_loss(model.cls.seq_relationship(pooled_output),
+    if with_nsp and has_nsp(model):
+        losses["nsp"], metrics["nsp_acc"] = nsp_loss(nsp_logits(model, pooled(model, out, batch)),
                                                      batch["nsp_labels"])
     return losses, metrics
 
@@ -59,5 +61,4 @@ class MlmNsp:
 
     def __call__(self, model: Any, teacher: Any, batch: dict[str, torch.Tensor],
                  draws: dict[str, Any]) -> tuple[dict, dict]:
-        out = encode(model.bert, batch)
-        return mlm_nsp_terms(model, batch, out.last_hidden_state, pooled(model, out, batch), self.with_nsp)
+        return mlm_nsp_terms(model, batch, encode(encoder(model), batch), self.with_nsp)

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from tacl.data.packing import is_packed
-from tacl.objectives import encoder_inputs
+from tacl.objectives.encoders import encoder_kwargs, pooler
 
 ATTENTION = "tacl_packed"
 
@@ -142,15 +142,15 @@ def sequences(batch: dict[str, Any]) -> PackedSequences:
                            batch["attention_mask"].bool()[:, None, None, :])
 
 
-def encode(bert: Any, batch: dict[str, Any], ids: str = "input_ids", **kwargs: Any) -> Any:
-    """A BertModel's output on a padded or a packed batch (read from its `ids` key)."""
+def encode(encoder: Any, batch: dict[str, Any], ids: str = "input_ids", **kwargs: Any) -> Any:
+    """A bare encoder's output (BertModel, RobertaModel, ...: tacl.objectives.encoders) on a padded or a packed
+    batch (read from its `ids` key)."""
     if not is_packed(batch):
-        return bert(**encoder_inputs(batch, ids), **kwargs)
-    if bert.config._attn_implementation != ATTENTION:
+        return encoder(**encoder_kwargs(encoder, batch, ids), **kwargs)
+    if encoder.config._attn_implementation != ATTENTION:
         raise RuntimeError(f"a packed batch needs attention within sequences: call use_packed_attention on the "
-                           f"model (it uses {bert.config._attn_implementation!r})")
-    return bert(input_ids=batch[ids], token_type_ids=batch["token_type_ids"], position_ids=batch["position_ids"],
-                packed_sequences=sequences(batch), **kwargs)
+                           f"model (it uses {encoder.config._attn_implementation!r})")
+    return encoder(**encoder_kwargs(encoder, batch, ids), packed_sequences=sequences(batch), **kwargs)
 
 
 def first_tokens(hidden: torch.Tensor, batch: dict[str, Any]) -> torch.Tensor:
@@ -164,7 +164,7 @@ def pooled(model: Any, out: Any, batch: dict[str, Any]) -> torch.Tensor:
     """BERT's pooled [CLS] output per sequence (the NSP head's input)."""
     if not is_packed(batch):
         return out.pooler_output
-    return model.bert.pooler(first_tokens(out.last_hidden_state, batch)[:, None])
+    return pooler(model)(first_tokens(out.last_hidden_state, batch)[:, None])
 
 
 def per_sequence(x: torch.Tensor, batch: dict[str, Any]) -> torch.Tensor:

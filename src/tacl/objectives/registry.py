@@ -14,6 +14,8 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from tacl.runtime.family import Family
+
 
 @dataclass(frozen=True)
 class Objective:
@@ -94,6 +96,25 @@ def packing_error(objective: str, params: dict[str, Any]) -> str | None:
     if objective == "tacl_attn":
         return ("pretrain.packing: tacl_attn computes its attention weights on the padded layout; use packing "
                 "false for it (its own config) or leave it out of pretrain.objectives")
+    return None
+
+
+def family_error(objective: str, params: dict[str, Any], fam: Family, packing: bool = False) -> str | None:
+    """Why this objective cannot train a start model of family `fam` (tacl.runtime.family), packed or not (one
+    line naming the keys), or None. Only BERT has an NSP head; packed batches need attention that goes
+    through transformers' attention interface (tacl.objectives.packed), which DeBERTa's and ModernBERT's do
+    not; tacl_attn reads a teacher layer's attention, which ModernBERT's rotary SDPA layers do not give."""
+    if objective == "mlm_nsp" and not fam.nsp:
+        return (f"pretrain.objectives: mlm_nsp trains next sentence prediction, which a {fam.name} start model was "
+                "not pretrained with and has no head for; use mlm, its control without NSP")
+    if objective == "taco" and params.get("keep_nsp") and not fam.nsp:
+        return f"pretrain.taco.keep_nsp: true, but a {fam.name} start model has no NSP head; set it to false"
+    if objective == "tacl_attn" and fam.name == "modernbert":
+        return ("pretrain.objectives: tacl_attn reads a teacher layer's attention probabilities, which a modernbert "
+                "start model does not give (rotary positions, SDPA without probabilities); leave tacl_attn out")
+    if packing and not fam.packing:
+        return (f"pretrain.packing: a {fam.name} start model's attention cannot read packed batches; set "
+                "pretrain.packing to false")
     return None
 
 

@@ -20,7 +20,8 @@ import torch.nn.functional as F
 
 from tacl.objectives import check_negatives_group, counts, group_size, in_fp32, mean_of, step_denominator
 from tacl.objectives.mlm_nsp import IGNORE_INDEX, mlm_nsp_terms
-from tacl.objectives.packed import encode, padded_index, per_sequence, pooled
+from tacl.objectives.encoders import encoder
+from tacl.objectives.packed import encode, padded_index, per_sequence
 
 _EXCLUDED = -1e9  # a logit that softmax turns into exactly 0 (-inf would make NaN gradients on empty rows)
 
@@ -111,8 +112,8 @@ class TaCL:
 
     def __call__(self, model: Any, teacher: Any, batch: dict[str, torch.Tensor],
                  draws: dict[str, Any]) -> tuple[dict, dict]:
-        out = encode(model.bert, batch)
-        losses, metrics = mlm_nsp_terms(model, batch, out.last_hidden_state, pooled(model, out, batch))
+        out = encode(encoder(model), batch)
+        losses, metrics = mlm_nsp_terms(model, batch, out)  # (NSP where the family has it)
         teacher.train(self.teacher_train_mode)
         # no autograd record (the teacher is frozen); not inference_mode, which torch.compile's AOTAutograd
         # cannot trace ("Cannot set version_counter for inference tensor") and whose tensors the student's

@@ -18,7 +18,12 @@ P_h = softmax(Q_h K_h^T / sqrt(d) + padding mask), with Q and K the layer's own 
 of its input, recomputed in fp32 (TF32 matmuls on a GPU) from the hidden states that the teacher's one
 pass returns: no second teacher pass, no eager attention, no host synchronisation, fixed shapes. The
 weights are constants (the teacher is frozen). Attention dropout (a teacher in train mode) is not applied
-to P. Metric `tacl_weight_ess`: the weights' effective share of the masked tokens, sum over groups of
+to P. That holds for BERT, RoBERTa, XLM-R and ELECTRA, whose layers are BERT's. A DeBERTa teacher runs
+eager attention anyway (transformers has no SDPA for it) and returns its own probabilities, relative
+positions included (`output_attentions`): P_h is those, mean over heads in the same way (with attention
+dropout where the teacher is in train mode). A ModernBERT start model is refused
+(tacl.objectives.registry.family_error): its query and key carry rotary positions and its SDPA returns no
+probabilities. Metric `tacl_weight_ess`: the weights' effective share of the masked tokens, sum over groups of
 (sum_G w)^2 / sum over groups of |G| sum_G w^2, 1 when they are uniform.
 """
 
@@ -30,7 +35,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from tacl.objectives import encoder_inputs, group_size, in_fp32
+from tacl.objectives import group_size, in_fp32
+from tacl.objectives.encoders import bert_style_attention, padded_inputs, self_attention
 from tacl.objectives.tacl import _EXCLUDED, TaCL
 from tacl.runtime.io import InputError
 
@@ -54,6 +60,13 @@ def attention_received(hidden: torch.Tensor, query_weight: torch.Tensor, query_b
         scores = scores.masked_fill(~allowed, _EXCLUDED)
     probs = scores.softmax(-1)  # [B, h, query, key]
     return torch.einsum("bhqk,bq->bk", probs, queries.to(probs.dtype)) / heads
+
+
+@in_fp32
+def attention_from_probabilities(probs: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+    """a [B, L] as `attention_received` gives it, from a layer's own attention probabilities [B, h, L, L] (an
+    eager encoder's `output_attentions`)."""
+    return torch.einsum("bhqk,bq->bk", probs, queries.to(probs.dtype)) / probs.shape[1]
 
 
 @in_fp32
@@ -111,13 +124,18 @@ class TaCLAttn(TaCL):
                      metrics: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.weighting == "uniform":
             return super().teacher_side(teacher, batch, metrics)
-        inputs = encoder_inputs(batch, "clean_ids")
-        out = teacher(**inputs, output_hidden_states=True)
-        k = self.layer - 1 if self.layer > 0 else len(teacher.encoder.layer) + self.layer
-        attention = teacher.encoder.layer[k].attention.self
-        received = attention_received(out.hidden_states[k], attention.query.weight, attention.query.bias,
-                                      attention.key.weight, attention.key.bias, attention.num_attention_heads,
-                                      inputs["attention_mask"], batch["attention_mask"].bool())
+        inputs = padded_inputs(teacher, batch, "clean_ids")
+        k = self.layer - 1 if self.layer > 0 else teacher.config.num_hidden_layers + self.layer
+        queries = batch["attention_mask"].bool()
+        if bert_style_attention(teacher):  # recomputed from the layer's query and key (SDPA gives no probabilities)
+            out = teacher(**inputs, output_hidden_states=True)
+            attention = self_attention(teacher, k)
+            received = attention_received(out.hidden_states[k], attention.query.weight, attention.query.bias,
+                                          attention.key.weight, attention.key.bias, attention.num_attention_heads,
+                                          inputs["attention_mask"], queries)
+        else:  # DeBERTa's eager attention returns its probabilities (relative positions included)
+            out = teacher(**inputs, output_attentions=True)
+            received = attention_from_probabilities(out.attentions[k], queries)
         anchors = batch["mlm_mask"]
         weights = token_weights(received, anchors, self.power, self.negatives_group)
         metrics["tacl_weight_ess"] = effective_share(weights, anchors, self.negatives_group)

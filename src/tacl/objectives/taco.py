@@ -23,7 +23,8 @@ import torch.nn.functional as F
 from tacl.objectives import (GroupDraws, check_negatives_group, counts, draw_width, group_size, in_fp32, mean_of,
                              step_denominator)
 from tacl.objectives.mlm_nsp import IGNORE_INDEX, mlm_nsp_terms
-from tacl.objectives.packed import encode, per_sequence, pooled
+from tacl.objectives.encoders import encoder
+from tacl.objectives.packed import encode, per_sequence
 
 
 def _below(n: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -165,9 +166,8 @@ class TACO:
 
     def __call__(self, model: Any, teacher: Any, batch: dict[str, torch.Tensor],
                  draws: dict[str, Any]) -> tuple[dict, dict]:
-        out = encode(model.bert, batch, output_hidden_states=True)
-        losses, metrics = mlm_nsp_terms(model, batch, out.last_hidden_state, pooled(model, out, batch),
-                                        with_nsp=self.keep_nsp)
+        out = encode(encoder(model), batch, output_hidden_states=True)
+        losses, metrics = mlm_nsp_terms(model, batch, out, with_nsp=self.keep_nsp)
         valid = batch["attention_mask"].bool()
         positive, negatives, has_negatives = sample_taco_pairs(valid, self.window, self.negatives, draws["pairs"],
                                                                self.negatives_group)

@@ -1,55 +1,108 @@
-"""The starting checkpoint (fetched once on the login node, or a random BERT built from a config), the
-student and teacher built from it, and the export of a trained student in Hugging Face format."""
+"""The starting checkpoint (fetched once on the login node, or a random encoder built from a config), the
+student and teacher built from it, and the export of a trained student in Hugging Face format.
+
+A BERT start model is a BertForPreTraining (MLM and NSP heads), its teacher a BertModel; another family's
+(tacl.runtime.family) is its masked-LM model (AutoModelForMaskedLM), its teacher the bare encoder
+(AutoModel). Every model loads with its family's attention implementation."""
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from tacl.runtime.family import Family, family
 from tacl.runtime.hub import from_hub, load_tokenizer, resolve_pretrained
 from tacl.runtime.io import InputError, atomic_path, read_json, sha256_file, write_json_atomic
 
 START_META = "tacl_start.json"
+log = logging.getLogger("tacl.pretrain")
 
 
 def init_start_model(model: str, init: dict[str, Any], tokenizer_dir: str, out_dir: str) -> dict[str, Any]:
-    """Write the starting checkpoint as a BertForPreTraining directory with the run's tokenizer.
+    """Write the starting checkpoint with the run's tokenizer: a BertForPreTraining directory for BERT, the
+    family's masked-LM model for another.
 
-    init.kind == "pretrained": `model` (HF name, directory or package:NAME); heads it lacks (e.g. a
-    sentence-embedding encoder has no MLM head) are initialised fresh, as BertForPreTraining does.
-    init.kind == "random": a BERT of the given size with the tokenizer's vocabulary, seeded.
+    init.kind == "pretrained": `model` (HF name, directory or package:NAME), its family from its config's
+    model_type; heads it lacks (e.g. a sentence-embedding encoder or an ELECTRA discriminator has no MLM
+    head) are initialised fresh.
+    init.kind == "random": an encoder of init.family (default bert) of the given size with the tokenizer's
+    vocabulary and special tokens, seeded.
     """
-    from transformers import AutoConfig, BertConfig, BertForPreTraining
+    from transformers import AutoConfig, BertForPreTraining
 
     tok = load_tokenizer(tokenizer_dir)
     if init.get("kind", "pretrained") == "random":
+        fam = family(init.get("family", "bert"), "model_init.family")
         torch.manual_seed(int(init.get("seed", 0)))
-        config = BertConfig(vocab_size=len(tok), hidden_size=init["hidden"], num_hidden_layers=init["layers"],
-                            num_attention_heads=init["heads"], intermediate_size=init["intermediate"],
-                            max_position_embeddings=init.get("max_position", 512),
-                            pad_token_id=tok.pad_token_id)
-        student = BertForPreTraining(config)
-        source = f"random BERT {init}"
+        student = random_model(fam, init, tok)
+        source = f"random BERT {init}" if fam.name == "bert" else f"random {fam.name} {init}"
     else:
         path = resolve_pretrained(model)
         with from_hub(model, "model", "`model` or `finetune.extra_models` (whichever names it)"):
-            config = AutoConfig.from_pretrained(path)
-            if config.model_type != "bert":
-                raise InputError(f"model {model!r}: a {config.model_type} checkpoint, not BERT")
-            student = BertForPreTraining.from_pretrained(path)
+            fam = family(AutoConfig.from_pretrained(path).model_type, f"model {model!r}")
+            if fam.name == "bert":
+                student = BertForPreTraining.from_pretrained(path)
+            else:
+                student = pretrained_mlm(path, model)
         source = model
     if student.config.vocab_size < len(tok):
         raise InputError(f"model {model!r}: vocabulary {student.config.vocab_size} < tokenizer's {len(tok)}")
     with atomic_path(out_dir) as tmp:
         student.save_pretrained(str(tmp))
         tok.save_pretrained(str(tmp))
-        meta = {"source": source, "init": init, "parameters": sum(p.numel() for p in student.parameters()),
+        meta = {"source": source, "family": fam.name, "init": init,
+                "parameters": sum(p.numel() for p in student.parameters()),
                 "weights_sha256": sha256_file(tmp / "model.safetensors"), "given": {"model": model, "init": init}}
         write_json_atomic(tmp / START_META, meta)
     return meta
+
+
+def random_model(fam: Family, init: dict[str, Any], tok: Any) -> Any:
+    """A fresh model of family `fam` sized by `init` (model_init), with the tokenizer's vocabulary and its
+    pad, [CLS]/<s> and [SEP]/</s> ids (the torch seed set by the caller): BertForPreTraining for BERT, else
+    the family's masked-LM model. DeBERTa is built as DeBERTa-v3 (relative attention, no absolute positions,
+    no token types); RoBERTa's and XLM-R's positions start after the padding id, as theirs do."""
+    from transformers import AutoConfig, AutoModelForMaskedLM, BertConfig, BertForPreTraining
+
+    size = {"vocab_size": len(tok), "hidden_size": init["hidden"], "num_hidden_layers": init["layers"],
+            "num_attention_heads": init["heads"], "intermediate_size": init["intermediate"],
+            "max_position_embeddings": init.get("max_position", 512), "pad_token_id": tok.pad_token_id}
+    if fam.name == "bert":  # (as it always was: the demo's figures depend on it)
+        return BertForPreTraining(BertConfig(**size))
+    first = tok.cls_token_id if tok.cls_token_id is not None else tok.bos_token_id
+    last = tok.sep_token_id if tok.sep_token_id is not None else tok.eos_token_id
+    specials = {"bos_token_id": first, "eos_token_id": last}
+    if fam.name in ("roberta", "xlm-roberta"):
+        extra = {"max_position_embeddings": size["max_position_embeddings"] + tok.pad_token_id + 1,
+                 "type_vocab_size": 1}
+    elif fam.name == "deberta-v2":
+        extra = {"relative_attention": True, "position_biased_input": False, "pos_att_type": ["p2c", "c2p"],
+                 "max_relative_positions": -1, "position_buckets": 256, "norm_rel_ebd": "layer_norm",
+                 "share_att_key": True, "type_vocab_size": 0}
+    elif fam.name == "electra":
+        extra = {"embedding_size": init["hidden"]}
+    else:  # modernbert
+        extra = {"cls_token_id": first, "sep_token_id": last}
+    config = AutoConfig.for_model(fam.name, **{**size, **specials, **extra})
+    return AutoModelForMaskedLM.from_config(config, attn_implementation=fam.attention)
+
+
+def pretrained_mlm(path: str, model: str) -> Any:
+    """A pretrained checkpoint of a family other than BERT as its masked-LM model; one without an MLM head gets
+    a fresh one, and the log says so."""
+    from transformers import AutoModelForMaskedLM
+
+    student, info = AutoModelForMaskedLM.from_pretrained(path, output_loading_info=True)
+    prefix = student.base_model_prefix + "."
+    fresh = [k for k in info["missing_keys"] if not k.startswith(prefix) and not k.endswith("position_ids")]
+    if fresh:
+        log.info("model %r: no masked-LM head in the checkpoint (%s, ...): a fresh one is initialised", model,
+                 fresh[0])
+    return student
 
 
 def start_identity(start_dir: str) -> dict[str, Any]:
@@ -59,35 +112,57 @@ def start_identity(start_dir: str) -> dict[str, Any]:
     return read_json(path)
 
 
-# PyTorch's scaled_dot_product_attention (flash / memory-efficient kernels on GPUs); the objectives pass it
-# a boolean padding mask (tacl.objectives.encoder_inputs), which only this implementation takes, or none for a
-# micro-batch without padding (then SDPA may pick flash attention).
-ATTENTION = "sdpa"
+def start_family(start_dir: str) -> Family:
+    """The family of a starting checkpoint, from its config's model_type."""
+    from transformers import AutoConfig
+
+    return family(AutoConfig.from_pretrained(start_dir).model_type, f"start model {start_dir}")
+
+
+def attention(model_dir: str) -> str:
+    """The attn_implementation a checkpoint's models load with: its family's (tacl.runtime.family). SDPA
+    (PyTorch's scaled_dot_product_attention: flash / memory-efficient kernels on GPUs) where transformers has
+    it: the objectives pass it a boolean padding mask (tacl.objectives.encoders), or none for a micro-batch
+    without padding (then SDPA may pick flash attention); DeBERTa's eager attention where it has not."""
+    return start_family(model_dir).attention
 
 
 def load_student(start_dir: str) -> Any:
-    from transformers import BertForPreTraining
+    """BertForPreTraining for a BERT start model, else its family's masked-LM model."""
+    from transformers import AutoModelForMaskedLM, BertForPreTraining
 
-    return BertForPreTraining.from_pretrained(start_dir, attn_implementation=ATTENTION)
+    fam = start_family(start_dir)
+    auto = BertForPreTraining if fam.name == "bert" else AutoModelForMaskedLM
+    return auto.from_pretrained(start_dir, attn_implementation=fam.attention)
 
 
 def load_teacher(start_dir: str) -> Any:
     """A frozen copy of the starting encoder, outside the optimizer."""
-    from transformers import BertModel
+    from transformers import AutoModel
 
-    teacher = BertModel.from_pretrained(start_dir, add_pooling_layer=False, attn_implementation=ATTENTION)
+    fam = start_family(start_dir)
+    teacher = AutoModel.from_pretrained(start_dir, attn_implementation=fam.attention, **without_pooler(fam))
     teacher.requires_grad_(False)
     return teacher
 
 
+def without_pooler(fam: Family) -> dict[str, Any]:
+    """AutoModel's keyword arguments for an encoder without the pooler that BERT's and RoBERTa's models add
+    (no objective reads a teacher's pooled output; RoBERTa's masked-LM checkpoints have none to load)."""
+    return {"add_pooling_layer": False} if fam.name in ("bert", "roberta", "xlm-roberta") else {}
+
+
 def export_model(state_dict: dict[str, torch.Tensor] | None, start_dir: str, out_dir: str,
                  summary: dict[str, Any], summary_path: str) -> None:
-    """save_pretrained the student (BertForPreTraining: encoder + MLM/NSP heads) and its tokenizer.
+    """save_pretrained the student and its tokenizer: BertForPreTraining (encoder + MLM/NSP heads) for BERT,
+    else the family's masked-LM model, which is reloaded from the written folder before it is put in place:
+    its logits on a fixed batch must equal the trained model's, and AutoModel must load it.
 
     `state_dict` None exports the starting checkpoint itself (objective `none`)."""
-    from transformers import BertForPreTraining
+    from transformers import AutoModelForMaskedLM, BertForPreTraining
 
-    model = BertForPreTraining.from_pretrained(start_dir)
+    bert = start_family(start_dir).name == "bert"
+    model = (BertForPreTraining if bert else AutoModelForMaskedLM).from_pretrained(start_dir)
     if state_dict is not None:
         missing, unexpected = model.load_state_dict(state_dict, strict=False)
         missing = [k for k in missing if not k.endswith("position_ids")]
@@ -98,7 +173,28 @@ def export_model(state_dict: dict[str, torch.Tensor] | None, start_dir: str, out
     with atomic_path(out_dir) as tmp:
         model.save_pretrained(str(tmp))
         tok.save_pretrained(str(tmp))
+        if not bert:
+            check_export(model, tmp, out_dir)
     write_json_atomic(summary_path, summary)
+
+
+def check_export(model: Any, folder: Path, out_dir: str) -> None:
+    """The folder written by an export reloads as the model it was written from: AutoModelForMaskedLM's logits
+    on a fixed small batch equal the model's (fp32 on the CPU, a tight tolerance), and AutoModel loads it.
+    An error naming `out_dir` otherwise."""
+    from transformers import AutoModel, AutoModelForMaskedLM
+
+    ids = torch.arange(2 * 12).remainder(model.config.vocab_size).view(2, 12)
+    mask = torch.ones_like(ids)
+    mask[1, 8:] = 0
+    with torch.no_grad():
+        before = model.float().eval()(input_ids=ids, attention_mask=mask).logits
+        reloaded = AutoModelForMaskedLM.from_pretrained(str(folder)).eval()
+        after = reloaded(input_ids=ids, attention_mask=mask).logits
+    if not torch.allclose(before, after, rtol=1e-5, atol=1e-5):
+        raise RuntimeError(f"export {out_dir}: the written model reloads with other logits (largest difference "
+                           f"{(before - after).abs().max().item():.3g})")
+    AutoModel.from_pretrained(str(folder))
 
 
 def clean_state_dict(state: dict[str, torch.Tensor], prefix: str = "model.") -> dict[str, torch.Tensor]:

@@ -53,7 +53,7 @@ from tacl.runtime.device import computes_bf16, device_info, fast_fp32_matmul, gp
 from tacl.runtime.hub import load_tokenizer, tokenizer_hash
 from tacl.runtime.io import InputError, read_json, stable_hash, write_json_atomic
 from tacl.objectives import NO_PADDING, GroupDraws, build_objective, objective_draws
-from tacl.objectives.registry import group_error, packing_error
+from tacl.objectives.registry import family_error, group_error, packing_error
 from tacl.pretrain import checkpoint
 from tacl.pretrain.deadline import Deadline, StopSignals, describe, end_times
 from tacl.pretrain.form import form_error, masking_spec
@@ -62,7 +62,7 @@ from tacl.pretrain.identity import adopt_run_dir, check_not_removed, check_zero_
 from tacl.runtime.lock import RunLock
 from tacl.pretrain.metrics import MetricsLog
 from tacl.pretrain.rundir import clear_leftovers
-from tacl.pretrain.model import load_student, load_teacher
+from tacl.pretrain.model import load_student, load_teacher, start_family
 from tacl.pretrain.settings import TrainSettings
 
 log = logging.getLogger("tacl.pretrain")
@@ -331,6 +331,8 @@ def _check_inputs(args: ChunkArgs, env: DistEnv) -> tuple[Any, int]:
     objective = build_objective(s.objective, s.objective_params)
     if s.packing and (why := packing_error(s.objective, s.objective_params)):
         raise InputError(why)
+    if why := family_error(s.objective, s.objective_params, start_family(args.start_model), s.packing):
+        raise InputError(why)  # e.g. mlm_nsp on a family without NSP
     if hasattr(objective, "check"):
         objective.check(args.start_model)  # e.g. COCO-LM's auxiliary model is no larger than the main one
     return objective, accumulation
@@ -406,6 +408,12 @@ def _build_model(args: ChunkArgs, env: DistEnv, objective: Any, bf16: bool) -> t
     return trainable, teacher
 
 
+def no_weight_decay(name: str, parameter: torch.Tensor) -> bool:
+    """Biases and normalisation weights train without weight decay: BERT's by name (`bias`, `LayerNorm`), and
+    every 1-D parameter (another family's norms, e.g. ModernBERT's `attn_norm`, which have other names)."""
+    return any(k in name for k in ("bias", "LayerNorm")) or parameter.dim() < 2
+
+
 def _engine(args: ChunkArgs, env: DistEnv, trainable: Pretrainer, accumulation: int, tag: str | None,
             saved_world: int) -> tuple[Any, Any, Path | None]:
     """(DeepSpeed's engine, the learning rate's schedule, the universal checkpoint that another number of
@@ -414,8 +422,8 @@ def _engine(args: ChunkArgs, env: DistEnv, trainable: Pretrainer, accumulation: 
     import deepspeed
 
     s, run_dir, cpu = args.settings, Path(args.run_dir), env.device.type == "cpu"
-    decay = [p for n, p in trainable.named_parameters() if not any(k in n for k in ("bias", "LayerNorm"))]
-    no_decay = [p for n, p in trainable.named_parameters() if any(k in n for k in ("bias", "LayerNorm"))]
+    decay = [p for n, p in trainable.named_parameters() if not no_weight_decay(n, p)]
+    no_decay = [p for n, p in trainable.named_parameters() if no_weight_decay(n, p)]
     # fused: one kernel for all parameters, and the step count stays on the device (the unfused CPU/foreach
     # variants read it on the host for every parameter)
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": s.weight_decay},
