@@ -299,7 +299,8 @@ def test_the_config_check_refuses_what_the_family_cannot_train(tmp_path):
 
     assert errors() == []
     init = {"kind": "random", "layers": 2, "hidden": 32, "heads": 2, "intermediate": 64, "max_position": 128}
-    found = errors(model_init={**init, "family": "roberta"}, **{"pretrain.objectives": ["mlm_nsp", "mlm", "tacl"]})
+    found = errors(model_init={**init, "family": "roberta"}, **{"pretrain.objectives": ["mlm_nsp", "mlm", "tacl"],
+                                                                "finetune.contrastive": {"forms": []}})
     assert len(found) == 1 and found[0].startswith("pretrain.objectives: mlm_nsp trains next sentence prediction")
     found = errors(model_init={**init, "family": "deberta-v2"}, **{"pretrain.objectives": ["tacl"],
                                                                    "pretrain.packing": True})

@@ -144,7 +144,9 @@ def start_model_shape(config: dict[str, Any]) -> dict[str, Any] | None:
         model = {"model_type": family, "num_hidden_layers": init["layers"], "hidden_size": init.get("hidden"),
                  "intermediate_size": init.get("intermediate"), "max_position_embeddings": init.get("max_position",
                                                                                                     512)}
-        return _described(model, "model_init")
+        # (a random RoBERTa or XLM-R gets max_position positions for tokens, its position table pad + 1 more:
+        # tacl.pretrain.model)
+        return {**_described(model, "model_init"), "positions": model["max_position_embeddings"]}
     from tacl.runtime.hub import resolve_pretrained
     from tacl.runtime.shape import PUBLISHED_CONFIGS
 
@@ -252,12 +254,12 @@ def family_errors(config: dict[str, Any], shape: dict[str, Any]) -> list[str]:
     except InputError as e:
         return [f"{e} ({shape['key']})"]
     p = config["pretrain"]
-    problems = [why for o in p["objectives"] if o != "none"
+    problems = [why for o in p["objectives"] if o not in ("none", "mlm_nsp")  # (mlm_nsp: below, with its source)
                 if (why := family_error(o, objective_params(p, o), found, bool(p.get("packing"))))]
     if found.nsp:
         return problems
     ft = config["finetune"]
-    named = [("finetune.models", ft.get("models")),
+    named = [("pretrain.objectives", p["objectives"]), ("finetune.models", ft.get("models")),
              ("finetune.contrastive.models", (ft.get("contrastive") or {}).get("models"))]
     return problems + [f"{where}: mlm_nsp trains next sentence prediction, but the start model is of the {found.name} "
                        f"family, pretrained without it ({shape['key']}); its control is mlm (masked LM alone): put "
