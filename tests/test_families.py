@@ -303,6 +303,7 @@ def test_the_config_check_refuses_what_the_family_cannot_train(tmp_path):
                                                                 "finetune.contrastive": {"forms": []}})
     assert len(found) == 1 and found[0].startswith("pretrain.objectives: mlm_nsp trains next sentence prediction")
     found = errors(model_init={**init, "family": "deberta-v2"}, **{"pretrain.objectives": ["tacl"],
-                                                                   "pretrain.packing": True})
+                                                                   "pretrain.packing": True,
+                                                                   "finetune.contrastive": {"forms": []}})
     assert found == ["pretrain.packing: a deberta-v2 start model's attention cannot read packed batches; set "
                      "pretrain.packing to false"]
