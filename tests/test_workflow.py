@@ -586,10 +586,21 @@ def test_failed_task_sweep_extension_and_intermediate_start(tmp_path):
         assert "squad_v2-dev-predictions.json" in z.namelist() and "MNLI-m.tsv" not in z.namelist()
 
 
+_BPE_TOKENIZER: list = []  # (trained once: every run of the small DAG reads the same tokenizer)
+
+
 def small_dag_config(root) -> dict:
     """Data, a pretraining run in two chunks, fine-tunes with two seeds (one model also contrastive),
-    similarity, sentence embeddings, report: the smallest DAG with every kind of job."""
+    similarity, sentence embeddings, report: the smallest DAG with every kind of job. Its start model is of
+    another family than BERT's: a random RoBERTa with a byte-level BPE tokenizer trained on the demo's text
+    (sequences of whole sentences, no NSP, no token types, exported and fine-tuned as a RoBERTa)."""
+    from tokenizer_kit import demo_texts, train
+
+    if not _BPE_TOKENIZER:
+        _BPE_TOKENIZER.append(str(train("bpe", demo_texts(), Path(root) / "tokenizer-bpe")))
     cfg = demo_config(root)
+    cfg["model_init"]["family"] = "roberta"
+    cfg["tokenizer"] = _BPE_TOKENIZER[0]
     cfg["data"]["max_lines"] = 3000
     cfg["pretrain"].update(objectives=["none", "coco_lm"], steps=12, log_every=4)
     cfg["pretrain"]["chunk"].update(runtime_minutes=30, max_steps=6)

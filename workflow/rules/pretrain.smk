@@ -21,7 +21,7 @@ rule init_model:
         CONDA_ENV
     params:
         model=config["model"],
-        init=stamp(config["model_init"]),
+        init=stamp(design.start_model_init(config)),
     shell:
         "python -m tacl pretrain init-model --model {params.model:q} --init {params.init:q}"
         " --tokenizer {input.tokenizer} --out {output} > {log} 2>&1"

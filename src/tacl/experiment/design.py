@@ -44,6 +44,13 @@ def tokenizer_name(config: dict[str, Any]) -> str:
     return config["tokenizer"] or config["model"]
 
 
+def start_model_init(config: dict[str, Any]) -> dict[str, Any]:
+    """`model_init` as the init_model job is given it: without `family` where it is bert, the family of every
+    start model made before families were recorded, so that their jobs' parameters stay as they were (no
+    rerun); init_model takes a missing family as bert."""
+    return {k: v for k, v in config["model_init"].items() if (k, v) != ("family", "bert")}
+
+
 def start_family_given(config: dict[str, Any]) -> dict[str, str]:
     """What decides the start model's family (tacl.runtime.family) beyond the tokenizer's name, among the
     tokenizer job's parameters, which decide its rerun and so the shards': a random start model's

@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from tacl import RESULT_VERSIONS
-from tacl.data.build import shard_config
+from tacl.data.build import shard_config, tokenizer_form
 from tacl.data.clean import clean_given
 from tacl.data.download import TOKENIZER_META
-from tacl.experiment.design import (expected_runs, finetune_models, pretrain_settings, setting_hparams, task_source,
-                                    tokenizer_given)
+from tacl.experiment.design import (expected_runs, finetune_models, pretrain_settings, setting_hparams,
+                                    start_model_init, task_source, tokenizer_given)
 from tacl.experiment.layout import Layout
 from tacl.finetune import GIVEN, finetune_given
 from tacl.runtime.io import changed_keys
@@ -77,6 +77,13 @@ def rerun_tags(jobs: list[Finished]) -> set[str]:
     return {f"{job.rule}:{job.label}" for job in jobs if job.changes}
 
 
+def _recorded_form(layout: Layout) -> str:
+    """The form the shards are made in, as the tokenizer the data stage saved decides it (its family); NSP
+    pairs before it is saved (the tokenizer job's own change then says why the shards run again)."""
+    meta = Path(layout.data) / "tokenizer" / TOKENIZER_META
+    return tokenizer_form(json.loads(meta.read_text()) if meta.is_file() else {})
+
+
 def finished_jobs(config: dict[str, Any], layout: Layout) -> list[Finished]:
     """The finished jobs of an experiment that keep the settings they ran with, beside what the config gives
     them now (the same values the workflow passes the jobs)."""
@@ -90,9 +97,10 @@ def finished_jobs(config: dict[str, Any], layout: Layout) -> list[Finished]:
         Finished("clean", clean, "given", clean,
                  clean_given(d["max_lines"], d["heldout_fraction"], d["sentence_splitter"])),
         Finished("shard", manifest, "config", manifest,
-                 shard_config(d["max_len"], d["short_seq_prob"], d["seed"], d["dupe_factor"], d["num_shards"])),
+                 shard_config(d["max_len"], d["short_seq_prob"], d["seed"], d["dupe_factor"], d["num_shards"],
+                              _recorded_form(layout))),
         Finished("init_model", f"{start}/tacl_start.json", "given", start,
-                 {"model": config["model"], "init": config["model_init"]}),
+                 {"model": config["model"], "init": start_model_init(config)}),
     ]
     again = (f"each starts again from the start model, its checkpoints set aside in "
              f"{layout.pretrain}/OBJECTIVE/superseded/")
