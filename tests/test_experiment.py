@@ -229,3 +229,20 @@ def test_a_change_of_the_start_models_family_reruns_the_tokenizer_job(tmp_path):
     assert design.tokenizer_options(cfg) == "--start-model roberta-base"
     cfg["tokenizer"] = None
     assert design.start_family_given(cfg) == {}
+
+
+def test_the_family_key_leaves_a_bert_start_models_parameters_as_they_were(tmp_path):
+    """model_init.family (default bert) is not among the init_model job's parameters of a BERT start model,
+    nor the shards' form among the shard job's: a run finished before families were recorded runs nothing
+    again; another family is."""
+    cfg = filled(demo_config(tmp_path))
+    assert cfg["model_init"]["family"] == "bert"
+    assert "family" not in design.start_model_init(cfg)
+    assert design.start_model_init({"model_init": {**cfg["model_init"], "family": "roberta"}})["family"] == "roberta"
+    layout = Layout.of(cfg)
+    shard = next(j for j in finished_jobs(cfg, layout) if j.rule == "shard")
+    assert "form" not in shard.current
+    meta = Path(layout.data) / "tokenizer" / "tacl_tokenizer.json"
+    meta.parent.mkdir(parents=True)
+    meta.write_text(json.dumps({"family": "roberta"}))
+    assert next(j for j in finished_jobs(cfg, layout) if j.rule == "shard").current["form"] == "sentences"
