@@ -20,6 +20,8 @@ def register(stages: argparse._SubParsersAction) -> None:
     c.add_argument("--heldout-fraction", type=float, default=0.0, help="as the clean step (for the cap)")
     c.add_argument("--sentence-splitter", default="blingfire", choices=["blingfire", "regex"],
                    help="as the clean step (for the cap)")
+    c.add_argument("--stop-headings", type=json.loads, default=None,
+                   help="as the clean step (for the cap)")
     c.set_defaults(func=_download, online=True)
 
     c = cmds.add_parser("tokenizer", help="save the tokenizer into the results tree (login node)")
@@ -40,6 +42,8 @@ def register(stages: argparse._SubParsersAction) -> None:
     c.add_argument("--workers", type=int, default=1)
     c.add_argument("--sentence-splitter", default="blingfire", choices=["blingfire", "regex"],
                    help="regex: the reference's splitter and stop rule")
+    c.add_argument("--stop-headings", type=json.loads, default=None,
+                   help="the stop headings as a JSON list (data.language's or data.stop_headings; default: English's)")
     c.set_defaults(func=_clean)
 
     c = cmds.add_parser("shard", help="tokenize + NSP instances for one shard")
@@ -78,14 +82,16 @@ def _tokenizer(a: argparse.Namespace) -> None:
 def _download(a: argparse.Namespace) -> None:
     from tacl.data.download import download_corpus
 
-    download_corpus(json.loads(a.source), a.cache_dir, a.out, a.max_lines, a.heldout_fraction, a.sentence_splitter)
+    download_corpus(json.loads(a.source), a.cache_dir, a.out, a.max_lines, a.heldout_fraction, a.sentence_splitter,
+                    a.stop_headings)
 
 
 def _clean(a: argparse.Namespace) -> None:
-    from tacl.data.clean import clean_corpus
+    from tacl.data.clean import STOP_PREFIXES, clean_corpus
 
+    stops = STOP_PREFIXES if a.stop_headings is None else tuple(a.stop_headings)
     stats = clean_corpus(a.raw, a.corpus, a.index, a.heldout, a.stats, a.max_lines or None,
-                         a.heldout_fraction, a.workers, progress=True, splitter=a.sentence_splitter)
+                         a.heldout_fraction, a.workers, progress=True, splitter=a.sentence_splitter, stops=stops)
     print(json.dumps(stats))
 
 
