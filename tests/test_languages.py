@@ -117,3 +117,54 @@ def test_english_keeps_the_clean_jobs_settings_as_they_were(tmp_path):
     assert [p for p in plan_errors(config, load_schema(SCHEMA)) if p.startswith("data.")] == [
         "data.language: 'es' has no built-in stop headings (en, hr, sr); give its closing sections' headings as "
         "data.stop_headings"]
+
+
+ENGLISH_DOCS = [["The river flows through the old town.", "Its water is cold in the spring."],
+                ["The town has a small market.", "People sell fish and bread there."]]
+SERBIAN_DOCS = [["Београд је главни град Србије.", "Налази се на ушћу Саве у Дунав."],
+                ["Нови Сад лежи на Дунаву.", "То је други град по величини."]]
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "unigram", "bpe"])
+def test_a_tokenizer_without_the_corpus_script_shows_a_high_unknown_share(kind, tmp_path):
+    """A tokenizer trained on English text leaves Cyrillic unknown: the shard entries count the unknown token
+    among the tokens written, the manifest and the data summary add them up, and the summary warns naming the
+    tokenizer and the `tokenizer` and `model` keys. Byte-level BPE has no unknown token (it covers every byte)."""
+    from test_shards import write_corpus
+    from tokenizer_kit import train
+
+    from tacl.cluster.hooks import data_summary
+    from tacl.data.build import build_shard, gather_shards, unknown_line
+    from tacl.data.download import fetch_tokenizer
+    from tacl.runtime.io import write_json_atomic
+
+    texts = [" ".join(d) for d in ENGLISH_DOCS] * 20
+    tok = fetch_tokenizer(str(train(kind, texts, tmp_path / "trained", vocab_size=200)), str(tmp_path / "tok"),
+                          family="bert" if kind == "wordpiece" else "roberta")
+    shares = {}
+    for name, docs in (("en", ENGLISH_DOCS), ("sr", SERBIAN_DOCS)):
+        folder = tmp_path / name
+        folder.mkdir()
+        corpus, index = write_corpus(folder, docs)
+        entry = build_shard(corpus, index, tok, 0, 1, 64, 0.0, 1, str(folder / "shard-00000.bin"),
+                            str(folder / "shard-00000.json"))
+        manifest = gather_shards([str(folder / "shard-00000.json")], str(folder / "manifest.json"))
+        assert manifest["totals"]["unk_tokens"] == entry["unk_tokens"]
+        shares[name] = entry["unk_tokens"] / entry["tokens"]
+        summary = {"documents": 2, "sentences": 4, "examples": entry["examples"], "tokens": entry["tokens"],
+                   "shards": 1, "unk_tokens": entry["unk_tokens"], "tokenizer": manifest["tokenizer"]["name"]}
+        write_json_atomic(folder / "summary.json", summary)
+        shown = data_summary(str(folder / "summary.json"), "results").split("\n")
+        assert shown[0].endswith(f" tokens ({shares[name]:.2%} unknown) in 1 shards")
+        warning = unknown_line(entry["unk_tokens"], entry["tokens"], summary["tokenizer"])
+        assert shown[1:] == ([warning] if shares[name] > 0.01 else []) and (warning is None) == (shares[name] <= 0.01)
+    assert shares["en"] == 0
+    if kind == "bpe":
+        assert shares["sr"] == 0
+        return
+    assert shares["sr"] > 0.3  # (the special tokens around each example are known)
+    assert unknown_line(1, 100, "t") is None and unknown_line(None, 100, "t") is None
+    assert unknown_line(2, 100, "t") == (
+        "warning: 2.0% of the shards' tokens (2 of 100) are the unknown token of the tokenizer 't', which does not "
+        "cover the corpus's language: give one that does as `tokenizer` (or a start model for the language as "
+        "`model`)")

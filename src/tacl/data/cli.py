@@ -104,7 +104,7 @@ def _shard(a: argparse.Namespace) -> None:
 
 
 def _gather(a: argparse.Namespace) -> None:
-    from tacl.data.build import gather_shards
+    from tacl.data.build import gather_shards, unknown_line, unknown_text
     from tacl.runtime.io import read_json, write_json_atomic
 
     manifest = gather_shards(a.entries, a.out)
@@ -113,10 +113,15 @@ def _gather(a: argparse.Namespace) -> None:
     summary = {"documents": clean["documents"], "sentences": clean["sentences"],
                "heldout_documents": clean["heldout_documents"], "examples": t["examples"],
                "tokens": t["tokens"], "shards": t["shards"], "random_next": t["random_next"]}
+    if "unk_tokens" in t:
+        summary.update(unk_tokens=t["unk_tokens"], tokenizer=manifest["tokenizer"]["name"])
     write_json_atomic(a.summary, summary)
     what = {"nsp_pairs": "NSP examples", "sentences": "sequences of whole sentences"}[manifest["form"]]
+    unknown = unknown_text(t.get("unk_tokens"), t["tokens"])
     print("data: {documents} documents, {sentences} sentences -> {examples} {what}, "
-          "{tokens} tokens in {shards} shards".format(what=what, **summary))
+          "{tokens} tokens{unknown} in {shards} shards".format(what=what, unknown=unknown, **summary))
+    if warning := unknown_line(summary.get("unk_tokens"), t["tokens"], summary.get("tokenizer")):
+        print(warning)
 
 
 def _verify(a: argparse.Namespace) -> None:
