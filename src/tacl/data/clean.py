@@ -1,9 +1,9 @@
 """Clean + sentence-split with the TaCL recipe.
 
 Per article: split on newlines; stop at the first line starting with one of the language's stop headings
-(`STOP_HEADINGS`; English: "References", "External links", "Category:" or "See also"; `data.language` picks
-the list, `data.stop_headings` gives it instead); drop paragraphs under 3 words; split sentences; drop sentences under 3
-characters; drop the document if fewer than 2 sentences remain.
+(`STOP_HEADINGS`; English's: "References", "External links", "Category:" and "See also"; `data.language`
+picks the list, `data.stop_headings` gives it instead); drop paragraphs under 3 words; split sentences;
+drop sentences under 3 characters; drop the document if fewer than 2 sentences remain.
 
 Two sentence splitters (`data.sentence_splitter`):
 - `blingfire` (default): a statistical splitter; the stop line itself is dropped.
