@@ -20,11 +20,11 @@ def download_corpus(source: dict[str, Any], cache_dir: str, out_json: str, max_l
     """Make the corpus available offline and describe it in `out_json` (read by the clean step).
 
     A Hugging Face dataset with `max_lines` (data.max_lines) is streamed only as far as the clean step will
-    read it: each article is cleaned as the clean step will clean it (same splitter, stop headings (None:
-    English's) and held-out choice),
-    and the stream stops at the article whose document crosses the cap, where the clean step stops too. The
-    articles read are saved as JSON lines in the cache (`rows_file`), so that the clean job reads them
-    offline. Without a cap, the whole dataset is downloaded (English Wikipedia: about 20 GB)."""
+    read it: each article is cleaned as the clean step will clean it (same splitter, stop headings, None
+    for English's, and held-out choice), and the stream stops at the article whose document crosses the cap,
+    where the clean step stops too. The articles read are saved as JSON lines in the cache (`rows_file`), so
+    that the clean job reads them offline. Without a cap, the whole dataset is downloaded (English Wikipedia:
+    about 20 GB)."""
     record: dict[str, Any] = {"source": source, "cache_dir": os.path.abspath(cache_dir)}
     if source["kind"] == "hf" and max_lines:
         record.update(download_capped(source, cache_dir, max_lines, heldout_fraction, splitter, stops))
