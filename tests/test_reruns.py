@@ -163,6 +163,14 @@ def test_result_settings_rerun_exactly_what_they_change(finished):
     assert counts == {"finetune": 1, "select_setting": 1, "submissions": 1, "report": 1, "all": 1}, text[-3000:]
     assert "Finished work that this run does again" not in text
 
+    changed = copy.deepcopy(cfg)  # English's stop headings given as a list: the same settings, nothing rerun
+    changed["data"]["stop_headings"] = ["References", "External links", "Category:", "See also"]
+    assert planned(root, changed)[0] == {}
+    changed["data"].update(language="hr", stop_headings=None)  # Croatian's: the corpus is cleaned again
+    counts, text = planned(root, changed)
+    assert counts["download_corpus"] == 1 and counts["clean"] == 1 and counts["pretrain_chunk"] == 1, text[-3000:]
+    assert "clean: stop_headings (unset) -> [Izvori, Vanjske poveznice, " in text, text[-3000:]
+
     changed = copy.deepcopy(cfg)  # a task added: its data, its fine-tune, its selection
     changed["finetune"]["tasks"] = ["qnli", "squad_v2"]
     counts, text = planned(root, changed)

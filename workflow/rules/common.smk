@@ -141,6 +141,8 @@ def operational(value):
 tokenizer_name = partial(design.tokenizer_name, config)
 start_family_given = partial(design.start_family_given, config)
 tokenizer_options = partial(design.tokenizer_options, config)
+clean_language_given = partial(design.clean_language_given, config)
+clean_options = partial(design.clean_options, config)
 
 
 def data_outputs():

@@ -23,7 +23,7 @@ rule download_corpus:
         # a Hugging Face source is streamed only as far as the clean step will read it under max_lines
         cap=(
             f"--max-lines {config['data']['max_lines']} --heldout-fraction {config['data']['heldout_fraction']}"
-            f" --sentence-splitter {config['data']['sentence_splitter']}"
+            f" --sentence-splitter {config['data']['sentence_splitter']}{clean_options()}"
         ),
     shell:
         "python -m tacl data download --source {params.source:q} --cache-dir {params.cache} {params.cap}"
@@ -70,11 +70,13 @@ rule clean:
         heldout=config["data"]["heldout_fraction"],
         splitter=config["data"]["sentence_splitter"],
         version=RESULT_VERSIONS["data"],
+        # the stop headings where they are not English's (data.language, data.stop_headings)
+        **clean_language_given(),
     shell:
         "python -m tacl data clean --raw {input} --corpus {output.corpus} --index {output.index}"
         " --heldout {output.heldout} --stats {output.stats} --max-lines {params.max_lines}"
         " --heldout-fraction {params.heldout} --sentence-splitter {params.splitter} --workers {threads}"
-        " > {log} 2>&1"
+        f"{clean_options()} > {{log}} 2>&1"
 
 
 rule shard:

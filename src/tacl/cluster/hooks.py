@@ -19,6 +19,7 @@ from snakemake.exceptions import WorkflowError
 
 from tacl.cluster.preflight import (JobRequest, PbsRequest, cluster_node_states, cluster_partitions,
                                     cluster_queues, launcher_problem, pbs_problems, problems)
+from tacl.data.build import unknown_line, unknown_text
 from tacl.experiment.design import LOCAL_RULES
 from tacl.planning.plan import announce
 
@@ -210,10 +211,14 @@ def preflight(workflow: Any, pretrain: dict[str, Any], config_runtimes: dict[str
 
 
 def data_summary(path: str, results: str) -> str | None:
-    """The data stage's summary as one line, once it exists."""
+    """The data stage's summary as one line, once it exists; below it, a warning line where many of the shards'
+    tokens are the tokenizer's unknown token (tacl.data.build.unknown_line)."""
     if not os.path.exists(path):
         return None
     with open(path) as f:
         s = json.load(f)
-    return (f"summary ({results}): {s['documents']} documents, {s['sentences']} sentences, {s['examples']} NSP "
-            f"examples, {s['tokens']} tokens in {s['shards']} shards")
+    unknown = unknown_text(s.get("unk_tokens"), s["tokens"])
+    line = (f"summary ({results}): {s['documents']} documents, {s['sentences']} sentences, {s['examples']} NSP "
+            f"examples, {s['tokens']} tokens{unknown} in {s['shards']} shards")
+    warning = unknown_line(s.get("unk_tokens"), s["tokens"], s.get("tokenizer"))
+    return line + (f"\n{warning}" if warning else "")

@@ -79,6 +79,35 @@ def groups_exact(backend: Any, sep_id: int) -> bool:
     return not by_position(saved.get("pre_tokenizer"))
 
 
+def unknown_id(backend: Any) -> int | None:
+    """The id of the tokenizer's unknown token, as its model produces it (WordPiece's and BPE's `unk_token`,
+    Unigram's `unk_id`); None where it has none (byte-level BPE covers every byte)."""
+    model = json.loads(backend.to_str()).get("model", {})
+    if model.get("unk_id") is not None:
+        return int(model["unk_id"])
+    return backend.token_to_id(model["unk_token"]) if model.get("unk_token") else None
+
+
+UNKNOWN_WARN = 0.01  # the share of unknown tokens above which the data summary warns
+
+
+def unknown_text(unk_tokens: int | None, tokens: int) -> str:
+    """The share of unknown tokens as the data summary shows it beside the tokens: " (0.12% unknown)"; empty
+    where the count was not recorded."""
+    return f" ({unk_tokens / tokens:.2%} unknown)" if unk_tokens is not None and tokens else ""
+
+
+def unknown_line(unk_tokens: int | None, tokens: int, tokenizer: str | None) -> str | None:
+    """A warning line where more than UNKNOWN_WARN of the shards' tokens are the tokenizer's unknown token: a
+    tokenizer that does not cover the corpus's language shows before pretraining. None below it, or where the
+    count was not recorded (shards written before it was)."""
+    if unk_tokens is None or not tokens or unk_tokens / tokens <= UNKNOWN_WARN:
+        return None
+    return (f"warning: {unk_tokens / tokens:.1%} of the shards' tokens ({unk_tokens} of {tokens}) are the unknown "
+            f"token of the tokenizer {tokenizer!r}, which does not cover the corpus's language: give one that does "
+            f"as `tokenizer` (or a start model for the language as `model`)")
+
+
 def encode(backend: Any, sep_id: int, sentences: list[str], progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Token ids of all sentences: (flat ids, per-sentence lengths), each sentence tokenized as on its own.
 
@@ -165,11 +194,13 @@ def build_shard(
         instances = create_instances(sentence_offsets, doc_sentences, max_len, short_seq_prob, rng, dupe_factor)
         spans = np.array([(x.a_start, x.a_end, x.b_start, x.b_end) for x in instances], dtype=np.int64)
         nsp = np.array([x.is_random_next for x in instances], dtype=np.uint8)
-        counts = write_shard(out_bin, flat, spans, nsp, tok_meta["cls_id"], tok_meta["sep_id"], dtype)
+        counts = write_shard(out_bin, flat, spans, nsp, tok_meta["cls_id"], tok_meta["sep_id"], dtype,
+                             unknown_id(backend))
         random_next = int(nsp.sum())
     else:
         spans = create_sequences(sentence_offsets, doc_sentences, max_len, short_seq_prob, rng, dupe_factor)
-        counts = write_sequences(out_bin, flat, spans, tok_meta["cls_id"], tok_meta["sep_id"], dtype)
+        counts = write_sequences(out_bin, flat, spans, tok_meta["cls_id"], tok_meta["sep_id"], dtype,
+                                 unknown_id(backend))
         random_next = 0
     config = shard_config(max_len, short_seq_prob, seed, dupe_factor, num_shards, form)
     entry = {
@@ -180,6 +211,7 @@ def build_shard(
         "sentences": int(keep.sum()),
         "examples": counts["examples"],
         "tokens": counts["tokens"],
+        "unk_tokens": counts["unk_tokens"],  # (the tokenizer's unknown token among them)
         "random_next": random_next,
         "bytes": Path(out_bin).stat().st_size,
         "sha256": sha256_file(out_bin),
@@ -215,6 +247,8 @@ def gather_shards(shard_jsons: list[str], out_manifest: str) -> dict[str, Any]:
                 raise InputError(f"{path}: {key} differs from {shard_jsons[0]} (shards from different runs)")
     totals = {k: sum(e[k] for e in entries) for k in ("documents", "sentences", "examples", "tokens",
                                                       "random_next")}
+    if all("unk_tokens" in e for e in entries):  # (not in the entries written before it was counted)
+        totals["unk_tokens"] = sum(e["unk_tokens"] for e in entries)
     manifest = {
         "format": FORMAT_VERSION,
         "form": entries[0].get("form", NSP_PAIRS),

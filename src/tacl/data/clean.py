@@ -1,8 +1,9 @@
 """Clean + sentence-split with the TaCL recipe.
 
-Per article: split on newlines; stop at the first line starting with "References", "External links",
-"Category:" or "See also"; drop paragraphs under 3 words; split sentences; drop sentences under 3
-characters; drop the document if fewer than 2 sentences remain.
+Per article: split on newlines; stop at the first line starting with one of the language's stop headings
+(`STOP_HEADINGS`; English's: "References", "External links", "Category:" and "See also"; `data.language`
+picks the list, `data.stop_headings` gives it instead); drop paragraphs under 3 words; split sentences;
+drop sentences under 3 characters; drop the document if fewer than 2 sentences remain.
 
 Two sentence splitters (`data.sentence_splitter`):
 - `blingfire` (default): a statistical splitter; the stop line itself is dropped.
@@ -32,7 +33,16 @@ from tacl.data.sources import Article, iter_articles
 from tacl import RESULT_VERSIONS
 from tacl.runtime.io import InputError, atomic_path, read_json, write_json_atomic
 
-STOP_PREFIXES = ("References", "External links", "Category:", "See also")
+# The headings of the sections that close an article, per Wikipedia language (`data.language`): an article
+# stops at the first line that starts with one of them. A language missing here is given as
+# `data.stop_headings` (or added here).
+STOP_HEADINGS: dict[str, tuple[str, ...]] = {
+    "en": ("References", "External links", "Category:", "See also"),
+    "hr": ("Izvori", "Vanjske poveznice", "Literatura", "Bilješke", "Povezani članci", "Kategorija:",
+           "Vidi još"),
+    "sr": ("Референце", "Спољашње везе", "Литература", "Извори", "Види још", "Напомене", "Категорија:"),
+}
+STOP_PREFIXES = STOP_HEADINGS["en"]
 MIN_PARAGRAPH_WORDS = 3
 MIN_SENTENCE_CHARS = 3
 MIN_DOCUMENT_SENTENCES = 2
@@ -87,14 +97,33 @@ def _split(paragraph: str, splitter: str) -> list[str]:
     return blingfire.text_to_sentences(paragraph).split("\n")
 
 
-def clean_article(text: str, splitter: str = "blingfire") -> list[str]:
-    """The sentences TaCL keeps from one article (empty if the document is dropped)."""
+def stop_headings(language: str = "en", given: list[str] | None = None) -> tuple[str, ...]:
+    """The stop headings of the clean step: `given` (data.stop_headings) where given, else the built-in list
+    of `language` (data.language)."""
+    if given is not None:
+        return tuple(given)
+    if language not in STOP_HEADINGS:
+        raise InputError(f"data.language: {language!r} has no built-in stop headings ({', '.join(STOP_HEADINGS)}); "
+                         "give its closing sections' headings as data.stop_headings")
+    return STOP_HEADINGS[language]
+
+
+def headings_given(stops: Iterable[str]) -> dict[str, list[str]]:
+    """The stop headings as the clean job's record and parameters keep them: nothing where they are English's,
+    so that the jobs made before languages were recorded keep their settings (no rerun)."""
+    stops = tuple(stops)
+    return {} if stops == STOP_PREFIXES else {"stop_headings": list(stops)}
+
+
+def clean_article(text: str, splitter: str = "blingfire", stops: tuple[str, ...] = STOP_PREFIXES) -> list[str]:
+    """The sentences TaCL keeps from one article (empty if the document is dropped); `stops`: the stop
+    headings (`stop_headings`)."""
     if splitter not in SPLITTERS:
         raise InputError(f"data.sentence_splitter: {splitter!r} is not one of {', '.join(SPLITTERS)}")
     sentences: list[str] = []
     for paragraph in text.split("\n"):
         paragraph = paragraph.strip()
-        stop = paragraph.startswith(STOP_PREFIXES)
+        stop = paragraph.startswith(stops)
         if stop and splitter != "regex":
             break
         if len(paragraph.split()) >= MIN_PARAGRAPH_WORDS:
@@ -115,8 +144,9 @@ def is_heldout(article_id: str, fraction: float) -> bool:
     return digest < fraction * 2**64
 
 
-def _clean_batch(batch: list[Article], splitter: str = "blingfire") -> list[list[str]]:
-    return [clean_article(a.text, splitter) for a in batch]
+def _clean_batch(batch: list[Article], splitter: str = "blingfire",
+                 stops: tuple[str, ...] = STOP_PREFIXES) -> list[list[str]]:
+    return [clean_article(a.text, splitter, stops) for a in batch]
 
 
 def _batches(articles: Iterable[Article], size: int) -> Iterator[list[Article]]:
@@ -125,12 +155,12 @@ def _batches(articles: Iterable[Article], size: int) -> Iterator[list[Article]]:
         yield batch
 
 
-def _cleaned(articles: Iterable[Article], workers: int, splitter: str = "blingfire",
-             batch: int = 256) -> Iterator[tuple[Article, list[str]]]:
+def _cleaned(articles: Iterable[Article], workers: int, splitter: str = "blingfire", batch: int = 256,
+             stops: tuple[str, ...] = STOP_PREFIXES) -> Iterator[tuple[Article, list[str]]]:
     """(article, its sentences), cleaned in parallel, in source order, reading the source only a bounded
     window ahead."""
     batches = _batches(articles, batch)
-    clean = functools.partial(_clean_batch, splitter=splitter)
+    clean = functools.partial(_clean_batch, splitter=splitter, stops=stops)
     if workers <= 1:
         for b in batches:
             yield from zip(b, clean(b))
@@ -142,13 +172,14 @@ def _cleaned(articles: Iterable[Article], workers: int, splitter: str = "blingfi
 
 
 def capped_documents(articles: Iterable[Article], max_lines: int | None, heldout_fraction: float,
-                     splitter: str = "blingfire", workers: int = 1) -> Iterator[tuple[Article, list[str], str]]:
+                     splitter: str = "blingfire", workers: int = 1,
+                     stops: tuple[str, ...] = STOP_PREFIXES) -> Iterator[tuple[Article, list[str], str]]:
     """(article, sentences, role) in source order; role is "train", "heldout", "dropped" (nothing kept) or
     "over": the first training document that would take the corpus past `max_lines` (lines = sentences plus
     the blank line after each document), the last one yielded. What the clean step writes, and what a capped
     download must fetch."""
     lines = 0
-    for article, sentences in _cleaned(articles, workers, splitter):
+    for article, sentences in _cleaned(articles, workers, splitter, stops=stops):
         if not sentences:
             yield article, sentences, "dropped"
         elif is_heldout(article.id, heldout_fraction):
@@ -161,11 +192,13 @@ def capped_documents(articles: Iterable[Article], max_lines: int | None, heldout
             yield article, sentences, "train"
 
 
-def clean_given(max_lines: int | None, heldout_fraction: float, splitter: str) -> dict[str, Any]:
-    """The settings a clean job ran with, as its record keeps them (tacl.experiment.reruns compares them)."""
+def clean_given(max_lines: int | None, heldout_fraction: float, splitter: str,
+                stops: tuple[str, ...] = STOP_PREFIXES) -> dict[str, Any]:
+    """The settings a clean job ran with, as its record keeps them (tacl.experiment.reruns compares them); the
+    stop headings only where they are not English's (`headings_given`)."""
     # (0 and None both mean no cap: the job is given `max_lines or None`)
     return {"max_lines": max_lines or None, "heldout_fraction": heldout_fraction, "sentence_splitter": splitter,
-            "version": RESULT_VERSIONS["data"]}
+            "version": RESULT_VERSIONS["data"], **headings_given(stops)}
 
 
 def clean_corpus(
@@ -179,6 +212,7 @@ def clean_corpus(
     workers: int = 1,
     progress: bool = True,
     splitter: str = "blingfire",
+    stops: tuple[str, ...] = STOP_PREFIXES,
 ) -> dict[str, Any]:
     """Clean the corpus described by `raw_json` (written by the download step).
 
@@ -193,11 +227,11 @@ def clean_corpus(
     articles = iter_articles(raw["source"], raw.get("cache_dir"), raw.get("rows_file"))
     stats = {"articles": 0, "documents": 0, "sentences": 0, "lines": 0, "sentence_splitter": splitter,
              "heldout_documents": 0, "heldout_sentences": 0, "capped": False, "max_lines": max_lines,
-             "given": clean_given(max_lines, heldout_fraction, splitter)}
+             "given": clean_given(max_lines, heldout_fraction, splitter, stops)}
     offsets = [0]
     with atomic_path(out_corpus) as tmp_corpus, atomic_path(out_heldout) as tmp_heldout:
         with open(tmp_corpus, "wb") as corpus, open(tmp_heldout, "wb") as heldout:
-            documents = capped_documents(articles, max_lines, heldout_fraction, splitter, workers)
+            documents = capped_documents(articles, max_lines, heldout_fraction, splitter, workers, stops)
             bar = tqdm(documents, desc="clean", unit=" articles", disable=not progress, mininterval=2.0)
             for _, sentences, role in bar:
                 stats["articles"] += 1

@@ -20,6 +20,8 @@ def register(stages: argparse._SubParsersAction) -> None:
     c.add_argument("--heldout-fraction", type=float, default=0.0, help="as the clean step (for the cap)")
     c.add_argument("--sentence-splitter", default="blingfire", choices=["blingfire", "regex"],
                    help="as the clean step (for the cap)")
+    c.add_argument("--stop-headings", type=json.loads, default=None,
+                   help="as the clean step (for the cap)")
     c.set_defaults(func=_download, online=True)
 
     c = cmds.add_parser("tokenizer", help="save the tokenizer into the results tree (login node)")
@@ -40,6 +42,8 @@ def register(stages: argparse._SubParsersAction) -> None:
     c.add_argument("--workers", type=int, default=1)
     c.add_argument("--sentence-splitter", default="blingfire", choices=["blingfire", "regex"],
                    help="regex: the reference's splitter and stop rule")
+    c.add_argument("--stop-headings", type=json.loads, default=None,
+                   help="the stop headings as a JSON list (data.language's or data.stop_headings; default: English's)")
     c.set_defaults(func=_clean)
 
     c = cmds.add_parser("shard", help="tokenize + NSP instances for one shard")
@@ -78,14 +82,16 @@ def _tokenizer(a: argparse.Namespace) -> None:
 def _download(a: argparse.Namespace) -> None:
     from tacl.data.download import download_corpus
 
-    download_corpus(json.loads(a.source), a.cache_dir, a.out, a.max_lines, a.heldout_fraction, a.sentence_splitter)
+    download_corpus(json.loads(a.source), a.cache_dir, a.out, a.max_lines, a.heldout_fraction, a.sentence_splitter,
+                    a.stop_headings)
 
 
 def _clean(a: argparse.Namespace) -> None:
-    from tacl.data.clean import clean_corpus
+    from tacl.data.clean import STOP_PREFIXES, clean_corpus
 
+    stops = STOP_PREFIXES if a.stop_headings is None else tuple(a.stop_headings)
     stats = clean_corpus(a.raw, a.corpus, a.index, a.heldout, a.stats, a.max_lines or None,
-                         a.heldout_fraction, a.workers, progress=True, splitter=a.sentence_splitter)
+                         a.heldout_fraction, a.workers, progress=True, splitter=a.sentence_splitter, stops=stops)
     print(json.dumps(stats))
 
 
@@ -98,7 +104,7 @@ def _shard(a: argparse.Namespace) -> None:
 
 
 def _gather(a: argparse.Namespace) -> None:
-    from tacl.data.build import gather_shards
+    from tacl.data.build import gather_shards, unknown_line, unknown_text
     from tacl.runtime.io import read_json, write_json_atomic
 
     manifest = gather_shards(a.entries, a.out)
@@ -107,10 +113,15 @@ def _gather(a: argparse.Namespace) -> None:
     summary = {"documents": clean["documents"], "sentences": clean["sentences"],
                "heldout_documents": clean["heldout_documents"], "examples": t["examples"],
                "tokens": t["tokens"], "shards": t["shards"], "random_next": t["random_next"]}
+    if "unk_tokens" in t:
+        summary.update(unk_tokens=t["unk_tokens"], tokenizer=manifest["tokenizer"]["name"])
     write_json_atomic(a.summary, summary)
     what = {"nsp_pairs": "NSP examples", "sentences": "sequences of whole sentences"}[manifest["form"]]
+    unknown = unknown_text(t.get("unk_tokens"), t["tokens"])
     print("data: {documents} documents, {sentences} sentences -> {examples} {what}, "
-          "{tokens} tokens in {shards} shards".format(what=what, **summary))
+          "{tokens} tokens{unknown} in {shards} shards".format(what=what, unknown=unknown, **summary))
+    if warning := unknown_line(summary.get("unk_tokens"), t["tokens"], summary.get("tokenizer")):
+        print(warning)
 
 
 def _verify(a: argparse.Namespace) -> None:

@@ -11,21 +11,23 @@ from typing import Any
 
 from tacl.data.sources import expand_paths
 from tacl.runtime.hub import from_hub, load_tokenizer, resolve_pretrained, tokenizer_hash
-from tacl.runtime.io import InputError, atomic_path, sha256_file, write_json_atomic
+from tacl.runtime.io import InputError, atomic_path, sha256_file, stable_hash, write_json_atomic
 
 
 def download_corpus(source: dict[str, Any], cache_dir: str, out_json: str, max_lines: int = 0,
-                    heldout_fraction: float = 0.0, splitter: str = "blingfire") -> dict[str, Any]:
+                    heldout_fraction: float = 0.0, splitter: str = "blingfire",
+                    stops: tuple[str, ...] | None = None) -> dict[str, Any]:
     """Make the corpus available offline and describe it in `out_json` (read by the clean step).
 
     A Hugging Face dataset with `max_lines` (data.max_lines) is streamed only as far as the clean step will
-    read it: each article is cleaned as the clean step will clean it (same splitter and held-out choice),
-    and the stream stops at the article whose document crosses the cap, where the clean step stops too. The
-    articles read are saved as JSON lines in the cache (`rows_file`), so that the clean job reads them
-    offline. Without a cap, the whole dataset is downloaded (English Wikipedia: about 20 GB)."""
+    read it: each article is cleaned as the clean step will clean it (same splitter, stop headings, None
+    for English's, and held-out choice), and the stream stops at the article whose document crosses the cap,
+    where the clean step stops too. The articles read are saved as JSON lines in the cache (`rows_file`), so
+    that the clean job reads them offline. Without a cap, the whole dataset is downloaded (English Wikipedia:
+    about 20 GB)."""
     record: dict[str, Any] = {"source": source, "cache_dir": os.path.abspath(cache_dir)}
     if source["kind"] == "hf" and max_lines:
-        record.update(download_capped(source, cache_dir, max_lines, heldout_fraction, splitter))
+        record.update(download_capped(source, cache_dir, max_lines, heldout_fraction, splitter, stops))
     elif source["kind"] == "hf":
         from tacl.data.sources import load_hf
 
@@ -46,22 +48,25 @@ def download_corpus(source: dict[str, Any], cache_dir: str, out_json: str, max_l
 
 
 def download_capped(source: dict[str, Any], cache_dir: str, max_lines: int, heldout_fraction: float,
-                    splitter: str) -> dict[str, Any]:
+                    splitter: str, stops: tuple[str, ...] | None = None) -> dict[str, Any]:
     """Stream the articles the clean step will read under `max_lines` into a JSON-lines file in the cache."""
-    from tacl.data.clean import capped_documents
+    from tacl.data.clean import STOP_PREFIXES, capped_documents, headings_given
     from tacl.data.sources import hf_articles, load_hf
 
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{source['dataset']}-{source.get('config')}-{source.get('split')}")
-    path = Path(cache_dir) / f"{name}-{splitter}-heldout{heldout_fraction:g}-{max_lines}-lines.jsonl"
+    stops = STOP_PREFIXES if stops is None else tuple(stops)
+    language = headings_given(stops)  # (English's headings name no file of their own: the name stays as it was)
+    headings = f"-stops{stable_hash(list(stops), 8)}" if language else ""
+    path = Path(cache_dir) / f"{name}-{splitter}{headings}-heldout{heldout_fraction:g}-{max_lines}-lines.jsonl"
     rows = 0
     with (from_hub(source["dataset"], "dataset", "`data.source` (kind wikiextractor or text)", cache_dir),
           atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f):  # (the stream reads the Hub as it goes)
         for article, _, _ in capped_documents(hf_articles(load_hf(source, cache_dir, streaming=True), source),
-                                              max_lines, heldout_fraction, splitter):
+                                              max_lines, heldout_fraction, splitter, stops=stops):
             f.write(json.dumps({"id": article.id, "title": article.title, "text": article.text}) + "\n")
             rows += 1
     return {"rows_file": str(path.resolve()), "rows": rows, "max_lines": max_lines, "sentence_splitter": splitter,
-            "heldout_fraction": heldout_fraction, "bytes": path.stat().st_size, "sha256": sha256_file(path)}
+            "heldout_fraction": heldout_fraction, "bytes": path.stat().st_size, "sha256": sha256_file(path), **language}
 
 
 TOKENIZER_META = "tacl_tokenizer.json"

@@ -63,8 +63,10 @@ def write_shard(
     cls_id: int,
     sep_id: int,
     dtype: np.dtype,
+    unk_id: int | None = None,
 ) -> dict[str, int]:
-    """Write examples `[CLS] flat[a0:a1] [SEP] flat[b0:b1] [SEP]`, one per row of `spans` (n x 4)."""
+    """Write examples `[CLS] flat[a0:a1] [SEP] flat[b0:b1] [SEP]`, one per row of `spans` (n x 4); the counts
+    (`_write`)."""
     spans = np.asarray(spans, dtype=np.int64).reshape(-1, 4)
     n = len(spans)
     len_a_tokens = spans[:, 1] - spans[:, 0]
@@ -87,13 +89,13 @@ def write_shard(
     k = np.arange(int(seg_len.sum()), dtype=np.int64)
     tokens[np.repeat(seg_out - before, seg_len) + k] = flat_tokens[np.repeat(seg_src - before, seg_len) + k]
     len_a = (len_a_tokens + 2).astype(np.uint16)
-    return _write(path, offsets, len_a, nsp, tokens, dtype)
+    return _write(path, offsets, len_a, nsp, tokens, dtype, unk_id)
 
 
 def write_sequences(path: str | os.PathLike, flat_tokens: np.ndarray, spans: np.ndarray, first_id: int, last_id: int,
-                    dtype: np.dtype) -> dict[str, int]:
+                    dtype: np.dtype, unk_id: int | None = None) -> dict[str, int]:
     """Write examples `[first] flat[s0:s1] [last]` (the `sentences` form), one per row of `spans` (n x 2):
-    every segment id 0 (len_a = the whole length), every label 0."""
+    every segment id 0 (len_a = the whole length), every label 0; the counts (`_write`)."""
     spans = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
     n = len(spans)
     inner = spans[:, 1] - spans[:, 0]
@@ -106,11 +108,13 @@ def write_sequences(path: str | os.PathLike, flat_tokens: np.ndarray, spans: np.
     before = np.cumsum(inner) - inner
     k = np.arange(int(inner.sum()), dtype=np.int64)
     tokens[np.repeat(starts + 1 - before, inner) + k] = flat_tokens[np.repeat(spans[:, 0] - before, inner) + k]
-    return _write(path, offsets, (inner + 2).astype(np.uint16), np.zeros(n, np.uint8), tokens, dtype)
+    return _write(path, offsets, (inner + 2).astype(np.uint16), np.zeros(n, np.uint8), tokens, dtype, unk_id)
 
 
 def _write(path: str | os.PathLike, offsets: np.ndarray, len_a: np.ndarray, nsp: np.ndarray, tokens: np.ndarray,
-           dtype: np.dtype) -> dict[str, int]:
+           dtype: np.dtype, unk_id: int | None = None) -> dict[str, int]:
+    """Write the shard; its examples, its tokens and how many of them are `unk_id` (0 where None: a tokenizer
+    without an unknown token)."""
     n, total = len(offsets) - 1, len(tokens)
     with atomic_path(path) as tmp:
         with open(tmp, "wb") as f:
@@ -120,7 +124,8 @@ def _write(path: str | os.PathLike, offsets: np.ndarray, len_a: np.ndarray, nsp:
             f.write(np.asarray(nsp, dtype=np.uint8).tobytes())
             f.write(b"\0" * (-f.tell() % 8))
             f.write(tokens.tobytes())
-    return {"examples": n, "tokens": total}
+    unknown = 0 if unk_id is None else int(np.count_nonzero(tokens == unk_id))
+    return {"examples": n, "tokens": total, "unk_tokens": unknown}
 
 
 class Shard:

@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import yaml
 
+from tacl.data.clean import stop_headings
 from tacl.objectives.registry import MODELS, family_error, group_error, objective_params, packing_error
 from tacl.pretrain.settings import CHUNK_OPERATIONAL_KEYS, OPERATIONAL_KEYS
 from tacl.runtime.io import InputError
@@ -187,6 +188,10 @@ def plan_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
     problem, naming the key. The Snakefile raises these before anything runs (dry runs included); the jobs
     keep their own checks as a second line."""
     problems = finetune_errors(config, schema)
+    try:
+        stop_headings(config["data"].get("language", "en"), config["data"].get("stop_headings"))
+    except InputError as e:
+        problems.append(str(e))
     gpus = config["plan"]["gpus"]
     if config["plan"]["gpu"] not in gpus:  # (the runtimes are sized for it: tacl.planning.sizing looks its figures up)
         problems.append(f"plan.gpu: {config['plan']['gpu']!r} is not in plan.gpus ({', '.join(gpus) or 'none'}); "

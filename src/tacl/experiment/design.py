@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from tacl.data.clean import headings_given, stop_headings
 from tacl.data.download import tokenizer_given as given_to_tokenizer
 from tacl.experiment.config import defaults_unlike
 from tacl.experiment.layout import Layout
@@ -34,6 +35,28 @@ def check(config: dict[str, Any]) -> None:
     launcher(config)
     if contrastive_models(config):
         contrastive_tasks(config)
+
+
+# -- data --------------------------------------------------------------------------------------------------
+
+
+def clean_stops(config: dict[str, Any]) -> tuple[str, ...]:
+    """The clean step's stop headings: `data.stop_headings` where given, else `data.language`'s built-in list."""
+    d = config["data"]
+    return stop_headings(d.get("language", "en"), d.get("stop_headings"))
+
+
+def clean_language_given(config: dict[str, Any]) -> dict[str, list[str]]:
+    """The stop headings among the clean and download jobs' parameters, which decide their rerun: empty where
+    they are English's, so that the parameters of the jobs made before languages were recorded stay as they
+    were (no rerun)."""
+    return headings_given(clean_stops(config))
+
+
+def clean_options(config: dict[str, Any]) -> str:
+    """The clean and download jobs' `--stop-headings` option: empty where the headings are English's."""
+    given = clean_language_given(config)
+    return f" --stop-headings {shlex.quote(json.dumps(given['stop_headings'], ensure_ascii=False))}" if given else ""
 
 
 # -- pretraining -------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from tacl import RESULT_VERSIONS
 from tacl.data.build import shard_config, tokenizer_form
 from tacl.data.clean import clean_given
 from tacl.data.download import TOKENIZER_META
-from tacl.experiment.design import (expected_runs, finetune_models, pretrain_settings, setting_hparams,
+from tacl.experiment.design import (clean_stops, expected_runs, finetune_models, pretrain_settings, setting_hparams,
                                     start_model_init, task_source, tokenizer_given)
 from tacl.experiment.layout import Layout
 from tacl.finetune import GIVEN, finetune_given
@@ -95,7 +95,7 @@ def finished_jobs(config: dict[str, Any], layout: Layout) -> list[Finished]:
         Finished("fetch_tokenizer", f"{layout.data}/tokenizer/{TOKENIZER_META}", "given", f"{layout.data}/tokenizer",
                  tokenizer_given(config)),
         Finished("clean", clean, "given", clean,
-                 clean_given(d["max_lines"], d["heldout_fraction"], d["sentence_splitter"])),
+                 clean_given(d["max_lines"], d["heldout_fraction"], d["sentence_splitter"], clean_stops(config))),
         Finished("shard", manifest, "config", manifest,
                  shard_config(d["max_len"], d["short_seq_prob"], d["seed"], d["dupe_factor"], d["num_shards"],
                               _recorded_form(layout))),
