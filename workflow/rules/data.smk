@@ -66,12 +66,12 @@ rule clean:
         mem_mb=8000,
         runtime=720,
     params:
+        # the stop headings where they are not English's (data.language, data.stop_headings)
+        **clean_language_given(),
         max_lines=config["data"]["max_lines"],
         heldout=config["data"]["heldout_fraction"],
         splitter=config["data"]["sentence_splitter"],
         version=RESULT_VERSIONS["data"],
-        # the stop headings where they are not English's (data.language, data.stop_headings)
-        **clean_language_given(),
     shell:
         "python -m tacl data clean --raw {input} --corpus {output.corpus} --index {output.index}"
         " --heldout {output.heldout} --stats {output.stats} --max-lines {params.max_lines}"
