@@ -369,9 +369,15 @@ def checked_config(config: dict[str, Any], schema: dict[str, Any], fill_defaults
 def finetune_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
     """The fine-tuning plan: sweeps, intermediate-task starts and extra models name tasks and models that
     exist."""
+    from tacl.finetune import TASKS, declared
+
     ft = config["finetune"]
     tasks = ft["tasks"]
-    problems = []
+    decls = ft["declared_tasks"]
+    problems = [f"finetune.tasks: {task} is neither a built-in task ({', '.join(TASKS)}) nor declared under "
+                f"{declared.KEY}" for task in tasks if task not in TASKS and task not in decls]
+    for name, decl in decls.items():
+        problems += declared.errors(name, decl, TASKS)
     for target, source in ft["start_from"].items():
         key = f"finetune.start_from.{target}"
         if target not in tasks:

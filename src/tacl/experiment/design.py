@@ -19,7 +19,7 @@ from tacl.data.clean import headings_given, stop_headings
 from tacl.data.download import tokenizer_given as given_to_tokenizer
 from tacl.experiment.config import defaults_unlike
 from tacl.experiment.layout import Layout
-from tacl.finetune import GLUE_CLASSIFICATION, TASKS
+from tacl.finetune import GLUE_CLASSIFICATION, TASKS, declared
 from tacl.finetune.sweep import parse_setting, task_settings
 from tacl.pretrain.settings import TrainSettings
 from tacl.runtime.io import InputError
@@ -238,13 +238,20 @@ def embeddings_source(config: dict[str, Any]) -> dict[str, Any]:
 # -- the tasks ----------------------------------------------------------------------------------------------
 
 
-def task_family(task: str) -> str:
-    return TASKS[task]
+def task_family(config: dict[str, Any], task: str) -> str:
+    """The family whose fine-tune runs a task: a built-in task's, or a declared task's kind's
+    (tacl.finetune.declared)."""
+    decl = config["finetune"]["declared_tasks"].get(task)
+    return declared.family(decl) if decl is not None else TASKS[task]
 
 
 def task_source(config: dict[str, Any], task: str) -> dict[str, Any]:
-    """Where a task's data comes from: the config's source of its family (GLUE, SQuAD, CoNLL)."""
-    family, ft = task_family(task), config["finetune"]
+    """Where a task's data comes from: the config's source of its family (GLUE, SQuAD, CoNLL), or a declared
+    task's declaration."""
+    ft = config["finetune"]
+    if task in ft["declared_tasks"]:
+        return declared.source_of(task, ft["declared_tasks"][task])
+    family = task_family(config, task)
     if family == "glue":
         return dict(ft["glue_source"])
     if family == "squad":
@@ -254,7 +261,7 @@ def task_source(config: dict[str, Any], task: str) -> dict[str, Any]:
 
 def task_hparams(config: dict[str, Any], task: str) -> dict[str, Any]:
     hp = config["finetune"]["hparams"]
-    return {**hp[task_family(task)], **hp["tasks"].get(task, {})}
+    return {**hp[task_family(config, task)], **hp["tasks"].get(task, {})}
 
 
 def task_seeds(config: dict[str, Any], task: str) -> range:
@@ -265,7 +272,7 @@ def task_seeds(config: dict[str, Any], task: str) -> range:
 def settings_of(config: dict[str, Any], task: str) -> list[str]:
     """The task's fine-tuning settings (finetune.sweep), by name (tacl.finetune.sweep)."""
     ft = config["finetune"]
-    return task_settings(task, task_family(task), ft["hparams"], ft["sweep"], ft["preset"])
+    return task_settings(task, task_family(config, task), ft["hparams"], ft["sweep"], ft["preset"])
 
 
 def setting_hparams(config: dict[str, Any], task: str, setting: str) -> dict[str, Any]:

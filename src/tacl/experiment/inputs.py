@@ -15,6 +15,7 @@ import os
 from typing import Any, Protocol
 
 from tacl.experiment.design import embeddings_source, extra_models, task_family, task_source
+from tacl.finetune import declared
 from tacl.finetune.data import local_files
 from tacl.runtime.hub import resolve_pretrained
 from tacl.runtime.io import InputError
@@ -33,7 +34,7 @@ class Job(Protocol):
 
 def line(key: str, path: str, what: str, readers: list[str]) -> str:
     """`key: path: what, for READERS (relative to CWD)`."""
-    text = f"{key}: {path}: {what}" if path else f"{key}: {what}"
+    text = f"{key}: {path}: {what}" if path else f"{key}: {what}" if key else what
     readers = [r for r in readers if r]
     tasks = [r[len("task "):] for r in readers if r.startswith("task ")]
     if len(tasks) > 1:  # (task a, task b: tasks a, b)
@@ -65,6 +66,19 @@ def file_errors(key: str, source: dict[str, Any], files: list[tuple[str, str | N
             for sub, path in files if path is None or not os.path.isfile(path)]
 
 
+def declared_data_errors(task: str, source: dict[str, Any]) -> list[Problem]:
+    """A declared task read from local files, checked against them (its fields there, its dev and test labels
+    among train's: tacl.finetune.declared.check_data); a Hugging Face source is checked where the login node
+    fetches it (prepare_task)."""
+    if not declared.is_declared(source) or source["source"]["kind"] != "files":
+        return []
+    try:
+        declared.check_data(task, source)
+    except InputError as e:
+        return [("", "", str(e), "")]
+    return []
+
+
 SOURCE_KEYS = {"glue": "finetune.glue_source", "squad": "finetune.squad_source", "ner": "finetune.conll_source"}
 
 
@@ -90,7 +104,9 @@ def input_errors(config: dict[str, Any], jobs: list[Job]) -> list[str]:
     for task in ft["tasks"]:
         if ("prepare_task", task) in todo or any(r == "finetune" and k.endswith(f"/{task}") for r, k in todo):
             source = task_source(config, task)
-            found += file_errors(SOURCE_KEYS[task_family(task)], source, local_files(task, source), f"task {task}")
+            key = f"{declared.KEY}.{task}" if declared.is_declared(source) else SOURCE_KEYS[task_family(config, task)]
+            problems = file_errors(key, source, local_files(task, source), f"task {task}")
+            found += problems or declared_data_errors(task, source)
     if "embeddings_data" in rules:
         source = embeddings_source(config)
         key = "analysis.embeddings.source" if config["analysis"]["embeddings"]["source"] else "finetune.glue_source"

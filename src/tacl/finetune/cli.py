@@ -13,7 +13,7 @@ from pathlib import Path
 from tacl.finetune import CONTRASTIVE_FORMS, PRESETS, TASKS
 from tacl.finetune.settings import FineTune
 from tacl.runtime.device import DEVICES
-from tacl.runtime.io import with_cache
+from tacl.runtime.io import InputError, with_cache
 
 log = logging.getLogger("tacl.finetune")
 
@@ -36,8 +36,9 @@ def register(stages: argparse._SubParsersAction) -> None:
     c.set_defaults(func=_submissions)
 
     c = cmds.add_parser("prepare", help="fetch or check a task's data (login node)")
-    c.add_argument("--task", required=True, choices=TASKS)
-    c.add_argument("--source", required=True, help="the task family's source as JSON")
+    c.add_argument("--task", required=True, help=f"a built-in task ({', '.join(TASKS)}) or a declared one")
+    c.add_argument("--source", required=True,
+                   help="the task family's source as JSON (a declared task: its declaration, named)")
     c.add_argument("--cache-dir", help="Hugging Face datasets cache (a source's own cache_dir wins)")
     c.add_argument("--out", required=True)
     c.set_defaults(func=_prepare, online=True)
@@ -50,7 +51,9 @@ def register(stages: argparse._SubParsersAction) -> None:
         if name == "glue":
             start.add_argument("--start-selection",
                                help="start from the weights of another task's selected run (its selected.json)")
-        c.add_argument("--task", required=True, choices=[t for t, family in TASKS.items() if family == name])
+        c.add_argument("--task", required=True,
+                       help=f"one of {', '.join(t for t, family in TASKS.items() if family == name)}, or a task "
+                            "declared in the config whose kind this family runs (its declaration as --source)")
         seeds = c.add_mutually_exclusive_group(required=True)
         seeds.add_argument("--seed", type=int, help="one seed, trained in --out")
         seeds.add_argument("--seeds", type=int, nargs="+",
@@ -111,8 +114,11 @@ def _finetune(a: argparse.Namespace) -> int:
     except GpuUnavailable as e:
         raise cannot_share(e, together) from e
     model, start_from = start_model(a)
-    model_dir = resolve_model(model)
     tune = fine_tune(a, model, start_from)
+    if tune.family != a.command:
+        raise InputError(f"--task {a.task}: not a task that `tacl finetune {a.command}` runs "
+                         f"({tune.family or 'unknown: neither built in nor declared in --source'})")
+    model_dir = resolve_model(model)
     run_dir = (lambda seed: Path(a.out)) if a.seeds is None else (lambda seed: Path(a.out) / f"seed{seed}")
     seeds = [a.seed] if a.seeds is None else a.seeds
     count, why = (1, "") if a.seeds is None else seeds_at_once(a.seeds_per_gpu, len(seeds), device, model_dir,

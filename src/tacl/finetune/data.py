@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tacl.finetune import CONLL_FILES, SQUAD_TASKS, TASKS
+from tacl.finetune import CONLL_FILES, SQUAD_TASKS, TASKS, declared
 from tacl.runtime.io import InputError, write_json_atomic
 
 NER_TASKS = ("conll2003",)
@@ -20,7 +20,17 @@ def family(task: str) -> str:
 
 
 def prepare(task: str, source: dict[str, Any], out_json: str) -> dict[str, Any]:
-    """Load every split once (filling the cache for HF sources); a missing file fails here, naming it."""
+    """Load every split once (filling the cache for HF sources); a missing file fails here, naming it. A
+    declared task (its declaration as `source`) is checked against its data (tacl.finetune.declared)."""
+    if declared.is_declared(source):
+        data = declared.check_data(task, source)
+        record = {"task": task, "family": declared.family(source), "source": source,
+                  "splits": {s: len(found) for s, found in data.items()},
+                  "baseline": declared.baseline(task, source, data),
+                  "declared": {"kind": source["kind"], "metric": source["metric"]},
+                  "headline": list(declared.headline(source))}
+        write_json_atomic(out_json, record)
+        return record
     fam = family(task)
     sizes: dict[str, int] = {}
     if fam == "glue":
@@ -56,7 +66,10 @@ def local_files(task: str, source: dict[str, Any], splits: tuple[str, ...] | Non
                 ) -> list[tuple[str, str | None]]:
     """The files `prepare` reads for a task from a local source, as (the source's key that names them, the
     path, or None where that key is not set): GLUE's train and dev splits (or `splits`; test files are
-    optional), SQuAD's train and dev JSON, CoNLL's three files. None for a Hugging Face source."""
+    optional), SQuAD's train and dev JSON, CoNLL's three files, a declared task's files. None for a Hugging
+    Face source."""
+    if declared.is_declared(source):
+        return [(key, path) for key, path in declared.local_files(source)]
     fam = family(task)
     if fam == "glue":
         if source.get("kind", "tsv") == "hf":

@@ -1,5 +1,6 @@
-"""`tacl finetune ner`: CoNLL-2003 named entities (token classification, seqeval entity F1), with an
-option to add the supervised TaCL loss against a frozen copy of the starting encoder."""
+"""`tacl finetune ner`: CoNLL-2003 named entities, or a declared token classification task (token
+classification, seqeval entity F1), with an option to add the supervised TaCL loss against a frozen copy of
+the starting encoder."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import torch
 
 from tacl.finetune import CONLL_FILES, FAMILY_HPARAMS
 from tacl.finetune.common import Run, attention_of, hyperparameters, input_names, load_task_model, predict, train
-from tacl.finetune.sequence import subset
+from tacl.finetune import declared
+from tacl.finetune.sequence import declared_record, subset
 from tacl.finetune.settings import FineTune
 from tacl.runtime.hub import resolve_pretrained
 from tacl.runtime.io import InputError, write_json_atomic
@@ -45,8 +47,11 @@ def read_conll(path: str | Path) -> list[tuple[list[str], list[str]]]:
 
 
 def label_list(sentences: list[tuple[list[str], list[str]]]) -> list[str]:
-    """'O' first, then the entity types with B- before I-, sorted by type."""
+    """'O' first, then the entity types with B- before I-, sorted by type; tags that are not IOB2 (a declared
+    task's part-of-speech tags, say) sorted."""
     tags = {t for _, ts in sentences for t in ts}
+    if any(t != "O" and t[:2] not in ("B-", "I-") for t in tags):
+        return sorted(tags)
     types = sorted({t[2:] for t in tags if t != "O"})
     return ["O"] + [f"{p}-{t}" for t in types for p in ("B", "I")]
 
@@ -105,11 +110,15 @@ def finetune_ner(tune: FineTune, seed: int, out_dir: str | Path) -> dict[str, An
     started = time.time()
     # (a job that asked for a GPU and has none stops here)
     run = Run.detect(tune.precision, tune.device, tune.compile, tune.shapes)
-    data_dir = tune.data_source()["data_dir"]
-    data = {s: read_conll(Path(data_dir) / f) for s, f in SPLITS.items()}
+    decl = tune.declaration
+    if decl is None:
+        data_dir = tune.data_source()["data_dir"]
+        data = {s: read_conll(Path(data_dir) / f) for s, f in SPLITS.items()}
+    else:  # (a declared task: its own splits, test where it declares one)
+        data = {s: declared.token_sentences(decl, s) for s in declared.SPLITS if s in decl["splits"]}
     labels = label_list(data["train"])
     train_s = subset(data["train"], hp.get("max_train_examples", 0))
-    eval_s = {s: subset(data[s], hp.get("max_eval_examples", 0)) for s in ("dev", "test")}
+    eval_s = {s: subset(data[s], hp.get("max_eval_examples", 0)) for s in ("dev", "test") if s in data}
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = load_task_model(
@@ -140,9 +149,10 @@ def finetune_ner(tune: FineTune, seed: int, out_dir: str | Path) -> dict[str, An
         pred = word_predictions(rows, logits, labels)
         gold = [[labels[i] for i in np.array(r["labels"])[np.array(r["labels"]) != -100]] for r in rows]
         results[split] = {**entity_metrics(gold, pred), "examples": len(rows)}
-    summary = {"task": "conll2003", "family": "ner", "model": model_dir, "seed": seed, "preset": tune.preset,
+    summary = {"task": tune.task, "family": "ner", "model": model_dir, "seed": seed, "preset": tune.preset,
                "hparams": hp,
-               "dev": {"dev": results["dev"]}, "test": {"test": results["test"]}, "labels": labels,
+               "dev": {"dev": results["dev"]}, **({"test": {"test": results["test"]}} if "test" in results else {}),
+               "labels": labels, **declared_record(decl),
                "train": record, "device": run.describe(), "bf16": run.bf16,
                "wall_s": round(time.time() - started, 1)}
     write_json_atomic(Path(out_dir) / "metrics.json", summary)

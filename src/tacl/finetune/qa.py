@@ -12,7 +12,8 @@ from typing import Any
 
 from tacl.finetune import FAMILY_HPARAMS, SQUAD_TASKS, squad
 from tacl.finetune.common import Run, hyperparameters, load_task_model, predict, train
-from tacl.finetune.sequence import subset
+from tacl.finetune import declared
+from tacl.finetune.sequence import declared_record, subset
 from tacl.finetune.settings import FineTune
 from tacl.runtime.hub import resolve_pretrained
 from tacl.runtime.io import InputError, write_json_atomic, write_text_atomic
@@ -48,17 +49,22 @@ def finetune_squad(tune: FineTune, seed: int, out_dir: str | Path) -> dict[str, 
     written (and v2.0's null odds), and metrics.json last."""
     from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 
-    if tune.task not in SQUAD_TASKS:
+    decl = tune.declaration
+    if decl is None and tune.task not in SQUAD_TASKS:
         raise InputError(f"finetune task {tune.task!r} is not a SQuAD task ({', '.join(SQUAD_TASKS)})")
-    version = SQUAD_TASKS[tune.task]
     model_dir = resolve_pretrained(tune.model)
     hp = hyperparameters(SQUAD_HPARAMS, tune.preset, tune.hparams)
     started = time.time()
     # (a job that asked for a GPU and has none stops here)
     run = Run.detect(tune.precision, tune.device, tune.compile, tune.shapes)
-    source = tune.data_source()
-    train_ex = subset(load_examples(version, "train", source), hp.get("max_train_examples", 0))
-    dev_ex = subset(load_examples(version, "dev", source), hp.get("max_eval_examples", 0))
+    if decl is None:
+        version, source = SQUAD_TASKS[tune.task], tune.data_source()
+        splits = {s: load_examples(version, s, source) for s in ("train", "dev")}
+    else:  # (a declared task: scored as SQuAD 2.0 is where its questions include some without an answer)
+        splits = {s: declared.qa_examples(decl, s) for s in declared.SPLITS if s in decl["splits"]}
+        version = "2.0" if any(declared.unanswerable(ex) for ex in splits.values()) else "1.1"
+    train_ex = subset(splits["train"], hp.get("max_train_examples", 0))
+    evaluated = {s: subset(splits[s], hp.get("max_eval_examples", 0)) for s in ("dev", "test") if s in splits}
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = load_task_model(AutoModelForQuestionAnswering, model_dir, seed)
@@ -67,26 +73,30 @@ def finetune_squad(tune: FineTune, seed: int, out_dir: str | Path) -> dict[str, 
     record = train(model, feature_rows(features, True), hp, seed, run, tokenizer.pad_token_id,
                    checkpoint=tune.checkpoint_at(out_dir))
 
-    dev_features = squad.prepare_features(dev_ex, tokenizer, hp["max_len"], hp["doc_stride"], hp["max_query_len"],
-                                          train=False)
-    start, end = predict(model, feature_rows(dev_features, False), run, tokenizer.pad_token_id, hp["eval_batch"],
-                         lambda o: (o.start_logits, o.end_logits), per_token=True, max_len=hp["max_len"])
     v2 = version == "2.0"
-    preds, null_odds = squad.postprocess(dev_ex, dev_features, start, end, hp["n_best"], hp["max_answer_len"],
-                                         version_2=v2)
-    metrics = squad.evaluate(dev_ex, preds, null_odds if v2 else None, version_2=v2)
-    # The headline, comparable with the paper: EM/F1 of the predictions as made (v2.0: null threshold 0, the
-    # Hugging Face QA example's default that the reference ran). v2.0's dev-tuned best_exact/best_f1 stay in
-    # their own keys (and report columns): tuned on the set they score, they can only be higher.
-    metrics["main_exact"], metrics["main"] = metrics["exact"], metrics["f1"]
     out = Path(out_dir)
-    write_text_atomic(out / "predictions.json", json.dumps(preds, indent=1))
-    if v2:
-        finite = {k: (v if math.isfinite(v) else None) for k, v in null_odds.items()}  # None: no span at all
-        write_text_atomic(out / "null_odds.json", json.dumps(finite, indent=1))
+    scored = {}
+    for split, examples in evaluated.items():
+        features_ = squad.prepare_features(examples, tokenizer, hp["max_len"], hp["doc_stride"], hp["max_query_len"],
+                                           train=False)
+        start, end = predict(model, feature_rows(features_, False), run, tokenizer.pad_token_id, hp["eval_batch"],
+                             lambda o: (o.start_logits, o.end_logits), per_token=True, max_len=hp["max_len"])
+        preds, null_odds = squad.postprocess(examples, features_, start, end, hp["n_best"], hp["max_answer_len"],
+                                             version_2=v2)
+        metrics = squad.evaluate(examples, preds, null_odds if v2 else None, version_2=v2)
+        # The headline, comparable with the paper: EM/F1 of the predictions as made (v2.0: null threshold 0, the
+        # Hugging Face QA example's default that the reference ran). v2.0's dev-tuned best_exact/best_f1 stay in
+        # their own keys (and report columns): tuned on the set they score, they can only be higher.
+        metrics["main_exact"], metrics["main"] = metrics["exact"], metrics["f1"]
+        scored[split] = {**metrics, "examples": len(examples), "features": len(features_.input_ids)}
+        stem = "" if split == "dev" else f"{split}_"
+        write_text_atomic(out / f"{stem}predictions.json", json.dumps(preds, indent=1))
+        if v2:
+            finite = {k: (v if math.isfinite(v) else None) for k, v in null_odds.items()}  # None: no span at all
+            write_text_atomic(out / f"{stem}null_odds.json", json.dumps(finite, indent=1))
     summary = {"task": tune.task, "family": "squad", "model": model_dir, "seed": seed,
-               "preset": tune.preset, "hparams": hp,
-               "dev": {"dev": {**metrics, "examples": len(dev_ex), "features": len(dev_features.input_ids)}},
+               "preset": tune.preset, "hparams": hp, "dev": {"dev": scored["dev"]},
+               **({"test": {"test": scored["test"]}} if "test" in scored else {}), **declared_record(decl),
                "train": {**record, "features": len(features.input_ids)}, "device": run.describe(),
                "bf16": run.bf16, "wall_s": round(time.time() - started, 1)}
     write_json_atomic(out / "metrics.json", summary)

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from tacl.finetune import glue
+from tacl.finetune import declared, glue
 from tacl.finetune.common import (DEFAULT_HPARAMS, Run, hyperparameters, input_names, load_task_model, predict,
                                   train)
 from tacl.finetune.contrastive import DEFAULTS as CONTRASTIVE_DEFAULTS
@@ -20,12 +20,16 @@ from tacl.runtime.io import InputError, atomic_path, write_json_atomic
 
 
 def load_examples(task: str, split: str, source: dict[str, Any]) -> list[glue.Example]:
+    if declared.is_declared(source):
+        return declared.sequence_examples(source, split)
     if source.get("kind", "tsv") == "hf":
         return glue.load_hf(task, split, source.get("cache_dir"))
     return glue.read_split(task, source["data_dir"], split)
 
 
 def has_split(task: str, split: str, source: dict[str, Any]) -> bool:
+    if declared.is_declared(source):
+        return split in source["splits"]
     if source.get("kind", "tsv") == "hf":
         return True
     return (Path(source["data_dir"]) / glue.TASKS[task].dir_name / f"{split}.tsv").is_file()
@@ -39,8 +43,9 @@ def subset(examples: list, limit: int, seed: int = 0) -> list:
     return [examples[i] for i in keep]
 
 
-def encode(tokenizer: Any, task: str, examples: list[glue.Example], max_len: int) -> list[dict[str, Any]]:
-    spec = glue.TASKS[task]
+def encode(tokenizer: Any, task: str | glue.TaskSpec, examples: list[glue.Example], max_len: int
+           ) -> list[dict[str, Any]]:
+    spec = task if isinstance(task, glue.TaskSpec) else glue.TASKS[task]
     pairs = examples[0].text_b is not None if examples else False
     enc = tokenizer([e.text_a for e in examples], [e.text_b for e in examples] if pairs else None,
                     truncation=True, max_length=max_len, padding=False, return_attention_mask=True)
@@ -48,9 +53,18 @@ def encode(tokenizer: Any, task: str, examples: list[glue.Example], max_len: int
     for i, e in enumerate(examples):
         row = {k: enc[k][i] for k in input_names(tokenizer)}
         if e.label is not None:
-            row["labels"] = float(e.label) if spec.is_regression else glue.label_id(task, e.label)
+            row["labels"] = label_id(spec, e.label)
         rows.append(row)
     return rows
+
+
+def label_id(spec: glue.TaskSpec, label: str | float) -> int | float:
+    """A label's class id in the task's classes (a score for regression)."""
+    if spec.is_regression:
+        return float(label)
+    if label not in spec.labels:
+        raise InputError(f"{spec.name}: label {label!r} is not one of {list(spec.labels)}")
+    return spec.labels.index(label)  # type: ignore[arg-type]
 
 
 def finetune_glue(tune: FineTune, seed: int, out_dir: str | Path) -> dict[str, Any]:
@@ -60,7 +74,8 @@ def finetune_glue(tune: FineTune, seed: int, out_dir: str | Path) -> dict[str, A
     asks (OUT/model, for another task to start from), and metrics.json written last."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    spec = task_spec(tune.task, tune.contrastive)
+    decl = tune.declaration
+    spec = task_spec(tune.task, tune.contrastive) if decl is None else None
     model_dir = resolve_pretrained(tune.model)
     hp = hyperparameters({**DEFAULT_HPARAMS, **(CONTRASTIVE_DEFAULTS if tune.contrastive else {})}, tune.preset,
                          tune.hparams)
@@ -69,30 +84,40 @@ def finetune_glue(tune: FineTune, seed: int, out_dir: str | Path) -> dict[str, A
     run = Run.detect(tune.precision, tune.device, tune.compile, tune.shapes)
     # all data first: a missing file fails before the model is built
     train_ex, dev, test = read_splits(tune.task, tune.data_source(), hp)
+    if decl is not None:  # (a declared task: its classes from its declaration or its training data)
+        spec = declared.sequence_spec(tune.task, decl, train_ex)
+        decl = declared.with_classes(decl, spec.labels) if not spec.is_regression else decl
+        if tune.contrastive:
+            raise InputError(f"finetune.contrastive: {tune.task} is a declared task; contrastive fine-tuning runs "
+                             "GLUE's classification tasks")
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = load_task_model(
         AutoModelForSequenceClassification, model_dir, seed, num_labels=spec.num_labels,
         problem_type="regression" if spec.is_regression else "single_label_classification")
     extra, weight = contrastive_term(tune.contrastive, hp)
-    record = train(model, encode(tokenizer, tune.task, train_ex, hp["max_len"]), hp, seed, run,
+    record = train(model, encode(tokenizer, spec, train_ex, hp["max_len"]), hp, seed, run,
                    tokenizer.pad_token_id, extra_loss=extra, task_weight=weight,
                    checkpoint=tune.checkpoint_at(out_dir))
 
     def predictions(examples: list[glue.Example]) -> np.ndarray:
-        (logits,) = predict(model, encode(tokenizer, tune.task, examples, hp["max_len"]), run,
+        (logits,) = predict(model, encode(tokenizer, spec, examples, hp["max_len"]), run,
                             tokenizer.pad_token_id, hp["eval_batch"], lambda o: (o.logits,), max_len=hp["max_len"])
         logits = np.stack(logits)
         return logits[:, 0] if spec.is_regression else logits.argmax(-1)
 
     out = Path(out_dir)
-    results = {split: dev_scores(tune.task, examples, predictions(examples)) for split, examples in dev.items()}
-    submissions = write_submissions(tune.task, test, predictions, out)
+    results = {split: dev_scores(spec, examples, predictions(examples), decl) for split, examples in dev.items()}
+    if decl is None:
+        submissions, scored = write_submissions(tune.task, test, predictions, out), {}
+    else:  # (a declared task's test split is labelled: scored like dev)
+        submissions = {}
+        scored = {"test": {s: dev_scores(spec, ex, predictions(ex), decl) for s, ex in test.items()}} if test else {}
     if tune.save_model:
         save_encoder(model, tokenizer, out / "model")
     summary = {"task": tune.task, "family": "glue", "model": model_dir, "seed": seed, "preset": tune.preset,
                "contrastive": tune.contrastive, "start_from": tune.start_from, "hparams": hp,
-               "dev": results,
+               "dev": results, **scored, **declared_record(decl, spec.labels),
                "submission": submissions, "train": record, "device": run.describe(), "bf16": run.bf16,
                "wall_s": round(time.time() - started, 1)}
     write_json_atomic(out / "metrics.json", summary)
@@ -118,13 +143,16 @@ def task_spec(task: str, contrastive: str | None) -> glue.TaskSpec:
 def read_splits(task: str, source: dict[str, Any], hp: dict[str, Any]
                 ) -> tuple[list[glue.Example], dict[str, list[glue.Example]], dict[str, list[glue.Example]]]:
     """The task's training examples, its dev splits' and its test splits' (those the source has), by split;
-    training and dev cut to `max_train_examples` and `max_eval_examples` (`subset`)."""
-    spec = glue.TASKS[task]
+    training and dev cut to `max_train_examples` and `max_eval_examples` (`subset`). A declared task has one
+    dev split and a labelled test split where it declares one (cut like dev)."""
+    own = declared.is_declared(source)
+    dev_splits, test_splits = (("dev",), ("test",)) if own else (glue.TASKS[task].dev_splits, glue.TASKS[task].test_splits)
     train_ex = subset(load_examples(task, "train", source), hp.get("max_train_examples", 0))
-    dev = {s: subset(load_examples(task, s, source), hp.get("max_eval_examples", 0)) for s in spec.dev_splits}
-    test = {s: load_examples(task, s, source) for s in spec.test_splits if has_split(task, s, source)}
+    dev = {s: subset(load_examples(task, s, source), hp.get("max_eval_examples", 0)) for s in dev_splits}
+    test = {s: subset(load_examples(task, s, source), hp.get("max_eval_examples", 0) if own else 0)
+            for s in test_splits if has_split(task, s, source)}
     if not train_ex:
-        raise InputError(f"GLUE {task}: the training split is empty")
+        raise InputError(f"{task}: the training split is empty")
     return train_ex, dev, test
 
 
@@ -142,11 +170,19 @@ def contrastive_term(contrastive: str | None, hp: dict[str, Any]) -> tuple[Calla
     return extra, 1.0 - hp["contrastive_weight"]
 
 
-def dev_scores(task: str, examples: list[glue.Example], predicted: np.ndarray) -> dict[str, Any]:
-    """GLUE's metrics of a dev split's predictions, and the split's size."""
-    spec = glue.TASKS[task]
-    refs = [float(e.label) if spec.is_regression else glue.label_id(task, e.label) for e in examples]
-    return {**glue.metrics(task, predicted, refs), "examples": len(examples)}
+def dev_scores(spec: glue.TaskSpec, examples: list[glue.Example], predicted: np.ndarray,
+               decl: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The metrics of a split's predictions (GLUE's, or a declared task's kind's), and the split's size."""
+    refs = [label_id(spec, e.label) for e in examples]
+    found = glue.metrics(spec.name, predicted, refs) if decl is None else declared.scores(decl, predicted, refs)
+    return {**found, "examples": len(examples)}
+
+
+def declared_record(decl: dict[str, Any] | None, labels: tuple[str, ...] = ()) -> dict[str, Any]:
+    """What a declared task's metrics.json adds: its kind, its headline (split, metric) and its classes."""
+    if decl is None:
+        return {}
+    return {"kind": decl["kind"], "headline": list(declared.headline(decl)), **({"labels": list(labels)} if labels else {})}
 
 
 def write_submissions(task: str, test: dict[str, list[glue.Example]],

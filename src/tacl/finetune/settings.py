@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tacl.finetune import TASKS, finetune_given
+from tacl.finetune import TASKS, declared, finetune_given
 from tacl.runtime.io import with_cache
 
 if TYPE_CHECKING:
@@ -23,7 +23,7 @@ class FineTune:
     task and its data, the hyperparameters and how the seed runs. `contrastive`, `start_from` and
     `save_model` are GLUE's (the other families take none)."""
 
-    task: str  # one of tacl.finetune.TASKS
+    task: str  # one of tacl.finetune.TASKS, or a declared task (its declaration as `source`)
     model: str  # the start model: a Hugging Face directory or a Hub name (resolved where the seed trains)
     source: dict[str, Any]  # the task's data source, as given (given.json records it)
     hparams: dict[str, Any] = field(default_factory=dict)  # the config's, over the family's and the preset's
@@ -40,8 +40,17 @@ class FineTune:
 
     @property
     def family(self) -> str | None:
-        """glue, squad or ner (None: not a task of tacl.finetune.TASKS)."""
+        """glue, squad or ner: a built-in task's, or a declared task's kind's (its declaration as `source`);
+        None for neither."""
+        if declared.is_declared(self.source):
+            return declared.family(self.source) if self.source.get("kind") in declared.KINDS else None
         return TASKS.get(self.task)
+
+    @property
+    def declaration(self) -> dict[str, Any] | None:
+        """A declared task's declaration, as its data is read (with the datasets cache folder); None for a
+        built-in task."""
+        return self.data_source() if declared.is_declared(self.source) else None
 
     def data_source(self) -> dict[str, Any]:
         """The data source as the seed reads it: with the datasets cache folder (tacl.runtime.io.with_cache)."""

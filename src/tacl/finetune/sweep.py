@@ -107,17 +107,28 @@ def setting_hparams(task: str, family: str, hparams: dict[str, Any], setting: st
     return {**base_hparams(family, hparams, task, preset), **parse_setting(setting, preset)}
 
 
+def headline_key(task: str, metrics: dict[str, Any] | None = None) -> tuple[str, str]:
+    """(split, metric) of the task's headline dev number: a built-in task's, else (a declared task) what its
+    metrics.json names."""
+    if task in HEADLINE_DEV:
+        return HEADLINE_DEV[task]
+    if metrics and isinstance(metrics.get("headline"), list) and len(metrics["headline"]) == 2:
+        return tuple(metrics["headline"])  # type: ignore[return-value]
+    raise InputError(f"{task}: not a built-in task, and its metrics.json names no headline number")
+
+
 def headline(task: str, metrics: dict[str, Any]) -> float:
     """The task's headline dev number from a metrics.json (NaN where it is missing or not a number)."""
-    split, metric = HEADLINE_DEV[task]
+    split, metric = headline_key(task, metrics)
     value = metrics.get("dev", {}).get(split, {}).get(metric)
     return float(value) if isinstance(value, (int, float)) else math.nan
 
 
-def select(task: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+def select(task: str, runs: list[dict[str, Any]], key: tuple[str, str] | None = None) -> dict[str, Any]:
     """The setting with the best mean headline dev number over its seeds (runs: {setting, seed, score});
     equal means (to 1e-9) go to the setting whose name sorts first. Also each setting's mean, std, seeds,
-    and the best seed of the chosen one (for test predictions and intermediate-task starts)."""
+    and the best seed of the chosen one (for test predictions and intermediate-task starts). `key`: the
+    headline's (split, metric), for a task that is not built in."""
     by_setting: dict[str, dict[int, float]] = {}
     for r in runs:
         by_setting.setdefault(r["setting"], {})[int(r["seed"])] = float(r["score"])
@@ -132,7 +143,7 @@ def select(task: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
     chosen = min(summary, key=lambda n: (_rank(summary[n]["mean"]), n))
     seeds = by_setting[chosen]
     best_seed = min(seeds, key=lambda s: (_rank(seeds[s]), s))
-    split, metric = HEADLINE_DEV[task]
+    split, metric = key or HEADLINE_DEV[task]
     return {"task": task, "split": split, "metric": metric, "setting": chosen, "best_seed": best_seed,
             "settings": summary}
 
@@ -144,8 +155,9 @@ def _rank(score: float) -> float:
 
 def select_runs(task: str, metrics_files: list[str]) -> dict[str, Any]:
     """`select` over finished runs, read from their metrics.json (RUN/SETTING/seedN/metrics.json)."""
-    runs = []
+    runs, key = [], None
     for path in metrics_files:
         m = read_json(path)
+        key = headline_key(task, m)
         runs.append({"setting": Path(path).parents[1].name, "seed": m["seed"], "score": headline(task, m)})
-    return select(task, runs)
+    return select(task, runs, key)

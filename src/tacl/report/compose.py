@@ -16,7 +16,8 @@ from tacl.report.curves import Run, pretraining_runs, write_curves
 from tacl.report.document import Document, markdown, save_png, table_text
 from tacl.runtime.io import write_text_atomic
 from tacl.report.tables import (CONTROLS, GLUE_AVERAGE_LABELS, GLUE_COLUMNS, HEADLINE, PUBLISHED_FAMILY, cls_table,
-                                collect, differences_table, embeddings_table, glue_reference_table, glue_table,
+                                collect, declared_headline_rows, declared_headlines, declared_table,
+                                differences_table, embeddings_table, glue_reference_table, glue_table,
                                 ner_table, prepared, published_numbers, read_result, selected,
                                 selections, similarity_table, squad_table, start_family, status_table, summarise,
                                 summary_row, sweep_table)
@@ -94,12 +95,12 @@ def compute(results_dir: str, models: list[str], tasks: list[str], expected: lis
     """Every table of the report, from the result files (the damaged ones left out and named)."""
     damaged: list[str] = []
     every = collect(results_dir, damaged)
-    chosen = selections(every)
+    tasks_prepared = prepared(results_dir, tasks, damaged)
+    chosen = selections(every, declared_headlines(tasks_prepared))
     long = selected(every, chosen)  # the headline tables and the differences: the selected settings
     summary = summarise(long)
     family = start_family(results_dir)
     refs = published_numbers(family)
-    tasks_prepared = prepared(results_dir, tasks, damaged)
     chance = {t: r["baseline"] for t, r in tasks_prepared.items() if r.get("baseline")}
     similarity = [p for p in similarity if read_result(p, damaged, ("model",)) is not None]
     embeddings = [p for p in embeddings or [] if read_result(p, damaged, ("model",)) is not None]
@@ -108,7 +109,7 @@ def compute(results_dir: str, models: list[str], tasks: list[str], expected: lis
     squad = squad_table(summary, long, models, refs, tasks, chance, family)
     status, missing = status_table(every, expected, chosen)
     sim = similarity_table(similarity)
-    diffs = differences_table(long, models)
+    diffs = differences_table(long, models, declared_headline_rows(tasks_prepared))
     anisotropy = similarity_table(similarity, "anisotropy")
     cls = cls_table(similarity)
     sentence = embeddings_table(embeddings or [])
@@ -118,6 +119,8 @@ def compute(results_dir: str, models: list[str], tasks: list[str], expected: lis
               "cls_cosine": cls, "embeddings": sentence, "sweep": sweep}
     if "conll2003" in tasks:
         tables["ner"] = ner_table(summary, long, models)
+    if declared_headlines(tasks_prepared):
+        tables["declared"] = declared_table(summary, long, models, tasks_prepared, chance)
     several = sweep.groupby(["model", "task"]).size().max() > 1 if not sweep.empty else False
     return Results(every, long, summary, chance, tasks, glue_tasks, tables, missing, damaged, several, models,
                    pretraining_runs(results_dir, models), tasks_prepared, family)
@@ -163,11 +166,25 @@ def document(r: Results, name: str, out: Path, similarity_png: str | None, cls_p
     if "ner" in r.tables:
         doc.heading("CoNLL-2003 NER (entity F1, seqeval)")
         doc.table(r.tables["ner"])
+    if "declared" in r.tables:
+        _declared(doc, r)
     _differences(doc, r)
     _similarity(doc, r, similarity_png, cls_png)
     _embeddings(doc, r, embeddings_enabled)
     _runs(doc, r)
     return doc
+
+
+def _declared(doc: Document, r: Results) -> None:
+    doc.heading("Declared tasks (the config's own)")
+    kinds = [f"{t}: {rec['declared']['kind']}, {rec['declared']['metric']} (x100 for a fraction), "
+             f"{', '.join(f'{n} {s}' for s, n in rec['splits'].items())} examples"
+             + (f"; chance: {rec['baseline']['name']}" if rec.get("baseline") else "")
+             for t, rec in r.prepared.items() if rec.get("declared")]
+    doc.paragraph("Each declared task's headline metric, on dev and on its labelled test split where it has "
+                  "one, for the setting selected on dev; no published number exists for these. " + "; ".join(kinds)
+                  + ".")
+    doc.table(r.tables["declared"])
 
 
 def _introduction(doc: Document, r: Results, name: str) -> None:

@@ -153,18 +153,53 @@ def collect(results_dir: str | Path, damaged: list[str] | None = None) -> pd.Dat
     return pd.DataFrame(rows, columns=LONG_COLUMNS)
 
 
-def selections(long: pd.DataFrame) -> dict[tuple[str, str], dict[str, Any]]:
-    """(model, task) -> the setting selected on dev (tacl.finetune.sweep.select) among the finished runs."""
+def selections(long: pd.DataFrame, declared: dict[str, tuple[str, str]] | None = None
+               ) -> dict[tuple[str, str], dict[str, Any]]:
+    """(model, task) -> the setting selected on dev (tacl.finetune.sweep.select) among the finished runs;
+    `declared`: the declared tasks' headlines (`declared_headlines`; a task with none is left out)."""
     out = {}
     if long.empty:
         return out
     for (model, task), part in long.groupby(["model", "task"], sort=True):
-        split, metric = HEADLINE_DEV[task]
+        key = HEADLINE_DEV.get(task) or (declared or {}).get(task)
+        if key is None:
+            continue
+        split, metric = key
         scores = part[(part.split == split) & (part.metric == metric)]
         runs = [{"setting": r.setting, "seed": int(r.seed), "score": r.value} for r in scores.itertuples()]
         if runs:
-            out[(model, task)] = select(task, runs)
+            out[(model, task)] = select(task, runs, key)
     return out
+
+
+def declared_headlines(records: dict[str, dict[str, Any]]) -> dict[str, tuple[str, str]]:
+    """task -> (split, metric) of each declared task's headline, from its preparation record (`prepared`)."""
+    return {t: (r["headline"][0], r["headline"][1]) for t, r in records.items()
+            if r.get("declared") and len(r.get("headline") or ()) == 2}
+
+
+def declared_headline_rows(records: dict[str, dict[str, Any]]) -> list[tuple[str, str, str, str, str]]:
+    """The declared tasks' headline numbers as HEADLINE's rows (label, task, split, metric, key)."""
+    return [(t, t, split, metric, t) for t, (split, metric) in declared_headlines(records).items()]
+
+
+def declared_table(summary: pd.DataFrame, long: pd.DataFrame, models: list[str],
+                   records: dict[str, dict[str, Any]], chance: dict[str, dict[str, Any]]) -> pd.DataFrame:
+    """The declared tasks: each one's headline metric on dev (and on its test split where it has one), our rows
+    (the selected setting), then the chance row, scored from the task's own files."""
+    columns = [(f"{t} ({r['declared']['metric']}, {split})", t, split, r["declared"]["metric"], r["family"])
+               for t, r in records.items() if r.get("declared") for split in ("dev", "test") if split in r["splits"]]
+    rows = [{"model": model, "source": OURS, "preset": presets(long, model, {c[1] for c in columns}),
+             **{label: _cell(summary, model, task, split, [metric]) for label, task, split, metric, _ in columns}}
+            for model in models]
+    if any(c[1] in chance for c in columns):
+        row = {"model": "chance", "source": "chance (train and evaluated files)", "preset": "-"}
+        for label, task, split, metric, family in columns:
+            score = chance.get(task, {}).get("dev", {}).get(split, {}).get(metric)
+            scale = 100.0 if family in PERCENT_FAMILIES else 1.0
+            row[label] = f"{scale * score:.1f}" if isinstance(score, (int, float)) else "-"
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def selected(long: pd.DataFrame, chosen: dict[tuple[str, str], dict[str, Any]]) -> pd.DataFrame:
@@ -362,13 +397,15 @@ def interval(diffs: list[float] | None, a: list[float], b: list[float]) -> tuple
     return ma - mb, ma - mb - half, ma - mb + half
 
 
-def differences_table(long: pd.DataFrame, models: list[str]) -> pd.DataFrame:
+def differences_table(long: pd.DataFrame, models: list[str],
+                      extra: list[tuple[str, str, str, str, str]] | None = None) -> pd.DataFrame:
     """For every headline number and every model against each control the experiment ran (the MLM control,
     mlm_nsp or mlm, and none), and a variant of an objective (tacl_batch, tacl_attn) against that objective
     (tacl): the mean difference over seeds with its 95% interval, paired by fine-tuning seed where both have
-    the same seeds, and whether it exceeds seed noise (the interval excludes 0)."""
+    the same seeds, and whether it exceeds seed noise (the interval excludes 0). `extra`: more headline rows
+    (the declared tasks', `declared_headline_rows`)."""
     rows = []
-    for label, task, split, metric, _ in HEADLINE:
+    for label, task, split, metric, _ in HEADLINE + (extra or []):
         part = long[(long.task == task) & (long.split == split) & (long.metric == metric)] if not long.empty else long
         values = {m: dict(zip(g.seed.astype(int), g.value)) for m, g in part.groupby("model")} if not part.empty else {}
         pairs = [(model, control) for control in CONTROLS if control in values for model in models
