@@ -4,6 +4,7 @@ against loops, a fine-tune of each kind on a tiny model, and the whole workflow 
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -255,6 +256,7 @@ def test_the_workflow_runs_a_declared_task_of_each_kind(decls, tmp_path):
                                     "squad": {"max_len": 48, "doc_stride": 16, "max_query_len": 16, "batch": 8,
                                               "epochs": 1},
                                     "tasks": {}})
+    cfg["finetune"]["contrastive"] = {}
     cfg["analysis"]["embeddings"]["enabled"] = False
     run_snakemake(tmp_path / "w", cfg, "--cores", "2", timeout=900)
     results = tmp_path / "results"
@@ -268,3 +270,38 @@ def test_the_workflow_runs_a_declared_task_of_each_kind(decls, tmp_path):
     assert "mine_cls" in (results / "report" / "report.md").read_text()
     dry = run_snakemake(tmp_path / "w", cfg, "--cores", "2", "-n")
     assert "Nothing to be done" in dry.stdout + dry.stderr
+    # a change to one declaration reruns that task's jobs and what reads them, nothing of the others
+    cfg["finetune"]["declared_tasks"]["mine_cls"]["metric"] = "accuracy"
+    dry = run_snakemake(tmp_path / "w", cfg, "--cores", "2", "-n")
+    log = dry.stdout + dry.stderr
+    jobs = {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)\s*$", log[log.index("Job stats:"):],
+                                                             re.M)}
+    assert jobs == {"prepare_task": 1, "finetune": 1, "select_setting": 1, "submissions": 1, "report": 1, "all": 1,
+                    "total": 6}, jobs
+    assert "task=mine_cls" in log and not any(f"task={t}" in log for t in ("mine_sts", "mine_ner", "mine_qa"))
+
+
+def test_the_croatian_example_plans_and_dry_runs(tmp_path, monkeypatch):
+    """examples/croatian (XLM-R base on Croatian Wikipedia, WikiANN hr and ParlaSent declared) given over
+    config.yaml as a user gives it, with profiles/slurm, offline and a scheduler that does not answer: the plan
+    counts XLM-R from its published config.json and says what it assumes of the declared tasks; one prepare job
+    per declared task, one fine-tune per (model, task), and no GLUE or SQuAD job."""
+    from conftest import silent_schedulers
+
+    for k, v in {"HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "1",
+                 "TACL_SLURM_ACCOUNT": "p123", "TACL_SLURM_CPU_PARTITION": "cpu",
+                 "TACL_SLURM_GPU_PARTITION": "gpu"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("PATH", silent_schedulers(tmp_path / "bin"))
+    proc = run_snakemake(tmp_path, None, "--profile", str(REPO / "profiles/slurm"), "-n", "--configfile",
+                         str(REPO / "config.yaml"), str(REPO / "examples/croatian/config.yaml"), "--config",
+                         f"results_dir={tmp_path / 'results'}")
+    log = proc.stdout + proc.stderr
+    assert "(model (xlm-roberta-base): from xlm-roberta-base's published config.json): family xlm-roberta" in log
+    assert "a declared task (wikiann_hr, parlasent_bcs) 10,000 training and 2,000 evaluated examples" in log
+    assert "--stop-headings" in log  # (Croatian's closing sections, not English's)
+    jobs = {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)\s*$", log[log.index("Job stats:"):],
+                                                             re.M)}
+    assert jobs["prepare_task"] == 2 and jobs["finetune"] == 3 * 2 and jobs["pretrain_chunk"] == 2
+    assert "task=wikiann_hr" in log and "task=parlasent_bcs" in log and "task=qnli" not in log
+    assert not (tmp_path / "results").exists(), "a dry run writes nothing"

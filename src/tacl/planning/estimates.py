@@ -43,6 +43,8 @@ TASK_SIZES = {
     "rte": (2490, 277 + 3000, 70), "wnli": (635, 71 + 146, 37),
     "squad_v1": (88641, 10833, 180), "squad_v2": (131754, 12232, 180), "conll2003": (14041, 3250 + 3453, 25),
 }
+# A task with no published size (a declared one) until prepare_task has counted it: train, evaluated, mean tokens
+UNKNOWN_TASK_SIZE = (10000, 2000, 64)
 # Share of padded positions in random batches of 32 (fine-tuning's default batching), measured on the team's GLUE
 # files (benchmarks/finetune_step.py, docs/finetuning.md); tasks not measured get RANDOM_PADDING_DEFAULT. Grouped
 # batches (group_by_length: true) carry 2-6%: GROUPED_PADDING.
@@ -138,7 +140,7 @@ def finetune_minutes(task: str, hparams: dict[str, Any], seeds: int, shape: Shap
                      sizes: dict[str, int] | None = None) -> float:
     """Expected minutes of the seeds of one fine-tuning setting, without start-up: each trains on the train
     split for its epochs and predicts dev and test once."""
-    train, evaluated, mean = TASK_SIZES.get(task, (10000, 2000, 64))
+    train, evaluated, mean = TASK_SIZES.get(task, UNKNOWN_TASK_SIZE)
     if sizes:
         train = sizes.get("train", train)
         evaluated = sum(n for split, n in sizes.items() if split != "train") or evaluated
@@ -160,7 +162,7 @@ def finetune_padded_length(task: str, hparams: dict[str, Any], mean: float) -> f
 def finetune_mem_mb(task: str, max_len: int, sizes: dict[str, int] | None = None) -> int:
     """Host memory of a fine-tuning job: the process with CUDA's host side (8 GB) and its encoded train split
     (ids, type ids and mask as int64, twice over while batches are built), in whole GB."""
-    train = (sizes or {}).get("train") or TASK_SIZES.get(task, (20000,))[0]
+    train = (sizes or {}).get("train") or TASK_SIZES.get(task, UNKNOWN_TASK_SIZE)[0]
     return 1000 * math.ceil((8000 + train * max_len * 48 / 1e6) / 1000)
 
 

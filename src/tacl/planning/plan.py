@@ -43,6 +43,11 @@ from tacl.runtime.io import size_text
 Chunk = tuple[str, float, float, Any]  # (marker, minutes asked for, expected GPU work, what ends it)
 
 
+# What the plan takes a declared task to hold before prepare_task has counted it (tacl.planning.estimates'
+# default for a task it does not know)
+DECLARED_SIZES_TEXT = "{:,} training and {:,} evaluated examples of {} tokens".format(*estimates.UNKNOWN_TASK_SIZE)
+
+
 def planned_chunks(sizing: Sizing, objective: str, fresh: bool) -> list[Chunk]:
     """The chunks of one pretraining run as the plan counts them: (marker, minutes asked for, expected GPU
     work, what ends it), first those there already (none when `fresh`: the run starts again), then the rest
@@ -212,7 +217,8 @@ def plan_text(sizing: Sizing, jobs: list[estimates.Job]) -> str:
          f"expected minutes, at least {p['min_runtime_minutes']} (plan.*); explicit finetune.runtime_minutes win"),
         (f"pretraining sequences {sizing.pretrain_seq():.0f} tokens padded ({seq_source}); fine-tuning: published "
          "task sizes and typical lengths (tacl.planning.estimates.TASK_SIZES) until prepare_task has counted the "
-         "splits"),
+         "splits" + (f"; a declared task ({', '.join(config['finetune']['declared_tasks'])}) {DECLARED_SIZES_TEXT} "
+                     "until then" if config["finetune"]["declared_tasks"] else "")),
     ]
     if at_once > 1:
         assumptions.append(
