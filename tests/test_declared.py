@@ -195,10 +195,10 @@ def test_the_scores_against_loops():
     mcc = (diag * n - sum(t[i] * q[i] for i in range(k))) / math.sqrt(
         (n * n - sum(x * x for x in q)) * (n * n - sum(x * x for x in t)))
     assert got["matthews"] == pytest.approx(mcc)
-    binary = declared.scores({"kind": "classification", "metric": "f1", "binary": True}, preds.clip(0, 1),
-                             refs.clip(0, 1))
-    tp = int(np.sum((preds.clip(0, 1) == 1) & (refs.clip(0, 1) == 1)))
-    assert binary["f1"] == pytest.approx(2 * tp / (int(np.sum(preds.clip(0, 1) == 1)) + int(np.sum(refs.clip(0, 1) == 1))))
+    two, truth = preds.clip(0, 1), refs.clip(0, 1)
+    binary = declared.scores({"kind": "classification", "metric": "f1", "binary": True}, two, truth)
+    tp = sum(1 for r, p in zip(truth, two) if r == p == 1)
+    assert binary["f1"] == pytest.approx(2 * tp / (sum(two == 1) + sum(truth == 1)))
 
 
 def test_chance_of_each_kind(decls):

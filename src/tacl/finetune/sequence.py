@@ -146,7 +146,8 @@ def read_splits(task: str, source: dict[str, Any], hp: dict[str, Any]
     training and dev cut to `max_train_examples` and `max_eval_examples` (`subset`). A declared task has one
     dev split and a labelled test split where it declares one (cut like dev)."""
     own = declared.is_declared(source)
-    dev_splits, test_splits = (("dev",), ("test",)) if own else (glue.TASKS[task].dev_splits, glue.TASKS[task].test_splits)
+    spec = None if own else glue.TASKS[task]
+    dev_splits, test_splits = (("dev",), ("test",)) if spec is None else (spec.dev_splits, spec.test_splits)
     train_ex = subset(load_examples(task, "train", source), hp.get("max_train_examples", 0))
     dev = {s: subset(load_examples(task, s, source), hp.get("max_eval_examples", 0)) for s in dev_splits}
     test = {s: subset(load_examples(task, s, source), hp.get("max_eval_examples", 0) if own else 0)
@@ -182,7 +183,8 @@ def declared_record(decl: dict[str, Any] | None, labels: tuple[str, ...] = ()) -
     """What a declared task's metrics.json adds: its kind, its headline (split, metric) and its classes."""
     if decl is None:
         return {}
-    return {"kind": decl["kind"], "headline": list(declared.headline(decl)), **({"labels": list(labels)} if labels else {})}
+    classes = {"labels": list(labels)} if labels else {}
+    return {"kind": decl["kind"], "headline": list(declared.headline(decl)), **classes}
 
 
 def write_submissions(task: str, test: dict[str, list[glue.Example]],
