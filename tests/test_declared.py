@@ -305,3 +305,12 @@ def test_the_croatian_example_plans_and_dry_runs(tmp_path, monkeypatch):
     assert jobs["prepare_task"] == 2 and jobs["finetune"] == 3 * 2 and jobs["pretrain_chunk"] == 2
     assert "task=wikiann_hr" in log and "task=parlasent_bcs" in log and "task=qnli" not in log
     assert not (tmp_path / "results").exists(), "a dry run writes nothing"
+
+
+def test_tags_that_are_not_iob2_keep_their_own_order():
+    """A declared token task's tags need not be entities: part-of-speech tags are kept, sorted (IOB2 tags as
+    CoNLL's: O first, B- before I- by type)."""
+    from tacl.finetune.tokens import label_list
+
+    assert label_list([(["a", "b"], ["NOUN", "DET"]), (["c"], ["VERB"])]) == ["DET", "NOUN", "VERB"]
+    assert label_list([(["a", "b"], ["I-PER", "O"]), (["c"], ["B-LOC"])]) == ["O", "B-LOC", "I-LOC", "B-PER", "I-PER"]

@@ -48,7 +48,7 @@ def prepare(task: str, source: dict[str, Any], out_json: str) -> dict[str, Any]:
         for split in ("train", "dev"):
             sizes[split] = len(load_examples(SQUAD_TASKS[task], split, source))
     else:
-        from tacl.finetune.ner import read_conll
+        from tacl.finetune.tokens import read_conll
 
         if not source.get("data_dir"):
             raise InputError("finetune.conll_source.data_dir: no CoNLL-2003 folder given")

@@ -170,7 +170,7 @@ def read_file(path: Path, decl: dict[str, Any]) -> list[dict[str, Any]]:
                 return list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
             return list(csv.DictReader(f))
     if suffix in (".conll", ".txt"):
-        from tacl.finetune.ner import read_conll
+        from tacl.finetune.tokens import read_conll
 
         fields = decl["fields"]
         return [{fields["tokens"]: tokens, fields["tags"]: tags} for tokens, tags in read_conll(path)]
@@ -386,7 +386,7 @@ def baseline(name: str, decl: dict[str, Any], data: dict[str, list]) -> dict[str
                 "dev": {s: scores(decl, [labels.index(majority)] * len(ex), [labels.index(e.label) for e in ex])
                         for s, ex in scored.items()}}
     if kind == "token_classification":
-        from tacl.finetune.ner import entity_metrics
+        from tacl.finetune.tokens import entity_metrics
 
         common = Counter(t for _, tags in train for t in tags).most_common(1)[0][0]
         return {"name": f"every word tagged {common} (train's most common tag)",

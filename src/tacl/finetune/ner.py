@@ -11,49 +11,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from tacl.finetune import CONLL_FILES, FAMILY_HPARAMS
+from tacl.finetune import CONLL_FILES, FAMILY_HPARAMS, declared
 from tacl.finetune.common import Run, attention_of, hyperparameters, input_names, load_task_model, predict, train
-from tacl.finetune import declared
 from tacl.finetune.sequence import declared_record, subset
 from tacl.finetune.settings import FineTune
+from tacl.finetune.tokens import entity_metrics, label_list, read_conll
 from tacl.runtime.hub import resolve_pretrained
 from tacl.runtime.io import InputError, write_json_atomic
 
 SPLITS = CONLL_FILES
-
-
-def read_conll(path: str | Path) -> list[tuple[list[str], list[str]]]:
-    """Sentences as (tokens, IOB2 tags) from the 4-column CoNLL-2003 format; -DOCSTART- lines skipped."""
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(f"{path}: CoNLL file not found")
-    sentences, tokens, tags = [], [], []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            line = line.strip()
-            if not line or line.startswith("-DOCSTART-"):
-                if tokens:
-                    sentences.append((tokens, tags))
-                    tokens, tags = [], []
-                continue
-            cols = line.split()
-            if len(cols) < 2:
-                raise InputError(f"{path}:{n}: expected 'token ... tag', got {line!r}")
-            tokens.append(cols[0])
-            tags.append(cols[-1])
-    if tokens:
-        sentences.append((tokens, tags))
-    return sentences
-
-
-def label_list(sentences: list[tuple[list[str], list[str]]]) -> list[str]:
-    """'O' first, then the entity types with B- before I-, sorted by type; tags that are not IOB2 (a declared
-    task's part-of-speech tags, say) sorted."""
-    tags = {t for _, ts in sentences for t in ts}
-    if any(t != "O" and t[:2] not in ("B-", "I-") for t in tags):
-        return sorted(tags)
-    types = sorted({t[2:] for t in tags if t != "O"})
-    return ["O"] + [f"{p}-{t}" for t in types for p in ("B", "I")]
 
 
 def encode(tokenizer: Any, sentences: list[tuple[list[str], list[str]]], labels: list[str],
@@ -85,14 +51,6 @@ def word_predictions(rows: list[dict[str, Any]], logits: list[np.ndarray], label
         first = np.array(row["labels"]) != -100
         out.append([labels[i] for i in lg[first].argmax(-1)])
     return out
-
-
-def entity_metrics(gold: list[list[str]], pred: list[list[str]]) -> dict[str, float]:
-    from seqeval.metrics import accuracy_score, f1_score, precision_score, recall_score
-
-    return {"f1": float(f1_score(gold, pred)), "precision": float(precision_score(gold, pred)),
-            "recall": float(recall_score(gold, pred)), "accuracy": float(accuracy_score(gold, pred)),
-            "main": float(f1_score(gold, pred))}
 
 
 def finetune_ner(tune: FineTune, seed: int, out_dir: str | Path) -> dict[str, Any]:
