@@ -551,3 +551,18 @@ def test_corpus_tokens_before_the_data_stage_follow_the_local_files_and_the_cap(
     size = sum(p.stat().st_size for p in (REPO / "examples/demo/wikipedia").glob("wiki_*"))
     assert corpus_tokens(0, files) == size / 4.5 and corpus_tokens(100, files) == 3000
     assert corpus_tokens(0, {"kind": "hf"}) == 30 * 20_000_000 and corpus_tokens(10, None) == 300
+
+
+def test_the_plan_says_how_many_times_pretraining_passes_over_the_shards():
+    """Once the data stage has counted the shards' sequences: steps x global batch over them (a small
+    Wikipedia makes it many passes, and the plan says what gives fewer); nothing before, or with nothing to
+    pretrain."""
+    from tacl.planning.estimates import pretraining_passes
+
+    pretrain = {"objectives": ["none", "tacl"], "steps": 150000, "global_batch": 256}
+    text = pretraining_passes(pretrain, {"examples": 1_600_000, "tokens": 2e8})
+    assert text.startswith("pretraining: 150,000 steps x 256 sequences = 38.4 M sequences, 24 passes over the "
+                           "shards' 1,600,000 (each pass masks them anew; fewer pretrain.steps")
+    assert "anew" not in pretraining_passes(pretrain, {"examples": 40_000_000})
+    assert pretraining_passes(pretrain, None) is None
+    assert pretraining_passes({**pretrain, "objectives": ["none"]}, {"examples": 10}) is None

@@ -101,6 +101,21 @@ def mean_length(max_len: int, summary: dict[str, Any] | None) -> tuple[float, st
     return 0.625 * max_len, why
 
 
+def pretraining_passes(pretrain: dict[str, Any], summary: dict[str, Any] | None) -> str | None:
+    """How many times the pretraining steps pass over the shards' sequences, once the data stage has counted
+    them (None before, or with nothing to pretrain). A small Wikipedia (another language's) makes it many."""
+    if not summary or not summary.get("examples") or not [o for o in pretrain["objectives"] if o != "none"]:
+        return None
+    sequences = pretrain["steps"] * pretrain["global_batch"]
+    passes = sequences / summary["examples"]
+    text = (f"pretraining: {pretrain['steps']:,} steps x {pretrain['global_batch']} sequences = "
+            f"{sequences / 1e6:.3g} M sequences, {passes:.2g} passes over the shards' {summary['examples']:,}")
+    if passes > 1:
+        text += (" (each pass masks them anew; fewer pretrain.steps, or a larger data.max_lines where it cuts "
+                 "the corpus, give fewer)")
+    return text
+
+
 def padded_length(mean: float, max_len: int, pretrain: dict[str, Any]) -> float:
     if pretrain.get("pad_to_max_len"):
         return float(max_len)

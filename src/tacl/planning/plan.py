@@ -205,6 +205,8 @@ def plan_text(sizing: Sizing, jobs: list[estimates.Job]) -> str:
     assumptions = [f"start model ({shape.source}): family {shape.family}, {shape.encoder / 1e6:.3g} M encoder "
                    f"parameters, {shape.total / 1e6:.4g} M in all; the MLM head on the masked {masked:.0%} of the "
                    "positions"]
+    if passes := estimates.pretraining_passes(config["pretrain"], data):
+        assumptions.append(passes)
     at_once = max((sizing.seeds_at_once(task) for task in config["finetune"]["tasks"]), default=1)
     assumptions.append(stops_before_limit(sizing, at_once))
     if config["device"] == "cpu":
