@@ -80,6 +80,24 @@ def test_a_croatian_article_loses_its_closing_sections_with_hr_only(splitter):
     assert clean_article(ARTICLE, splitter) == kept  # English's headings by default
 
 
+def test_a_paragraph_that_begins_with_a_heading_word_goes_on():
+    """Outside English's recipe a heading stops the article only as a line of its own: Croatian "Izvori" (the
+    sources) heads a closing section, but a paragraph about the Sava's springs begins with the same word; a
+    category line stops where it starts with the heading. English keeps TaCL's recipe (a line that starts
+    with a heading)."""
+    from tacl.data.clean import stops_here
+
+    hr = stop_headings("hr")
+    article = "\n".join(["Rijeka Sava", "Sava je rijeka u jugoistočnoj Europi. Teče kroz Sloveniju i Hrvatsku.",
+                          "Izvori Save nalaze se u Julijskim Alpama. Dva su izvora.", "Izvori:",
+                          "Podaci su iz 2021. godine. Objavljeni su na mreži."])
+    kept = clean_article(article, "blingfire", hr)
+    assert "Izvori Save nalaze se u Julijskim Alpama." in kept and "Objavljeni su na mreži." not in kept
+    assert stops_here("Kategorija:Rijeke u Hrvatskoj", hr) and stops_here("Vanjske poveznice", hr)
+    assert not stops_here("Literatura je umjetnost riječi.", hr)
+    assert stops_here("References and notes", STOP_PREFIXES)  # (TaCL's recipe, unchanged)
+
+
 def test_stop_headings_per_language_and_given():
     assert stop_headings() == stop_headings("en") == STOP_PREFIXES
     assert {"Izvori", "Vanjske poveznice", "Kategorija:"} <= set(STOP_HEADINGS["hr"])
@@ -110,7 +128,7 @@ def test_english_keeps_the_clean_jobs_settings_as_they_were(tmp_path):
     config["data"]["stop_headings"] = list(STOP_PREFIXES)  # English's, given: the same settings
     assert clean_language_given(config) == {} and clean_options(config) == ""
     config["data"].update(language="hr", stop_headings=None)
-    assert clean_language_given(config) == {"stop_headings": list(STOP_HEADINGS["hr"])}
+    assert clean_language_given(config) == {"stop_headings": list(STOP_HEADINGS["hr"]), "stop_match": "heading line"}
     assert clean_options(config).startswith(" --stop-headings '[\"Izvori\", ")
     assert not [p for p in plan_errors(config, load_schema(SCHEMA)) if p.startswith("data.")]
     config["data"]["language"] = "es"

@@ -2,7 +2,8 @@
 
 Per article: split on newlines; stop at the first line starting with one of the language's stop headings
 (`STOP_HEADINGS`; English's: "References", "External links", "Category:" and "See also"; `data.language`
-picks the list, `data.stop_headings` gives it instead); drop paragraphs under 3 words; split sentences;
+picks the list, `data.stop_headings` gives it instead; another list than English's stops at a line that is
+the heading, `stops_here`); drop paragraphs under 3 words; split sentences;
 drop sentences under 3 characters; drop the document if fewer than 2 sentences remain.
 
 Two sentence splitters (`data.sentence_splitter`):
@@ -34,7 +35,7 @@ from tacl import RESULT_VERSIONS
 from tacl.runtime.io import InputError, atomic_path, read_json, write_json_atomic
 
 # The headings of the sections that close an article, per Wikipedia language (`data.language`): an article
-# stops at the first line that starts with one of them. A language missing here is given as
+# stops at the first line that is one of them (English's: that starts with one, `stops_here`). A language missing here is given as
 # `data.stop_headings` (or added here).
 STOP_HEADINGS: dict[str, tuple[str, ...]] = {
     "en": ("References", "External links", "Category:", "See also"),
@@ -108,11 +109,28 @@ def stop_headings(language: str = "en", given: list[str] | None = None) -> tuple
     return STOP_HEADINGS[language]
 
 
-def headings_given(stops: Iterable[str]) -> dict[str, list[str]]:
-    """The stop headings as the clean job's record and parameters keep them: nothing where they are English's,
-    so that the jobs made before languages were recorded keep their settings (no rerun)."""
+# How a line matches a stop heading (`stops_here`), where the headings are not English's: recorded beside them
+STOP_MATCH = "heading line"
+
+
+def headings_given(stops: Iterable[str]) -> dict[str, Any]:
+    """The stop headings as the clean job's record and parameters keep them, with how a line matches them:
+    nothing where they are English's, so that the jobs made before languages were recorded keep their settings
+    (no rerun)."""
     stops = tuple(stops)
-    return {} if stops == STOP_PREFIXES else {"stop_headings": list(stops)}
+    return {} if stops == STOP_PREFIXES else {"stop_headings": list(stops), "stop_match": STOP_MATCH}
+
+
+def stops_here(line: str, stops: tuple[str, ...]) -> bool:
+    """Whether an article stops at this (stripped) line. English's headings, TaCL's recipe: a line that starts
+    with one. Any other list: a line that is the heading itself (a closing ':' or '.' aside), or for a heading
+    that ends in ':' (a category line) a line that starts with it; so that a paragraph that merely begins with
+    the word goes on (Croatian "Izvori" heads the sources, but "Izvori Save nalaze se ..." is about the
+    Sava's springs)."""
+    if stops == STOP_PREFIXES:
+        return line.startswith(stops)
+    bare = line.rstrip(" :.")
+    return any(line.startswith(h) if h.endswith(":") else bare == h for h in stops)
 
 
 def clean_article(text: str, splitter: str = "blingfire", stops: tuple[str, ...] = STOP_PREFIXES) -> list[str]:
@@ -123,7 +141,7 @@ def clean_article(text: str, splitter: str = "blingfire", stops: tuple[str, ...]
     sentences: list[str] = []
     for paragraph in text.split("\n"):
         paragraph = paragraph.strip()
-        stop = paragraph.startswith(stops)
+        stop = stops_here(paragraph, stops)
         if stop and splitter != "regex":
             break
         if len(paragraph.split()) >= MIN_PARAGRAPH_WORDS:
