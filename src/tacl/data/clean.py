@@ -35,8 +35,8 @@ from tacl import RESULT_VERSIONS
 from tacl.runtime.io import InputError, atomic_path, read_json, write_json_atomic
 
 # The headings of the sections that close an article, per Wikipedia language (`data.language`): an article
-# stops at the first line that is one of them (English's: that starts with one, `stops_here`). A language missing here is given as
-# `data.stop_headings` (or added here).
+# stops at the first line that is one of them (English's: that starts with one, `stops_here`). A language
+# missing here is given as `data.stop_headings` (or added here).
 STOP_HEADINGS: dict[str, tuple[str, ...]] = {
     "en": ("References", "External links", "Category:", "See also"),
     "hr": ("Izvori", "Vanjske poveznice", "Literatura", "Bilješke", "Povezani članci", "Kategorija:",
