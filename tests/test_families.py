@@ -326,7 +326,7 @@ def sentences(demo_data, tokenizer_dir, tmp_path_factory):
     return root / "manifest.json"
 
 
-RESUME_STEPS = 4
+RESUME_STEPS = 3
 TERMS = {"tacl": ("mlm", "tacl"), "coco_lm": ("aux_mlm", "clm", "scl")}  # (the loss terms each logs)
 
 
@@ -342,7 +342,7 @@ def chunks(start, manifest, run, env, objective: str, *cuts: int) -> tuple[list,
     from tacl.pretrain.trainer import ChunkArgs, _run_chunk, _setup
     from tacl.runtime.lock import RunLock
 
-    s = TrainSettings(objective=objective, steps=RESUME_STEPS, global_batch=8, micro_batch=4, lr=2e-3, seed=3,
+    s = TrainSettings(objective=objective, steps=RESUME_STEPS, global_batch=4, micro_batch=4, lr=2e-3, seed=3,
                       max_len=64, loader_workers=0, device="cpu", log_every=1, objective_params=run_params(objective))
     for chunk, max_steps in enumerate([*cuts, None]):
         lock = RunLock(run)
@@ -364,13 +364,13 @@ def chunks(start, manifest, run, env, objective: str, *cuts: int) -> tuple[list,
 @pytest.mark.parametrize("name", [n for n in NAMES if n != "bert"])  # (BERT's: tests/test_pretrain.py)
 @pytest.mark.parametrize("objective", ["tacl", "coco_lm"])
 def test_every_family_resumes_bit_exact(starts, sentences, env, tmp_path, name, objective):  # noqa: F811
-    """4 steps without a break, and 2 steps, saved, then resumed by a chunk that builds everything afresh: the
-    same logged losses (and learning rates) and the same weights, bit for bit. TaCL: the student, its MLM head
-    and the frozen teacher (loaded again from the start model), dropout on; COCO-LM: its auxiliary model of the
-    family and its copy head (the objective's own parameters) and its draws, as tests/test_pretrain.py's
-    test_resume_is_bit_exact for BERT."""
+    """3 steps without a break, and 1 step, saved, then 2 more in a chunk that builds everything afresh and
+    resumes: the same logged losses (and learning rates) and the same weights and AdamW state, bit for bit.
+    TaCL: the student, its MLM head and the frozen teacher (loaded again from the start model), dropout on;
+    COCO-LM: its auxiliary model of the family and its copy head (the objective's own parameters) and its
+    draws, as tests/test_pretrain.py's test_resume_is_bit_exact for BERT."""
     whole, whole_weights = chunks(starts / name, sentences, tmp_path / "whole", env, objective)
-    resumed, weights = chunks(starts / name, sentences, tmp_path / "resumed", env, objective, 2)
+    resumed, weights = chunks(starts / name, sentences, tmp_path / "resumed", env, objective, 1)
     assert [m["step"] for m in resumed] == list(range(1, RESUME_STEPS + 1))
     assert all(m[k] > 0 for m in resumed for k in TERMS[objective]), resumed
     assert resumed == whole, "every logged loss equals the uninterrupted run's, bit for bit"
@@ -379,3 +379,4 @@ def test_every_family_resumes_bit_exact(starts, sentences, env, tmp_path, name, 
     assert any(k.endswith(".exp_avg_sq") for k in weights)
     for k in weights:
         assert torch.equal(weights[k], whole_weights[k]), k
+
