@@ -380,3 +380,29 @@ def test_every_family_resumes_bit_exact(starts, sentences, env, tmp_path, name, 
     for k in weights:
         assert torch.equal(weights[k], whole_weights[k]), k
 
+
+def test_every_reader_of_a_start_models_family_reads_the_same(starts, tmp_path):
+    """The trainer, the shards' form check and the tokenizer job read a start model's family from its folder's
+    JSON files (tacl.runtime.family.model_type_of; the report's: tests/test_report.py): tacl_start.json's family,
+    else config.json's model_type. A folder with neither is no start model to the trainer."""
+    import json
+
+    from tacl.data.download import start_family as tokenizer_family
+    from tacl.pretrain.form import start_family_name
+    from tacl.pretrain.model import start_family
+    from tacl.runtime.family import model_type_of
+
+    for name in NAMES:
+        start = str(starts / name)
+        assert start_family(start).name == start_family_name(start) == tokenizer_family(start) == name
+    folder = tmp_path / "start"
+    folder.mkdir()
+    assert model_type_of(folder) is None and model_type_of(tmp_path / "absent") is None
+    with pytest.raises(InputError, match=r"^start model .*/start: no folder with a config.json that names"):
+        start_family(str(folder))
+    (folder / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    assert model_type_of(folder) == "gpt2" and start_family_name(str(folder)) is None
+    with pytest.raises(InputError, match=r"^start model .*/start: a gpt2 checkpoint; the start model must be one"):
+        start_family(str(folder))
+    (folder / "tacl_start.json").write_text(json.dumps({"family": "electra"}))
+    assert model_type_of(folder) == "electra" == start_family(str(folder)).name == tokenizer_family(str(folder))
