@@ -330,7 +330,7 @@ RESUME_STEPS = 3
 TERMS = {"tacl": ("mlm", "tacl"), "coco_lm": ("aux_mlm", "clm", "scl")}  # (the loss terms each logs)
 
 
-def chunks(start, manifest, run, env, objective: str, *cuts: int) -> tuple[list, dict[str, torch.Tensor]]:  # noqa: F811
+def chunks(start, manifest, run, dist_env, objective: str, *cuts: int) -> tuple[list, dict[str, torch.Tensor]]:
     """`RESUME_STEPS` steps of `objective` in chunks of `cuts` steps (the last chunk to the end), each as a
     chunk job runs it (tacl.pretrain.trainer: `_setup` builds everything afresh and resumes from the run's latest
     checkpoint, `_run_chunk` trains, logs and saves): the logged losses, and the final checkpoint's tensors by
@@ -349,7 +349,7 @@ def chunks(start, manifest, run, env, objective: str, *cuts: int) -> tuple[list,
         try:
             args = ChunkArgs(str(run), str(start), str(manifest), s, chunk=chunk, max_steps=max_steps,
                              tensorboard=False)
-            marker = _run_chunk(_setup(args, env, lock), StopSignals(), time.time())
+            marker = _run_chunk(_setup(args, dist_env, lock), StopSignals(), time.time())
         finally:
             lock.release()
     assert marker["done"] and marker["step"] == RESUME_STEPS
