@@ -230,11 +230,15 @@ def test_hooks_know_the_scheduler_and_print_the_summary(tmp_path):
     assert scheduler(workflow("cluster-generic", "python -m tacl pbs submit --queue {resources.pbs_queue}")) == "pbs"
     assert scheduler(workflow("cluster-generic", "sbatch --parsable")) is None
     assert scheduler(workflow("local")) is None and scheduler(workflow(None)) is None
-    path = tmp_path / "summary.json"
-    assert data_summary(str(path), "results/demo") is None
+    path, manifest = tmp_path / "summary.json", tmp_path / "manifest.json"
+    assert data_summary(str(path), str(manifest), "results/demo") is None
     path.write_text(json.dumps({"documents": 3, "sentences": 40, "examples": 12, "tokens": 900, "shards": 2}))
-    assert data_summary(str(path), "results/demo") == ("summary (results/demo): 3 documents, 40 sentences, 12 NSP "
-                                                       "examples, 900 tokens in 2 shards")
+    manifest.write_text(json.dumps({"shards": []}))  # (NSP pairs: a manifest without a form, as before forms)
+    assert data_summary(str(path), str(manifest), "results/demo") == (
+        "summary (results/demo): 3 documents, 40 sentences, 12 NSP examples, 900 tokens in 2 shards")
+    manifest.write_text(json.dumps({"shards": [], "form": "sentences"}))  # (a family without NSP: RoBERTa's form)
+    assert data_summary(str(path), str(manifest), "results/demo") == (
+        "summary (results/demo): 3 documents, 40 sentences, 12 sequences of whole sentences, 900 tokens in 2 shards")
 
 
 def test_the_directory_option_is_read_in_one_place_and_its_absence_stops_the_run():

@@ -2,17 +2,20 @@
 (2 layers, hidden 32, the demo tokenizer's vocabulary) trains a step of every objective the family takes,
 the step is the same cut into 1 or 2 micro-batches (and packed, where the family packs), the export reloads
 with the same logits, what a family cannot train is refused in one line, and a fine-tune runs on a tokenizer
-that gives no token type ids."""
+that gives no token type ids, and a run of every family resumes bit for bit."""
 
 from __future__ import annotations
 
 import contextlib
+import itertools
+import time
 
 import pytest
 import torch
 
 from conftest import MINILM, TINY_BERT, run_params
 from sync_guard import SyncGuard
+from test_step import env  # noqa: F401 (the module's gloo process group)
 from tacl.data.masking import MaskingSpec
 from tacl.data.pretraining import Batching, PretrainingData
 from tacl.data.shards import ShardSet
@@ -307,3 +310,99 @@ def test_the_config_check_refuses_what_the_family_cannot_train(tmp_path):
                                                                    "finetune.contrastive": {"forms": []}})
     assert found == ["pretrain.packing: a deberta-v2 start model's attention cannot read packed batches; set "
                      "pretrain.packing to false"]
+
+
+@pytest.fixture(scope="module")
+def sentences(demo_data, tokenizer_dir, tmp_path_factory):
+    """The demo corpus in shards of the sentences form (the families without NSP), with the starts' tokenizer."""
+    from tacl.data.build import build_shard, gather_shards
+    from tacl.data.download import fetch_tokenizer
+
+    root, corpus = tmp_path_factory.mktemp("sentences"), demo_data["dir"]
+    tokenizer = fetch_tokenizer(str(tokenizer_dir), str(root / "tokenizer"), family="roberta")
+    build_shard(str(corpus / "corpus.txt"), str(corpus / "corpus.idx.npy"), tokenizer, 0, 1, 64, 0.1, 7,
+                str(root / "shard-00000.bin"), str(root / "shard-00000.json"))
+    gather_shards([str(root / "shard-00000.json")], str(root / "manifest.json"))
+    return root / "manifest.json"
+
+
+RESUME_STEPS = 3
+TERMS = {"tacl": ("mlm", "tacl"), "coco_lm": ("aux_mlm", "clm", "scl")}  # (the loss terms each logs)
+
+
+def chunks(start, manifest, run, dist_env, objective: str, *cuts: int) -> tuple[list, dict[str, torch.Tensor]]:
+    """`RESUME_STEPS` steps of `objective` in chunks of `cuts` steps (the last chunk to the end), each as a
+    chunk job runs it (tacl.pretrain.trainer: `_setup` builds everything afresh and resumes from the run's latest
+    checkpoint, `_run_chunk` trains, logs and saves): the logged losses, and the final checkpoint's tensors by
+    name: its module's (the student's `model.*`, the objective's own `objective.*`) and AdamW's state."""
+    from tacl.pretrain import checkpoint
+    from tacl.pretrain.deadline import StopSignals
+    from tacl.pretrain.metrics import read_events, read_metrics
+    from tacl.pretrain.settings import TrainSettings
+    from tacl.pretrain.trainer import ChunkArgs, _run_chunk, _setup
+    from tacl.runtime.lock import RunLock
+
+    s = TrainSettings(objective=objective, steps=RESUME_STEPS, global_batch=4, micro_batch=4, lr=2e-3, seed=3,
+                      max_len=64, loader_workers=0, device="cpu", log_every=1, objective_params=run_params(objective))
+    for chunk, max_steps in enumerate([*cuts, None]):
+        lock = RunLock(run)
+        try:
+            args = ChunkArgs(str(run), str(start), str(manifest), s, chunk=chunk, max_steps=max_steps,
+                             tensorboard=False)
+            marker = _run_chunk(_setup(args, dist_env, lock), StopSignals(), time.time())
+        finally:
+            lock.release()
+    assert marker["done"] and marker["step"] == RESUME_STEPS
+    assert [e["step"] for e in read_events(run)] == [0, *itertools.accumulate(cuts)]  # (where each chunk began)
+    logged = [{k: v for k, v in m.items() if k not in ("elapsed_s", "tokens_per_s")} for m in read_metrics(run)]
+    saved = torch.load(run / "checkpoints" / checkpoint.latest_tag(run) / "mp_rank_00_model_states.pt",
+                       map_location="cpu", weights_only=False)  # (ZeRO 0: the whole state in one file)
+    adam = {f"adam.{i}.{k}": v for i, state in saved["optimizer"]["state"].items() for k, v in state.items()}
+    return logged, {**saved["module"], **adam}
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n != "bert"])  # (BERT's: tests/test_pretrain.py)
+@pytest.mark.parametrize("objective", ["tacl", "coco_lm"])
+def test_every_family_resumes_bit_exact(starts, sentences, env, tmp_path, name, objective):  # noqa: F811
+    """3 steps without a break, and 1 step, saved, then 2 more in a chunk that builds everything afresh and
+    resumes: the same logged losses (and learning rates) and the same weights and AdamW state, bit for bit.
+    TaCL: the student, its MLM head and the frozen teacher (loaded again from the start model), dropout on;
+    COCO-LM: its auxiliary model of the family and its copy head (the objective's own parameters) and its
+    draws, as tests/test_pretrain.py's test_resume_is_bit_exact for BERT."""
+    whole, whole_weights = chunks(starts / name, sentences, tmp_path / "whole", env, objective)
+    resumed, weights = chunks(starts / name, sentences, tmp_path / "resumed", env, objective, 1)
+    assert [m["step"] for m in resumed] == list(range(1, RESUME_STEPS + 1))
+    assert all(m[k] > 0 for m in resumed for k in TERMS[objective]), resumed
+    assert resumed == whole, "every logged loss equals the uninterrupted run's, bit for bit"
+    assert weights.keys() == whole_weights.keys()
+    assert any(k.startswith("objective.") for k in weights) == (objective == "coco_lm")
+    assert any(k.endswith(".exp_avg_sq") for k in weights)
+    for k in weights:
+        assert torch.equal(weights[k], whole_weights[k]), k
+
+
+def test_every_reader_of_a_start_models_family_reads_the_same(starts, tmp_path):
+    """The trainer, the shards' form check and the tokenizer job read a start model's family from its folder's
+    JSON files (tacl.runtime.family.model_type_of; the report's: tests/test_report.py): tacl_start.json's family,
+    else config.json's model_type. A folder with neither is no start model to the trainer."""
+    import json
+
+    from tacl.data.download import start_family as tokenizer_family
+    from tacl.pretrain.form import start_family_name
+    from tacl.pretrain.model import start_family
+    from tacl.runtime.family import model_type_of
+
+    for name in NAMES:
+        start = str(starts / name)
+        assert start_family(start).name == start_family_name(start) == tokenizer_family(start) == name
+    folder = tmp_path / "start"
+    folder.mkdir()
+    assert model_type_of(folder) is None and model_type_of(tmp_path / "absent") is None
+    with pytest.raises(InputError, match=r"^start model .*/start: no folder with a config.json that names"):
+        start_family(str(folder))
+    (folder / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    assert model_type_of(folder) == "gpt2" and start_family_name(str(folder)) is None
+    with pytest.raises(InputError, match=r"^start model .*/start: a gpt2 checkpoint; the start model must be one"):
+        start_family(str(folder))
+    (folder / "tacl_start.json").write_text(json.dumps({"family": "electra"}))
+    assert model_type_of(folder) == "electra" == start_family(str(folder)).name == tokenizer_family(str(folder))

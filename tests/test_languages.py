@@ -146,8 +146,9 @@ SERBIAN_DOCS = [["Београд је главни град Србије.", "Н�
 @pytest.mark.parametrize("kind", ["wordpiece", "unigram", "bpe"])
 def test_a_tokenizer_without_the_corpus_script_shows_a_high_unknown_share(kind, tmp_path):
     """A tokenizer trained on English text leaves Cyrillic unknown: the shard entries count the unknown token
-    among the tokens written, the manifest and the data summary add them up, and the summary warns naming the
-    tokenizer and the `tokenizer` and `model` keys. Byte-level BPE has no unknown token (it covers every byte)."""
+    among the tokens written, the manifest and the data summary add them up (its examples named by the shards'
+    form), and the summary warns naming the tokenizer and the `tokenizer` and `model` keys. Byte-level BPE has
+    no unknown token (it covers every byte)."""
     from test_shards import write_corpus
     from tokenizer_kit import train
 
@@ -172,8 +173,10 @@ def test_a_tokenizer_without_the_corpus_script_shows_a_high_unknown_share(kind, 
         summary = {"documents": 2, "sentences": 4, "examples": entry["examples"], "tokens": entry["tokens"],
                    "shards": 1, "unk_tokens": entry["unk_tokens"], "tokenizer": manifest["tokenizer"]["name"]}
         write_json_atomic(folder / "summary.json", summary)
-        shown = data_summary(str(folder / "summary.json"), "results").split("\n")
+        shown = data_summary(str(folder / "summary.json"), str(folder / "manifest.json"), "results").split("\n")
         assert shown[0].endswith(f" tokens ({shares[name]:.2%} unknown) in 1 shards")
+        what = "NSP examples" if kind == "wordpiece" else "sequences of whole sentences"  # (the shards' form)
+        assert f" sentences, {entry['examples']} {what}, " in shown[0], shown[0]
         warning = unknown_line(entry["unk_tokens"], entry["tokens"], summary["tokenizer"])
         assert shown[1:] == ([warning] if shares[name] > 0.01 else []) and (warning is None) == (shares[name] <= 0.01)
     assert shares["en"] == 0

@@ -391,6 +391,6 @@ def check_inputs():
 
 
 def print_summary():
-    line = data_summary(L.data_summary, R)
+    line = data_summary(L.data_summary, L.manifest, R)
     if line:
         print(f"\n{line}")

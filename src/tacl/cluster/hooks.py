@@ -20,6 +20,7 @@ from snakemake.exceptions import WorkflowError
 from tacl.cluster.preflight import (JobRequest, PbsRequest, cluster_node_states, cluster_partitions,
                                     cluster_queues, launcher_problem, pbs_problems, problems)
 from tacl.data.build import unknown_line, unknown_text
+from tacl.data.shards import EXAMPLES, NSP_PAIRS, manifest_form
 from tacl.experiment.design import LOCAL_RULES
 from tacl.planning.plan import announce
 
@@ -210,15 +211,20 @@ def preflight(workflow: Any, pretrain: dict[str, Any], config_runtimes: dict[str
         raise WorkflowError(f"{which.upper()} preflight: {done}.\n  " + "\n  ".join(found))
 
 
-def data_summary(path: str, results: str) -> str | None:
-    """The data stage's summary as one line, once it exists; below it, a warning line where many of the shards'
-    tokens are the tokenizer's unknown token (tacl.data.build.unknown_line)."""
+def data_summary(path: str, manifest: str, results: str) -> str | None:
+    """The data stage's summary as one line, once it exists, its examples named by the form of the shards
+    `manifest` lists (tacl.data.shards: NSP pairs, or whole sentences); below it, a warning line where many of the
+    shards' tokens are the tokenizer's unknown token (tacl.data.build.unknown_line)."""
     if not os.path.exists(path):
         return None
     with open(path) as f:
         s = json.load(f)
+    form = NSP_PAIRS
+    if os.path.exists(manifest):  # (written by the same job as the summary)
+        with open(manifest) as f:
+            form = manifest_form(json.load(f))
     unknown = unknown_text(s.get("unk_tokens"), s["tokens"])
-    line = (f"summary ({results}): {s['documents']} documents, {s['sentences']} sentences, {s['examples']} NSP "
-            f"examples, {s['tokens']} tokens{unknown} in {s['shards']} shards")
+    line = (f"summary ({results}): {s['documents']} documents, {s['sentences']} sentences, {s['examples']} "
+            f"{EXAMPLES[form]}, {s['tokens']} tokens{unknown} in {s['shards']} shards")
     warning = unknown_line(s.get("unk_tokens"), s["tokens"], s.get("tokenizer"))
     return line + (f"\n{warning}" if warning else "")

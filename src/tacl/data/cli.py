@@ -105,6 +105,7 @@ def _shard(a: argparse.Namespace) -> None:
 
 def _gather(a: argparse.Namespace) -> None:
     from tacl.data.build import gather_shards, unknown_line, unknown_text
+    from tacl.data.shards import EXAMPLES, manifest_form
     from tacl.runtime.io import read_json, write_json_atomic
 
     manifest = gather_shards(a.entries, a.out)
@@ -116,7 +117,7 @@ def _gather(a: argparse.Namespace) -> None:
     if "unk_tokens" in t:
         summary.update(unk_tokens=t["unk_tokens"], tokenizer=manifest["tokenizer"]["name"])
     write_json_atomic(a.summary, summary)
-    what = {"nsp_pairs": "NSP examples", "sentences": "sequences of whole sentences"}[manifest["form"]]
+    what = EXAMPLES[manifest_form(manifest)]
     unknown = unknown_text(t.get("unk_tokens"), t["tokens"])
     print("data: {documents} documents, {sentences} sentences -> {examples} {what}, "
           "{tokens} tokens{unknown} in {shards} shards".format(what=what, unknown=unknown, **summary))

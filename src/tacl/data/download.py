@@ -84,17 +84,20 @@ def tokenizer_given(name: str, family: str | None, start_model: str | None) -> d
 
 def start_family(model: str | None, family_name: str | None = None) -> str:
     """The family of the start model (tacl.runtime.family): `family_name` for a random start model
-    (model_init.family), else the `model_type` of `model`'s config, read from the Hub where it is a Hub name;
-    bert where neither is given."""
-    from tacl.runtime.family import family
+    (model_init.family), else the `model_type` of `model`: a folder's from its JSON files
+    (tacl.runtime.family.model_type_of), a Hub name's from its config on the Hub; bert where neither is given."""
+    from tacl.runtime.family import family, model_type_of
 
     if family_name or not model:
         return family(family_name or "bert", "model_init.family").name
+    path = resolve_pretrained(model)
+    if Path(path).is_dir():
+        return family(model_type_of(path), "model").name
     from transformers import AutoConfig
 
     with from_hub(model, "model", "`model`"):
-        model_type = getattr(AutoConfig.from_pretrained(resolve_pretrained(model)), "model_type", None)
-    return family(model_type, "model").name
+        found = getattr(AutoConfig.from_pretrained(path), "model_type", None)
+    return family(found, "model").name
 
 
 def fetch_tokenizer(name: str, out_dir: str, family: str | None = None, start_model: str | None = None) -> str:

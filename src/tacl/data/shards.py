@@ -39,6 +39,7 @@ FORMAT_VERSION = 1
 _HEADER = struct.Struct("<8sIIQQ")
 NSP_PAIRS, SENTENCES = "nsp_pairs", "sentences"
 FORMS = (NSP_PAIRS, SENTENCES)
+EXAMPLES = {NSP_PAIRS: "NSP examples", SENTENCES: "sequences of whole sentences"}  # (a form's examples, in words)
 
 
 def form_of(family: Family) -> str:

@@ -132,7 +132,11 @@ def attention_of(model_dir: str) -> str:
 
 def takes_sdpa_mask(model: torch.nn.Module) -> bool:
     """Whether the model's batches carry SDPA's 4-D padding mask (`to_device`): not DeBERTa's (eager attention,
-    which takes the 2-D mask) nor ModernBERT's (whose sliding-window layers make their own from the 2-D one)."""
+    which takes the 2-D mask) nor ModernBERT's (whose sliding-window layers make their own from the 2-D one).
+    ModernBERT's task models read the 2-D mask too (mean pooling, `_qa_loss`); making its masks from it,
+    transformers 5.23 reads it on the host (`padding_mask.all()`, masking_utils._ignore_bidirectional_mask_sdpa:
+    twice per forward, for the global and the sliding-window layers; not where the model is compiled). It does
+    not unpad: that is flash_attention_2's, which no family loads with."""
     return model.config.model_type not in ("deberta-v2", "modernbert")
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from tacl.data.masking import MaskingSpec
 from tacl.data.shards import NSP_PAIRS, form_of, manifest_form
-from tacl.runtime.family import FAMILIES
+from tacl.runtime.family import FAMILIES, model_type_of
 
 
 def reads_nsp(objective: Any) -> bool:
@@ -20,20 +20,13 @@ def reads_nsp(objective: Any) -> bool:
 
 
 def start_family_name(start_model: str) -> str | None:
-    """The family of the start model (its config's model_type), None for a type outside tacl.runtime.family. A
-    folder's config.json is read as it is (the workflow's start model is one; transformers' AutoConfig imports
-    torch)."""
+    """The family of the start model (tacl.runtime.family.model_type_of, read from its folder's JSON files), None
+    for a type outside tacl.runtime.family. (The trainer's start model is a folder: tacl.pretrain.model.start_family,
+    called before this, refuses anything else.)"""
     from tacl.runtime.hub import resolve_pretrained
-    from tacl.runtime.io import read_json
 
-    config = Path(resolve_pretrained(start_model)) / "config.json"
-    if config.is_file():
-        model_type = read_json(config).get("model_type")
-    else:
-        from transformers import AutoConfig
-
-        model_type = getattr(AutoConfig.from_pretrained(resolve_pretrained(start_model)), "model_type", None)
-    return model_type if model_type in FAMILIES else None
+    found = model_type_of(resolve_pretrained(start_model))
+    return found if found in FAMILIES else None
 
 
 def mlm_probability(configured: float | None, start_model: str) -> float:

@@ -14,11 +14,10 @@ from typing import Any
 
 import torch
 
-from tacl.runtime.family import Family, family
+from tacl.runtime.family import START_META, Family, family, model_type_of
 from tacl.runtime.hub import from_hub, load_tokenizer, resolve_pretrained
 from tacl.runtime.io import InputError, atomic_path, read_json, sha256_file, write_json_atomic
 
-START_META = "tacl_start.json"
 log = logging.getLogger("tacl.pretrain")
 
 
@@ -113,10 +112,13 @@ def start_identity(start_dir: str) -> dict[str, Any]:
 
 
 def start_family(start_dir: str) -> Family:
-    """The family of a starting checkpoint, from its config's model_type."""
-    from transformers import AutoConfig
-
-    return family(AutoConfig.from_pretrained(start_dir).model_type, f"start model {start_dir}")
+    """The family of a starting checkpoint, a folder (tacl.runtime.family.model_type_of: its tacl_start.json's
+    family, else its config.json's model_type)."""
+    found = model_type_of(start_dir)
+    if found is None:
+        raise InputError(f"start model {start_dir}: no folder with a config.json that names its model_type (the "
+                         "start model is the folder `tacl pretrain init-model` writes)")
+    return family(found, f"start model {start_dir}")
 
 
 def attention(model_dir: str) -> str:

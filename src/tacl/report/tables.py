@@ -30,6 +30,7 @@ import pandas as pd
 from tacl.experiment.layout import Layout
 from tacl.finetune.sweep import HEADLINE_DEV, select
 from tacl.objectives.registry import REGISTRY
+from tacl.runtime.family import model_type_of
 
 log = logging.getLogger("tacl.report")
 
@@ -91,12 +92,7 @@ def start_family(results_dir: str | Path) -> str | None:
     directory's start model (tacl_start.json's `family`, else its config.json's `model_type`), or None before
     that model exists. The results directory itself answers, as for every table: `tacl report RESULTS_DIR`
     needs no config, and a config edited since the runs cannot change it."""
-    start = Path(Layout(str(results_dir)).start)
-    for name, key in (("tacl_start.json", "family"), ("config.json", "model_type")):
-        found = read_result(start / name) if (start / name).is_file() else None
-        if found and found.get(key):
-            return str(found[key])
-    return None
+    return model_type_of(Layout(str(results_dir)).start, read=read_result)  # (a damaged file: named, passed over)
 
 
 def published_numbers(family: str | None) -> pd.DataFrame:

@@ -9,9 +9,14 @@ Nothing here imports torch or transformers (the Snakefile and the shard jobs rea
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
 
-from tacl.runtime.io import InputError
+from tacl.runtime.io import InputError, read_json
+
+START_META = "tacl_start.json"  # what `tacl pretrain init-model` records beside a start model, its family among it
 
 
 @dataclass(frozen=True)
@@ -45,3 +50,16 @@ def family(model_type: str | None, key: str = "model") -> Family:
         raise InputError(f"{key}: a {model_type} checkpoint; the start model must be one of "
                          f"{', '.join(FAMILIES)} (an encoder with a masked-LM head, or one that can take one)")
     return FAMILIES[model_type]
+
+
+def model_type_of(folder: str | os.PathLike, read: Callable[[Path], Any] = read_json) -> str | None:
+    """The model_type of the checkpoint in `folder`, from its JSON files alone: the family its tacl_start.json
+    records (START_META: a start model written by `tacl pretrain init-model`), else its config.json's
+    `model_type`; None where it has neither, or there is no such folder (a Hub name's config is fetched by its
+    caller). `read` reads a file (read_json: an error for one that does not parse; the report's passes over it)."""
+    for name, key in ((START_META, "family"), ("config.json", "model_type")):
+        path = Path(folder) / name
+        found = read(path) if path.is_file() else None
+        if isinstance(found, dict) and found.get(key):
+            return str(found[key])
+    return None
