@@ -168,6 +168,17 @@ def test_bad_data_is_one_line_naming_the_key_or_the_file(tmp_path, what, edit, s
     assert says in str(e.value) and "\n" not in str(e.value)
 
 
+def test_question_ids_that_repeat_are_refused_naming_the_key(tmp_path):
+    from tacl.finetune import declared
+
+    decls = write_declared_fixture(tmp_path)
+    dev = tmp_path / "qa_dev.jsonl"
+    dev.write_text(dev.read_text().replace('"qid": "dev1"', '"qid": "dev0"'))
+    with pytest.raises(InputError, match=r"^finetune\.declared_tasks\.mine_qa\.fields\.id: .*qa_dev\.jsonl: the id "
+                                         r"'dev0' names 2 questions"):
+        declared.check_data("mine_qa", named("mine_qa", decls["mine_qa"]))
+
+
 def test_the_scores_against_loops():
     """Accuracy, macro F1 (over the classes on either side, as scikit-learn's average="macro"), F1 of the
     second class and Matthews' correlation, each from a plain loop over the confusion counts."""

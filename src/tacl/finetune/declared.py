@@ -279,6 +279,11 @@ def qa_examples(decl: dict[str, Any], split: str) -> list:
                                 answers=tuple(map(str, answers["text"])),
                                 answer_starts=tuple(int(s) for s in answers["answer_start"]),
                                 is_impossible=not answers["text"]))
+    repeated = [k for k, n in Counter(e.id for e in out).items() if n > 1]
+    if repeated:
+        raise InputError(f"{KEY}.{decl.get('declared', '?')}.fields.id: {where}: the id {repeated[0]!r} names "
+                         f"{Counter(e.id for e in out)[repeated[0]]} questions; name a field that is unique, or "
+                         "leave id out (the questions are then numbered)")
     return out
 
 
