@@ -5,6 +5,7 @@ run, and the checkpoints removed after an export."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import signal
@@ -154,6 +155,31 @@ def test_a_fine_tune_keeps_time_to_save_every_seed_it_trains_at_once():
     line = stops_before_limit(Sizing(), 3)
     assert "a pretraining chunk 10 min (pretrain.chunk.margin_minutes)" in line
     assert "a fine-tune 70 s and a step and a half before it (3 seeds' checkpoints of 1.3 GB at 100 MB/s" in line
+
+
+def test_a_fine_tune_asks_for_the_time_it_keeps_to_save(tmp_path):
+    """The runtime a fine-tuning job asks for holds its save margin beside start-up and the safety factor's
+    share, as a chunk's holds its margin: the job never plans to stop before its work is done."""
+    from snakemake.utils import validate
+
+    from tacl.experiment.config import SCHEMA
+    from tacl.experiment.design import settings_of
+    from tacl.experiment.layout import Layout
+    from tacl.finetune import finetune_checkpoint_bytes, save_margin_s
+    from tacl.planning.estimates import MIN_SAFETY
+    from tacl.planning.sizing import Sizing
+
+    config = yaml.safe_load((REPO / "config.yaml").read_text())
+    validate(config, str(SCHEMA), set_default=True)
+    sizing = Sizing.of(config, Layout(str(tmp_path)))
+    plan = config["plan"]
+    for task in ("rte", "mnli"):
+        setting = settings_of(config, task)[0]
+        expected = sizing.finetune_expected("tacl", task, setting)
+        save = save_margin_s(finetune_checkpoint_bytes(sizing.shape.total), sizing.seeds_at_once(task)) / 60
+        wanted = plan["startup_minutes"] + save + max(plan["safety"], MIN_SAFETY) * expected
+        assert sizing.finetune_runtime("tacl", task, setting) == math.ceil(max(plan["min_runtime_minutes"], wanted))
+        assert save > 1.0  # (BERT-base: over a minute for its seeds at once)
 
 
 def test_the_plan_counts_chunks_that_end_on_their_deadline_as_at_least_and_changed_jobs_as_to_run():

@@ -16,6 +16,7 @@ from typing import Any
 from tacl.experiment.config import start_model_shape
 from tacl.experiment.design import model_tasks, setting_hparams, settings_of, task_seeds
 from tacl.experiment.layout import Layout
+from tacl.finetune import finetune_checkpoint_bytes, save_margin_s
 from tacl.planning import estimates
 from tacl.runtime.shape import Shape
 
@@ -103,11 +104,14 @@ class Sizing:
 
     def finetune_runtime(self, model: str, task: str, setting: str) -> int:
         """Minutes a fine-tuning job asks for: finetune.runtime_minutes where it names the task (or has a
-        default), else its seeds' expected work with the plan's safety factor (tacl.planning.estimates)."""
+        default), else its seeds' expected work with the plan's safety factor (tacl.planning.estimates), and
+        the time it keeps to save its seeds before the limit (tacl.finetune.save_margin_s), as a chunk asks
+        for its margin."""
         explicit = self.config["finetune"]["runtime_minutes"]
         if task in explicit or "default" in explicit or self.config["device"] == "cpu":
             return explicit.get(task, explicit.get("default", 240))
-        return estimates.request(self.finetune_expected(model, task, setting), self.plan)
+        save = save_margin_s(finetune_checkpoint_bytes(self.shape.total), self.seeds_at_once(task)) / 60
+        return estimates.request(self.finetune_expected(model, task, setting), self.plan, extra=save)
 
     def finetune_mem(self, task: str, setting: str) -> int:
         """Host memory of a fine-tuning job: one process's for each seed that may train at once."""
