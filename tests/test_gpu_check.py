@@ -1,9 +1,10 @@
 """benchmarks/gpu_check.sh and benchmarks/pretrain_step.py without a GPU: the check's config is a valid
-experiment, the script parses, the benchmark's model FLOPs are those a FLOP
+experiment, the script parses and names its steps in one list, the benchmark's model FLOPs are those a FLOP
 counter sees for every family, and a tiny run of another family than BERT measures MLM and TaCL. (The script's
 whole control flow runs on a CPU with TACL_GPU_CHECK_CPU=1, a few minutes on 2 cores: by hand, not in CI.)"""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -34,6 +35,18 @@ def test_the_gpu_check_config_is_a_valid_experiment():
 
 def test_the_script_parses():
     subprocess.run(["bash", "-n", str(SCRIPT)], check=True)
+
+
+def test_the_steps_are_one_list():
+    """The steps the script runs by default, the ones its summary expects, the ones its header documents (in
+    their order) and the ones it runs are the same."""
+    text = SCRIPT.read_text()
+    default = re.search(r"^STEPS=\$\{TACL_CHECK_STEPS:-([\w,]+)\}$", text, re.M).group(1).split(",")
+    summary = re.search(r'os.environ.get\("TACL_CHECK_STEPS"\) or "([\w,]+)"', text).group(1).split(",")
+    documented = re.findall(r"^#   \d\. (\w+) ", text, re.M)
+    run = set(re.findall(r"^\s*step (\w+) ", text, re.M))
+    assert default == summary == documented and run == set(default)
+    assert "families" in default
 
 
 def benchmark():
