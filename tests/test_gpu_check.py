@@ -1,6 +1,6 @@
 """benchmarks/gpu_check.sh and benchmarks/pretrain_step.py without a GPU: the check's config is a valid
 experiment, the script parses and names its steps in one list, the benchmark's model FLOPs are those a FLOP
-counter sees for every family, and a tiny run of another family than BERT measures MLM and TaCL. (The script's
+counter sees on each family's model, and a tiny run of another family than BERT measures MLM and TaCL. (The script's
 whole control flow runs on a CPU with TACL_GPU_CHECK_CPU=1, a few minutes on 2 cores: by hand, not in CI.)"""
 
 import json
@@ -50,7 +50,8 @@ def test_the_steps_are_one_list():
 
 
 def benchmark():
-    sys.path.insert(0, str(REPO / "benchmarks"))
+    if str(REPO / "benchmarks") not in sys.path:
+        sys.path.insert(0, str(REPO / "benchmarks"))
     import pretrain_step
 
     return pretrain_step
