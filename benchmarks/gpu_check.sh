@@ -21,8 +21,9 @@
 #                  and peak memory of MLM (without NSP) and TaCL, 20 timed steps each after 2 of warm-up, beside
 #                  step 3's BERT; each family within half the step's limit, its figures in
 #                  OUT_DIR/pretrain_step_FAMILY.json as they are measured. Estimated, not yet measured: about 2
-#                  minutes on an H100/H200. Per family about 25 s to start and build its shards and start model,
-#                  then per objective about 8 s of set-up and warm-up (step 3 took under 8 s per figure of 5
+#                  minutes on an H100/H200. Per family 25-35 s to start and build its shards and start model (the
+#                  start model alone 16 s for RoBERTa-base, 39 s for ModernBERT-base on 2 busy CPU cores), then
+#                  per objective about 8 s of set-up and warm-up (step 3 took under 8 s per figure of 5
 #                  steps) and 20 steps: RoBERTa's step has about 1.05x BERT-base's model FLOPs (0.14-0.16 s at 128
 #                  at step 3's MFU), ModernBERT's about 1.4x (0.28-0.36 s at 12% MFU)
 #   5. finetune    benchmarks/finetune_step.py --gpu --compile on the demo's QNLI at BERT-base size: eager
