@@ -91,6 +91,32 @@ def demo_config(tmp_path: Path, **overrides) -> dict:
     return cfg
 
 
+_SCHEMA_JSON: dict[Path, str] = {}  # a schema's path -> its JSON copy (per process)
+
+
+def schema_as_json(schema: Path = REPO / "workflow" / "schemas" / "config.schema.yaml") -> str:
+    """The schema (YAML) as a JSON file with the same document, written once per process (under the system's
+    temporary folder, removed at exit), for Snakemake's `validate`: it reads a JSON schema at once, where it
+    parses a YAML one afresh on every call (a good part of a second each), and a test that fills in the
+    defaults of many configs pays that each time. (The schema has no $ref: nothing is looked up beside it.)"""
+    if schema not in _SCHEMA_JSON:
+        import atexit
+        import json
+        import shutil
+        import tempfile
+
+        from tacl.experiment.config import load_schema
+
+        document = load_schema(schema)
+        text = json.dumps(document)
+        assert json.loads(text) == document, f"{schema}: a document JSON cannot hold"
+        root = Path(tempfile.mkdtemp(prefix="tacl-tests-schema-"))
+        atexit.register(shutil.rmtree, root, True)
+        (root / f"{schema.stem}.json").write_text(text)
+        _SCHEMA_JSON[schema] = str(root / f"{schema.stem}.json")
+    return _SCHEMA_JSON[schema]
+
+
 def write_embeddings_fixture(root: Path, rows: int = 40) -> Path:
     """A GLUE-layout folder with STS-B and SST-2 dev files for the sentence-embedding evaluation, built from
     the demo's QNLI dev sample (question, sentence, label): scores and labels follow the QNLI label. Enough to
