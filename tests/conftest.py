@@ -332,16 +332,22 @@ WALL_CLOCK_CHAINS = {"test_slurm.py::test_demo_through_sbatch_and_one_minute_chu
                      "test_workflow.py::test_demo_end_to_end_survives_a_kill"}
 
 
+# the other test files whose tests take minutes in all (a `make test` run's durations), longest first
+LONG_GROUPS = ("test_step", "test_workflow", "test_slurm_nodes", "test_reruns", "test_plan")
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     """`make test` runs pytest-xdist with --dist loadgroup: a test file per group (module fixtures built once),
     except that the wall-clock chains share one group. That group goes first, so that the chains, which partly
-    wait on the cluster, run beside the rest instead of after it. (pytest 9.2 silently breaks
-    loadgroup, pytest-xdist#1386: envs/requirements-cpu.txt pins 9.1.)"""
+    wait on the cluster, run beside the rest instead of after it; then the other groups of several minutes
+    (LONG_GROUPS), the short files last: they fill in whichever worker finishes first, and no long group
+    starts near the end, with the other worker idle. (pytest 9.2 silently breaks loadgroup,
+    pytest-xdist#1386: envs/requirements-cpu.txt pins 9.1.)"""
     def group(item) -> str:
         return "wall_clock_chains" if f"{item.path.name}::{item.name}" in WALL_CLOCK_CHAINS else item.path.stem
 
     for item in items:
         item.add_marker(pytest.mark.xdist_group(group(item)))
-    order = {"wall_clock_chains": 0, "test_pretrain": 1, "test_slurm": 2}
-    items.sort(key=lambda item: order.get(group(item), 3))
+    first = ("wall_clock_chains", "test_pretrain", "test_slurm", *LONG_GROUPS)
+    items.sort(key=lambda item: first.index(group(item)) if group(item) in first else len(first))
