@@ -341,8 +341,8 @@ def pytest_collection_modifyitems(config, items):
     """`make test` runs pytest-xdist with --dist loadgroup: a test file per group (module fixtures built once),
     except that the wall-clock chains share one group. That group goes first, so that the chains, which partly
     wait on the cluster, run beside the rest instead of after it; then the other groups of several minutes
-    (LONG_GROUPS), the short files last: they fill in whichever worker finishes first, and no long group
-    starts near the end, with the other worker idle. (pytest 9.2 silently breaks loadgroup,
+    (LONG_GROUPS), the short files last: they fill in whichever pytest-xdist worker process is done first, and
+    no long group starts near the end with the other process idle. (pytest 9.2 silently breaks loadgroup,
     pytest-xdist#1386: envs/requirements-cpu.txt pins 9.1.)"""
     def group(item) -> str:
         return "wall_clock_chains" if f"{item.path.name}::{item.name}" in WALL_CLOCK_CHAINS else item.path.stem
