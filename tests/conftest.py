@@ -91,6 +91,32 @@ def demo_config(tmp_path: Path, **overrides) -> dict:
     return cfg
 
 
+_SCHEMA_JSON: dict[Path, str] = {}  # a schema's path -> its JSON copy (per process)
+
+
+def schema_as_json(schema: Path = REPO / "workflow" / "schemas" / "config.schema.yaml") -> str:
+    """The schema (YAML) as a JSON file with the same document, written once per process (under the system's
+    temporary folder, removed at exit), for Snakemake's `validate`: it reads a JSON schema at once, where it
+    parses a YAML one afresh on every call (a good part of a second each), and a test that fills in the
+    defaults of many configs pays that each time. (The schema has no $ref: nothing is looked up beside it.)"""
+    if schema not in _SCHEMA_JSON:
+        import atexit
+        import json
+        import shutil
+        import tempfile
+
+        from tacl.experiment.config import load_schema
+
+        document = load_schema(schema)
+        text = json.dumps(document)
+        assert json.loads(text) == document, f"{schema}: a document JSON cannot hold"
+        root = Path(tempfile.mkdtemp(prefix="tacl-tests-schema-"))
+        atexit.register(shutil.rmtree, root, True)
+        (root / f"{schema.stem}.json").write_text(text)
+        _SCHEMA_JSON[schema] = str(root / f"{schema.stem}.json")
+    return _SCHEMA_JSON[schema]
+
+
 def write_embeddings_fixture(root: Path, rows: int = 40) -> Path:
     """A GLUE-layout folder with STS-B and SST-2 dev files for the sentence-embedding evaluation, built from
     the demo's QNLI dev sample (question, sentence, label): scores and labels follow the QNLI label. Enough to
@@ -306,16 +332,22 @@ WALL_CLOCK_CHAINS = {"test_slurm.py::test_demo_through_sbatch_and_one_minute_chu
                      "test_workflow.py::test_demo_end_to_end_survives_a_kill"}
 
 
+# the other test files whose tests take minutes in all (a `make test` run's durations), longest first
+LONG_GROUPS = ("test_step", "test_workflow", "test_slurm_nodes", "test_reruns", "test_plan")
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     """`make test` runs pytest-xdist with --dist loadgroup: a test file per group (module fixtures built once),
     except that the wall-clock chains share one group. That group goes first, so that the chains, which partly
-    wait on the cluster, run beside the rest instead of after it. (pytest 9.2 silently breaks
-    loadgroup, pytest-xdist#1386: envs/requirements-cpu.txt pins 9.1.)"""
+    wait on the cluster, run beside the rest instead of after it; then the other groups of several minutes
+    (LONG_GROUPS), the short files last: they fill in whichever pytest-xdist worker process is done first, and
+    no long group starts near the end with the other process idle. (pytest 9.2 silently breaks loadgroup,
+    pytest-xdist#1386: envs/requirements-cpu.txt pins 9.1.)"""
     def group(item) -> str:
         return "wall_clock_chains" if f"{item.path.name}::{item.name}" in WALL_CLOCK_CHAINS else item.path.stem
 
     for item in items:
         item.add_marker(pytest.mark.xdist_group(group(item)))
-    order = {"wall_clock_chains": 0, "test_pretrain": 1, "test_slurm": 2}
-    items.sort(key=lambda item: order.get(group(item), 3))
+    first = ("wall_clock_chains", "test_pretrain", "test_slurm", *LONG_GROUPS)
+    items.sort(key=lambda item: first.index(group(item)) if group(item) in first else len(first))

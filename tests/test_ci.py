@@ -67,3 +67,16 @@ def test_tests_outside_the_slurm_group_see_no_scheduler_command(tmp_path):
     tool = shutil.which("tool", path=path)
     assert tool is not None and Path(tool).name == "tool" and Path(tool).resolve() == folder / "tool"
     assert shutil.which("python3", path=path) is not None
+
+
+def test_the_groups_ordered_first_are_test_files():
+    """conftest's order of the pytest-xdist groups names test files that are there and wall-clock chains that
+    are tests of theirs: a file renamed would otherwise fall back among the short ones, unnoticed."""
+    import re
+
+    from conftest import LONG_GROUPS, TESTS, WALL_CLOCK_CHAINS
+
+    assert all((TESTS / f"{name}.py").is_file() for name in (*LONG_GROUPS, "test_pretrain", "test_slurm"))
+    for chain in WALL_CLOCK_CHAINS:
+        name, test = chain.split("::")
+        assert re.search(rf"^def {test}\(", (TESTS / name).read_text(), re.M), chain

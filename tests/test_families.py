@@ -290,14 +290,14 @@ def test_the_config_check_refuses_what_the_family_cannot_train(tmp_path):
     DeBERTa, is one line naming the key (the demo's BERT has none)."""
     from snakemake.utils import validate
 
-    from conftest import REPO, demo_config
+    from conftest import REPO, demo_config, schema_as_json
     from tacl.experiment.config import load_schema, plan_errors
 
     schema = REPO / "workflow" / "schemas" / "config.schema.yaml"
 
     def errors(**overrides):
         cfg = demo_config(tmp_path, **overrides)
-        validate(cfg, str(schema), set_default=True)
+        validate(cfg, schema_as_json(schema), set_default=True)
         return plan_errors(cfg, load_schema(schema))
 
     assert errors() == []

@@ -422,8 +422,9 @@ def compiled_with(monkeypatch):
     """`pretrain.compile: true` compiled with this torch.compile backend (in a test: "aot_eager", dynamo's
     tracing and AOTAutograd's joint graph without inductor's code generation: the same graph breaks,
     recompilations and autograd tracing in seconds rather than inductor's minutes on a CPU; "eager" would skip
-    AOTAutograd, where the teacher's inference_mode used to fail); dynamo's caches and counters start empty."""
-    from torch._dynamo.utils import counters
+    AOTAutograd, where the teacher's inference_mode used to fail); dynamo's caches, counters and compilation
+    metrics start empty."""
+    from torch._dynamo.utils import clear_compilation_metrics, counters
 
     from tacl.pretrain.trainer import Pretrainer
 
@@ -434,6 +435,7 @@ def compiled_with(monkeypatch):
                             lambda self, teacher=None: compile_losses(self, teacher, backend))
         torch._dynamo.reset()
         counters.clear()
+        clear_compilation_metrics()
         return counters
 
     yield use
@@ -464,6 +466,7 @@ def test_compiled_step_has_one_graph_over_every_width_and_the_eager_losses(one_l
     (dynamic shapes), and give the eager step's losses (3 steps at lr 2e-3: the gradients of the first two
     are in the last two losses) within rel 1e-5. Padded, the loader's host flag `no_padding` (attention
     without a mask) makes a second graph, no more: one with the mask, one without, each for every width.
+    Each graph is traced once (no restart of dynamo's analysis: the modules' floats are constants).
     (A start model of one layer: `one_layer`; the eager reference is the same model's, computed here.)"""
     reference, loader = start(one_layer, tmp_path / "eager", env, objective, packing=packing)
     eager = [step(reference, loader, env, contextlib.nullcontext()) for _ in range(STEPS)]
@@ -493,6 +496,8 @@ def test_compiled_step_has_one_graph_over_every_width_and_the_eager_losses(one_l
     graphs = 1 if packing else 2  # (padded: with and without the mask)
     assert counters["frames"]["total"] == counters["frames"]["ok"] == graphs, counters  # no other compilation
     assert counters["stats"]["unique_graphs"] == graphs, counters
+    restarts = [sorted(m.restart_reasons or ()) for m in torch._dynamo.utils.get_compilation_metrics()]
+    assert restarts == [[]] * graphs, restarts
     assert chunk.engine.module.compiled  # (no failure sent it on eager)
     for s, (value, reference) in enumerate(zip(got, eager)):
         assert value.keys() == reference.keys()

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import (REPO, demo_config, fresh_clone, run_snakemake, silent_schedulers, start_snakemake,
-                      write_embeddings_fixture, write_nli_fixture)
+from conftest import (REPO, demo_config, fresh_clone, run_snakemake, schema_as_json, silent_schedulers,
+                      start_snakemake, write_embeddings_fixture, write_nli_fixture)
 from tacl.experiment.config import config_errors, load_schema
 from tacl.finetune.sweep import number
 
@@ -94,6 +94,20 @@ def test_catalog_conventions_snakefmt_benchmarks_captions():
     for caption in re.findall(r'caption="\.\./report/(\w+\.rst)"', "".join(text.values())):
         assert (REPO / "workflow" / "report" / caption).is_file(), caption
     assert 'report: "report/workflow.rst"' in (REPO / "workflow" / "Snakefile").read_text()
+
+
+def test_load_schema_reads_a_file_once_and_again_when_it_changes(tmp_path):
+    """load_schema: a copy of its own to each caller (a change to it reaches no other), the file read again
+    once it changes; the workflow's schema comes out as PyYAML's own parser reads it."""
+    assert load_schema(SCHEMA) == yaml.safe_load(SCHEMA.read_text())
+    path = tmp_path / "schema.yaml"
+    path.write_text("type: object\nproperties: {a: {type: integer, default: 1}}\n")
+    first = load_schema(path)
+    first["properties"]["a"]["default"] = 2
+    first["added"] = True
+    assert load_schema(path) == {"type": "object", "properties": {"a": {"type": "integer", "default": 1}}}
+    path.write_text("type: object\nproperties: {b: {type: string}}\n")
+    assert load_schema(path) == {"type": "object", "properties": {"b": {"type": "string"}}}
 
 
 def test_config_errors_name_the_key():
@@ -211,10 +225,11 @@ def test_a_run_started_outside_the_repository_root_stops_in_one_line(tmp_path):
 
 
 def with_defaults(cfg: dict) -> dict:
-    """The config as the Snakefile sees it after the schema's defaults."""
+    """The config as the Snakefile sees it after the schema's defaults (Snakemake's `validate`, given the
+    schema's JSON copy: read at once)."""
     from snakemake.utils import validate
 
-    validate(cfg, str(SCHEMA), set_default=True)
+    validate(cfg, schema_as_json(SCHEMA), set_default=True)
     return cfg
 
 

@@ -5,7 +5,9 @@ times) after it, so that both kinds stop the workflow before anything runs, dry 
 
 from __future__ import annotations
 
+import copy
 import difflib
+import functools
 import json
 from pathlib import Path
 from typing import Any, Callable
@@ -108,8 +110,19 @@ def working_directory_error(cwd: str | Path, repo: str | Path, chosen: bool) -> 
 SCHEMA = Path(__file__).resolve().parents[3] / "workflow" / "schemas" / "config.schema.yaml"
 
 
+@functools.lru_cache(maxsize=8)
+def _parsed_schema(path: str, mtime_ns: int, size: int) -> dict[str, Any]:
+    # libyaml's parser where PyYAML has it (the same document, several times faster), else PyYAML's own
+    return yaml.load(Path(path).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
 def load_schema(path: str | Path) -> dict[str, Any]:
-    return yaml.safe_load(Path(path).read_text())
+    """The schema at `path`, parsed once per version of the file (its path, modification time and size): a
+    process that checks many configs (the tests) reads it once. Each call returns a copy of its own, which
+    the caller may change."""
+    path = Path(path).resolve()
+    stat = path.stat()
+    return copy.deepcopy(_parsed_schema(str(path), stat.st_mtime_ns, stat.st_size))
 
 
 def config_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:

@@ -123,14 +123,22 @@ class Pretrainer(torch.nn.Module):
         flag `no_padding` (attention with or without a mask: `compile_variants`). Parameter names, and so
         checkpoints, stay as they are. transformers installs the hooks that collect `output_hidden_states`
         (TACO's student, tacl_attn's teacher) on the first forward that asks for them, under a lock that
-        breaks the graph: installed here, on the teacher too."""
+        breaks the graph: installed here, on the teacher too.
+
+        Python floats are compiled in as constants (torch._dynamo.config.specialize_float): the floats the
+        graph reads are the modules' attributes (dropout p, LayerNorm eps, attention scaling, an embedding's
+        norm_type, the objective's tau), fixed for a run. Left symbolic, as dynamic=True has them, each graph
+        was traced twice: the embeddings' norm_type cannot become a tensor input, and AOTAutograd's pass
+        restarted dynamo's analysis with it specialised (half of the compile time). Dynamo's settings are per
+        thread: the setting is made around every call of the compiled function, whichever thread compiles."""
         from transformers import PreTrainedModel
         from transformers.utils.output_capturing import maybe_install_capturing_hooks
 
         for module in [*self.modules(), *(teacher.modules() if teacher is not None else [])]:
             if isinstance(module, PreTrainedModel):
                 maybe_install_capturing_hooks(module)
-        self.losses = torch.compile(self.eager_losses, dynamic=True, backend=backend)
+        compiled = torch.compile(self.eager_losses, dynamic=True, backend=backend)
+        self.losses = torch._dynamo.config.patch(specialize_float=True)(compiled)
 
     @property
     def compiled(self) -> bool:
