@@ -14,6 +14,7 @@ import contextlib
 import math
 import os
 import re
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -811,6 +812,30 @@ def test_a_compiled_model_whose_prediction_fails_to_compile_predicts_uncompiled(
     assert len(graphs) == 2 and model._compiled_call_impl is None
     assert all(np.array_equal(a, b) for again in got for a, b in zip(again[0], expected[0], strict=True))
     assert not torch.is_inference_mode_enabled() and torch._C._dispatch_tls_local_include_set() == included
+
+def test_the_recompile_limit_holds_in_the_thread_that_compiles(demo_data, compiled_with):
+    """Dynamo's settings are per thread, and each width's graph compiles in a thread of its own: the limit
+    `compile_model` raises for the bucket widths (SQuAD's 384 tokens: 6 widths, 2 x 6 + 2 graphs) is the one
+    that thread sees, not dynamo's default (8, which the 9th graph would hit and send it on uncompiled)."""
+    from transformers import AutoModelForSequenceClassification
+
+    from tacl.finetune import common
+
+    compiled_with("eager")
+    run = common.Run(torch.device("cpu"), bf16=False, compile=True, buckets=True)
+    model = common.load_task_model(AutoModelForSequenceClassification, str(demo_data["start"]), 0, num_labels=2)
+    common.compile_model(model, run, 384, backend="eager")
+    batch = {"input_ids": torch.ones(4, 16, dtype=torch.long)}
+    seen = []
+
+    def call() -> int:
+        seen.append(threading.current_thread() is threading.main_thread())
+        return torch._dynamo.config.recompile_limit
+
+    assert common._compiled_or_eager(model, call, batch, run) == 14 and seen == [False]  # (compiled in a thread)
+    assert common._compiled_or_eager(model, call, batch, run) == 14 and seen == [False, True]
+    assert torch._dynamo.config.recompile_limit == 8  # (nothing left changed in this thread)
+
 
 def test_bucketed_shapes_compile_once_per_width_for_training_and_prediction(demo_data, tokenizer, compiled_with,
                                                                           monkeypatch):

@@ -418,7 +418,9 @@ def compile_model(model: torch.nn.Module, run: Run, max_len: int, backend: str |
     widths = len({bucket_width(n, max_len) for n in range(1, max_len + 1)})
     config = torch._dynamo.config
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
-    setattr(config, name, max(getattr(config, name), 2 * widths + 2))
+    # (dynamo's settings are per thread, and a graph compiles in a thread of its own: `_compiled_or_eager`
+    # makes the setting around every call of the model, whichever thread compiles)
+    setattr(model, _DYNAMO_SETTINGS, {name: max(getattr(config, name), 2 * widths + 2)})
     model.compile(dynamic=False, **given)
 
 
@@ -487,6 +489,8 @@ def train_step(model: torch.nn.Module, batch: dict[str, torch.Tensor], opt: torc
 
 # set on a compiled model: the `_compile_key`s its compiled calls have run
 _COMPILED_KEYS = "_tacl_compiled_keys"
+# On a compiled model (`compile_model`): dynamo's settings its calls need, made around each call
+_DYNAMO_SETTINGS = "_tacl_dynamo_settings"
 
 
 def _compile_key(model: torch.nn.Module, batch: dict[str, torch.Tensor], run: Run) -> tuple:
@@ -519,7 +523,9 @@ def _compiled_or_eager(model: torch.nn.Module, call: Callable[[], T], batch: dic
         if retry is not None:
             retry()
 
-    out = compiled_or_eager(call, run.device, uncompile, first=key not in seen)
+    settings = getattr(model, _DYNAMO_SETTINGS, None)  # (`compile_model`'s, made in the thread that calls)
+    with_settings = torch._dynamo.config.patch(**settings)(call) if settings else call
+    out = compiled_or_eager(with_settings, run.device, uncompile, first=key not in seen)
     if model._compiled_call_impl is not None:  # (its graph for `key` compiled)
         seen.add(key)
     return out
