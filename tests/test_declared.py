@@ -268,7 +268,7 @@ def test_the_workflow_runs_a_declared_task_of_each_kind(decls, tmp_path):
                                               "epochs": 1},
                                     "tasks": {}})
     cfg["finetune"]["contrastive"] = {}
-    cfg["analysis"]["embeddings"]["enabled"] = False
+    cfg["analysis"].update(similarity_sentences=20, embeddings={"enabled": False})
     run_snakemake(tmp_path / "w", cfg, "--cores", "2", timeout=900)
     results = tmp_path / "results"
     table = (results / "report" / "declared.csv").read_text()
