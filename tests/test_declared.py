@@ -90,6 +90,20 @@ def test_each_kind_reads_its_files(decls):
     assert e.context[e.answer_starts[0]:].startswith(e.answers[0]) and e.id == "dev0" and not e.is_impossible
 
 
+def test_an_official_squad_file_reads_as_a_declared_qa_task():
+    """A folder's official SQuAD JSON (the demo's v2.0 sample): its questions under the declared fields, those
+    without an answer among them, the ids the file's."""
+    from tacl.finetune import declared
+    from tacl.finetune.squad import read_squad_json
+
+    squad = REPO / "examples/demo/squad"
+    decl = {"kind": "extractive_qa", "source": {"kind": "files", "data_dir": str(squad)}, "metric": "f1",
+            "fields": {"question": "q", "context": "c", "answers": "a", "id": None},
+            "splits": {"train": "train-v2.0.json", "dev": "dev-v2.0.json"}}
+    dev = declared.check_data("squad_mine", named("squad_mine", decl))["dev"]
+    assert dev == read_squad_json(str(squad / "dev-v2.0.json")) and declared.unanswerable(dev)
+
+
 def test_class_ids_of_a_hugging_face_dataset_are_named(tmp_path):
     """A `datasets` folder (parquet, as the Hub serves them) whose labels and tags are ClassLabel ids: the
     declared task reads their names."""

@@ -69,7 +69,7 @@ def local_files(task: str, source: dict[str, Any], splits: tuple[str, ...] | Non
     optional), SQuAD's train and dev JSON, CoNLL's three files, a declared task's files. None for a Hugging
     Face source."""
     if declared.is_declared(source):
-        return [(key, path) for key, path in declared.local_files(source)]
+        return declared.local_files(source)
     fam = family(task)
     if fam == "glue":
         if source.get("kind", "tsv") == "hf":

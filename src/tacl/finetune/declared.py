@@ -195,7 +195,7 @@ def _squad_records(path: Path, decl: dict[str, Any]) -> list[dict[str, Any]]:
     from tacl.finetune.squad import read_squad_json
 
     f = decl["fields"]
-    return [{f["question"]: e.question, f["context"]: e.context, f.get("id", "id"): e.id,
+    return [{f["question"]: e.question, f["context"]: e.context, f.get("id") or "id": e.id,
              f["answers"]: {"text": list(e.answers), "answer_start": list(e.answer_starts)}}
             for e in read_squad_json(str(path))]
 

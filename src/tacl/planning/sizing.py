@@ -110,7 +110,7 @@ class Sizing:
         explicit = self.config["finetune"]["runtime_minutes"]
         if task in explicit or "default" in explicit or self.config["device"] == "cpu":
             return explicit.get(task, explicit.get("default", 240))
-        save = save_margin_s(finetune_checkpoint_bytes(self.shape.total), self.seeds_at_once(task)) / 60
+        save = save_margin_s(finetune_checkpoint_bytes(self.model_shape(model).total), self.seeds_at_once(task)) / 60
         return estimates.request(self.finetune_expected(model, task, setting), self.plan, extra=save)
 
     def finetune_mem(self, task: str, setting: str) -> int:
