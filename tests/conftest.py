@@ -133,6 +133,46 @@ def write_embeddings_fixture(root: Path, rows: int = 40) -> Path:
     return root
 
 
+_BPE_TOKENIZER: list = []  # (trained once: every run of the small DAG reads the same tokenizer)
+
+
+def small_dag_config(root) -> dict:
+    """Data, a pretraining run in two chunks, fine-tunes with two seeds (one model also contrastive),
+    similarity, sentence embeddings, report: the smallest DAG with every kind of job. Its start model is of
+    another family than BERT's: a random RoBERTa with a byte-level BPE tokenizer trained on the demo's text
+    (sequences of whole sentences, no NSP, no token types, exported and fine-tuned as a RoBERTa)."""
+    from tokenizer_kit import demo_texts, train
+
+    if not _BPE_TOKENIZER:
+        _BPE_TOKENIZER.append(str(train("bpe", demo_texts(), Path(root) / "tokenizer-bpe")))
+    cfg = demo_config(root)
+    cfg["model_init"]["family"] = "roberta"
+    cfg["tokenizer"] = _BPE_TOKENIZER[0]
+    cfg["data"]["max_lines"] = 3000
+    cfg["pretrain"].update(objectives=["none", "coco_lm"], steps=12, log_every=4)
+    cfg["pretrain"]["chunk"].update(runtime_minutes=30, max_steps=6)
+    cfg["finetune"].update(tasks=["qnli"], seeds_small=2, contrastive={"forms": ["scl"], "models": ["coco_lm"]})
+    cfg["finetune"]["hparams"]["glue"].update(max_train_examples=64, max_eval_examples=64, epochs=1)
+    cfg["analysis"]["similarity_sentences"] = 20
+    cfg["analysis"]["embeddings"] = {"enabled": True, "cluster_task": "sst2", "source": {
+        "kind": "tsv", "data_dir": str(write_embeddings_fixture(root / "glue"))}}
+    return cfg
+
+
+@pytest.fixture(scope="session")
+def small_dag_again(tmp_path_factory):
+    """The small DAG (`small_dag_config`) run to the end from scratch, as a user runs it (the local profile), in
+    a directory of its own, once per pytest worker process: test_workflow.py compares its report's CSVs, kept
+    here as this run wrote them, with its own run's byte for byte; tests/test_reruns.py asks what changes to
+    it run again, and then changes it (both files run in one pytest-xdist group: SHARED_GROUPS, below)."""
+    root = tmp_path_factory.mktemp("small_dag_again")
+    cfg = small_dag_config(root)
+    run_snakemake(root, cfg, "--profile", str(REPO / "profiles" / "local"), "--cores", "2")
+    results = root / "results"
+    return {"dir": root, "cfg": cfg, "results": results,
+            "tables": {p.name: p.read_bytes() for p in (results / "report").glob("*.csv")}}
+
+
 def fresh_clone(where: Path) -> Path:
     """A `git clone` of this repository's HEAD into where/clone, with nothing beside it: what a user who
     clones the project has (no ../shared, nothing uncommitted)."""
@@ -333,7 +373,9 @@ WALL_CLOCK_CHAINS = {"test_slurm.py::test_demo_through_sbatch_and_one_minute_chu
 
 
 # the other test files whose tests take minutes in all (a `make test` run's durations), longest first
-LONG_GROUPS = ("test_step", "test_workflow", "test_slurm_nodes", "test_reruns", "test_plan")
+LONG_GROUPS = ("test_step", "test_workflow", "test_slurm_nodes", "test_plan")
+# test files that run in another's group: they share its worker's session fixtures (`small_dag_again`)
+SHARED_GROUPS = {"test_reruns": "test_workflow"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
@@ -345,7 +387,9 @@ def pytest_collection_modifyitems(config, items):
     no long group starts near the end with the other process idle. (pytest 9.2 silently breaks loadgroup,
     pytest-xdist#1386: envs/requirements-cpu.txt pins 9.1.)"""
     def group(item) -> str:
-        return "wall_clock_chains" if f"{item.path.name}::{item.name}" in WALL_CLOCK_CHAINS else item.path.stem
+        if f"{item.path.name}::{item.name}" in WALL_CLOCK_CHAINS:
+            return "wall_clock_chains"
+        return SHARED_GROUPS.get(item.path.stem, item.path.stem)
 
     for item in items:
         item.add_marker(pytest.mark.xdist_group(group(item)))

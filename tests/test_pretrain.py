@@ -25,8 +25,6 @@ from tacl.runtime.lock import RunLock
 pytestmark = pytest.mark.slow
 
 LOSS_KEYS = ("loss", "mlm", "nsp", "tacl", "taco", "aux_mlm", "clm", "scl")
-# (the objectives whose state across a resume no other's holds: test_resume_is_bit_exact)
-RESUMED = ("tacl", "coco_lm")
 
 
 def settings(objective="tacl", steps=12, micro=4, **kw) -> str:
@@ -73,17 +71,18 @@ def assert_same_weights(a, b, exact=True, atol=1e-5):
 
 
 class References(dict):
-    """Uninterrupted 1-rank runs, accumulation 2, one per objective, each trained when a test first asks
-    for it (so that `-k tacl_attn` trains only its own)."""
+    """Uninterrupted 1-rank runs, accumulation 2, by objective (12 steps) or (objective, steps), each trained
+    when a test first asks for it (so that `-k tacl_attn` trains only its own), shared by the tests that ask."""
 
     def __init__(self, demo_data, tmp_path_factory):
         super().__init__()
         self.demo_data, self.tmp_path_factory = demo_data, tmp_path_factory
 
-    def __missing__(self, objective: str):
-        run = self.tmp_path_factory.mktemp(f"ref_{objective}")
-        train(self.demo_data, run, settings(objective))
-        self[objective] = run
+    def __missing__(self, key: str | tuple[str, int]):
+        objective, steps = key if isinstance(key, tuple) else (key, 12)
+        run = self.tmp_path_factory.mktemp(f"ref_{objective}_{steps}")
+        train(self.demo_data, run, settings(objective, steps=steps))
+        self[key] = run
         return run
 
 
@@ -118,17 +117,16 @@ def removed_line(run: Path, left: list[tuple[str, int]]) -> str:
             + ", ".join(f"{p} ({size_text(n)})" for p, n in left) + f" ({size_text(sum(n for _, n in left))} in all)")
 
 
-@pytest.mark.parametrize("objective", RESUMED)
-def test_resume_is_bit_exact(demo_data, reference, tmp_path, objective):
-    """tacl: the student with its MLM and NSP heads, the optimizer, the data's position and the frozen teacher
-    (loaded again from the start model) resume; what mlm_nsp, tacl_batch and tacl_attn (the same teacher,
-    other weights on its outputs) carry is that. coco_lm: its auxiliary model and copy head resume too (only
-    the main model is exported), and its draws, seeded per group of the step. TACO's resume, bit for bit: the
-    SLURM tests (test_slurm.py's submitit requeue); over a resume on another number of ranks and micro-batch:
-    test_another_micro_batch_and_number_of_ranks_train_the_same_run. Between the first two chunks, saves killed
-    inside `.incoming/` (and a conversion and a write killed halfway) are left behind: the second chunk removes
-    them, saying so in one line with their sizes, and the run stays exact."""
-    run = tmp_path / "run"
+def test_resume_is_bit_exact(demo_data, reference, tmp_path):
+    """tacl in three chunk jobs: the student with its MLM and NSP heads, the optimizer, the data's position and
+    the frozen teacher (loaded again from the start model) resume; what mlm_nsp, tacl_batch and tacl_attn (the
+    same teacher, other weights on its outputs) carry is that. COCO-LM's auxiliary model, copy head and draws,
+    BERT's and every other family's: tests/test_families.py's test_every_family_resumes_bit_exact. TACO's
+    resume, bit for bit: the SLURM tests (test_slurm.py's submitit requeue); over a resume on another number of
+    ranks and micro-batch: test_another_micro_batch_and_number_of_ranks_train_the_same_run. Between the first
+    two chunks, saves killed inside `.incoming/` (and a conversion and a write killed halfway) are left behind:
+    the second chunk removes them, saying so in one line with their sizes, and the run stays exact."""
+    objective, run = "tacl", tmp_path / "run"
     markers = []
     for chunk, max_steps in enumerate([5, 4, 100]):
         marker = tmp_path / f"chunk-{chunk}.json"
@@ -179,14 +177,12 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def test_deadline_chunk_then_next_chunk_reaches_the_same_weights(demo_data, tmp_path):
+def test_deadline_chunk_then_next_chunk_reaches_the_same_weights(demo_data, reference, tmp_path):
     """A chunk with a deadline 30 s after it starts and a 3-second margin, on the step clock (a second per
     step): step 26 is the last whose end plus 1.5 steps and a save still fit (26 + 1.5 > 30 - 3), so it
     saves there and ends itself, 4 s before the deadline; the next chunk goes on to the uninterrupted
     run's weights."""
-    s = settings("mlm_nsp", steps=40, log_every=10)
-    uninterrupted = tmp_path / "uninterrupted"
-    train(demo_data, uninterrupted, s)
+    s = settings("mlm_nsp", steps=60, log_every=10)
     run = tmp_path / "run"
     args = ["pretrain", "train", "--run-dir", str(run), "--start-model", str(demo_data["start"]), "--manifest",
             str(demo_data["manifest"]), "--settings", s, "--no-tensorboard", "--deadline", "1764000030",
@@ -199,8 +195,8 @@ def test_deadline_chunk_then_next_chunk_reaches_the_same_weights(demo_data, tmp_
     assert checkpoint.latest_tag(run) == checkpoint.tag_for(26)
     train(demo_data, run, s, "--marker", str(tmp_path / "c1.json"))
     second = json.loads((tmp_path / "c1.json").read_text())
-    assert second["done"] and second["step"] == 40 and second["steps_this_chunk"] == 40 - 26
-    assert_same_weights(final_weights(run), final_weights(uninterrupted))
+    assert second["done"] and second["step"] == 60 and second["steps_this_chunk"] == 60 - 26
+    assert_same_weights(final_weights(run), final_weights(reference["mlm_nsp", 60]))
 
 
 def test_sigusr1_mid_accumulation_saves_at_the_step_boundary(demo_data, tmp_path):
@@ -239,12 +235,10 @@ def test_sigusr1_mid_accumulation_saves_at_the_step_boundary(demo_data, tmp_path
     assert_same_weights(final_weights(run), final_weights(uninterrupted))
 
 
-def test_sigkill_leaves_the_previous_checkpoint_loadable(demo_data, tmp_path):
+def test_sigkill_leaves_the_previous_checkpoint_loadable(demo_data, reference, tmp_path):
     """Saving after every step, killed with SIGKILL at several moments (often mid-save): `latest` always
     names a complete checkpoint, and the run still finishes with the uninterrupted run's weights."""
     s = settings("mlm_nsp", steps=60, log_every=10, checkpoint_minutes=0)
-    uninterrupted = tmp_path / "uninterrupted"
-    train(demo_data, uninterrupted, s)
     run = tmp_path / "run"
     for kill_after in (4, 6, 7.5):
         proc = subprocess.Popen([sys.executable, "-m", "tacl", "pretrain", "train", "--run-dir", str(run),
@@ -259,7 +253,7 @@ def test_sigkill_leaves_the_previous_checkpoint_loadable(demo_data, tmp_path):
             final_state = checkpoint_state_dict(run / "checkpoints", tag)
             assert final_state
     train(demo_data, run, s)
-    assert_same_weights(final_weights(run), final_weights(uninterrupted))
+    assert_same_weights(final_weights(run), final_weights(reference["mlm_nsp", 60]))
     assert list((run / "checkpoints" / ".incoming").iterdir()) == [], "what the kills left unfinished is gone"
 
 

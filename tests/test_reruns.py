@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 
-from conftest import REPO, demo_config, run_snakemake
+from conftest import REPO, run_snakemake
 from tacl.runtime.io import changed_keys
 from tacl.experiment.config import OPERATIONAL_CONFIG_KEYS, load_schema, schema_roles
 from tacl.pretrain.settings import OPERATIONAL_KEYS, RESULT_KEYS, TrainSettings
@@ -66,18 +66,6 @@ def test_changed_keys_and_when_a_summary_is_printed():
     assert not plans_jobs(["snakemake", "--report", "r.html"]) and not plans_jobs(["snakemake", "--unlock"])
 
 
-def small_config(root) -> dict:
-    """The demo, cut down to one pretraining run of two chunks, one fine-tune and its analysis."""
-    cfg = demo_config(root)
-    cfg["data"]["max_lines"] = 2500
-    cfg["pretrain"].update(objectives=["tacl"], steps=8, log_every=2)
-    cfg["pretrain"]["chunk"].update(max_steps=4, runtime_minutes=30)
-    cfg["finetune"].update(tasks=["qnli"], seeds_small=1, seeds_large=1, contrastive={"forms": []})
-    cfg["finetune"]["hparams"]["glue"].update(max_train_examples=32, max_eval_examples=32, epochs=1)
-    cfg["analysis"]["similarity_sentences"] = 20
-    return cfg
-
-
 def planned(root, cfg, *args, workflow=None) -> tuple[dict[str, int], str]:
     """A dry run under the local profile (its rerun triggers): jobs per rule, and what it printed."""
     extra = ["--snakefile", str(workflow / "Snakefile")] if workflow else []
@@ -103,29 +91,30 @@ def reordered(d):
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory):
-    root = tmp_path_factory.mktemp("reruns")
-    cfg = small_config(root)
-    run_snakemake(root, cfg, "--profile", PROFILE, "--cores", "2")
-    return root, cfg
+def finished(small_dag_again):
+    """The small DAG (tests/conftest.py: data, a COCO-LM run of two chunks on a RoBERTa, fine-tunes of it, of
+    its contrastive form and of the start model, analysis, report), run to the end under the local profile."""
+    return small_dag_again["dir"], small_dag_again["cfg"]
 
 
 @pytest.mark.slow
 def test_operational_settings_and_key_order_rerun_nothing(finished):
     root, cfg = finished
     assert planned(root, cfg)[0] == {}
-    changed = copy.deepcopy(cfg)
-    p = changed["pretrain"]
-    p.update(log_every=3, keep_checkpoints=1, checkpoint_minutes=7, loader_workers=0, micro_batch=2, compile=True,
-             ranks_per_node=2, cpus_per_rank=1)
-    p["chunk"].update(runtime_minutes=20, margin_minutes=0.5, max_steps=None, max_chunks=5)
-    changed["finetune"].update(runtime_minutes={"default": 10}, shapes="buckets", seeds_per_gpu=2)
-    changed["data"]["clean_workers"] = 1
-    changed.update(device="cpu", resources_dir=str(root / "elsewhere"))
-    counts, text = planned(root, reordered(changed))
-    assert counts == {}, text[-3000:]
-    assert "Finished work that this run does again" not in text
-    assert {rule for rule, n in to_run(text).items() if n != "0"} == set(), text[-3000:]  # (`all` too: nothing)
+    # (COCO-LM's micro-batch holds whole groups of negatives_group=4 sequences: 8 on one rank, 4 on each of two)
+    for micro_batch, ranks in ((8, 1), (4, 2)):
+        changed = copy.deepcopy(cfg)
+        p = changed["pretrain"]
+        p.update(log_every=3, keep_checkpoints=1, checkpoint_minutes=7, loader_workers=0, micro_batch=micro_batch,
+                 compile=True, ranks_per_node=ranks, cpus_per_rank=2 // ranks)
+        p["chunk"].update(runtime_minutes=20, margin_minutes=0.5, max_steps=None, max_chunks=5)
+        changed["finetune"].update(runtime_minutes={"default": 10}, shapes="buckets", seeds_per_gpu=2)
+        changed["data"]["clean_workers"] = 2
+        changed.update(device="cpu", resources_dir=str(root / "elsewhere"))
+        counts, text = planned(root, reordered(changed))
+        assert counts == {}, text[-3000:]
+        assert "Finished work that this run does again" not in text
+        assert {rule for rule, n in to_run(text).items() if n != "0"} == set(), text[-3000:]  # (`all`: nothing)
 
 
 @pytest.mark.slow
@@ -135,32 +124,36 @@ def test_result_settings_rerun_exactly_what_they_change(finished):
     changed["pretrain"]["lr"] = cfg["pretrain"]["lr"] / 2
     counts, text = planned(root, changed)
     # the chain's first chunk (a dry run stops at the checkpoint rule; the chain's second follows it), the
-    # export, the fine-tune, its selection and zip, the analysis and the report
-    assert counts == {"pretrain_chunk": 1, "export_model": 1, "finetune": 1, "select_setting": 1, "submissions": 1,
-                      "similarity": 1, "similarity_plot": 1, "report": 1, "all": 1}, text[-3000:]
-    assert f"pretrain_chunk (tacl): lr {cfg['pretrain']['lr']} -> {cfg['pretrain']['lr'] / 2}" in text
+    # export, the fine-tunes of the model and of its contrastive form, their selections and zips, the analysis
+    # (the sentence embeddings' with it) and the report
+    tuned = {"finetune": 2, "select_setting": 2, "submissions": 2}
+    assert counts == {"pretrain_chunk": 1, "export_model": 1, **tuned, "similarity": 1, "similarity_plot": 1,
+                      "report": 1, "all": 1}, text[-3000:]
+    assert f"pretrain_chunk (coco_lm): lr {cfg['pretrain']['lr']} -> {cfg['pretrain']['lr'] / 2}" in text
     assert "each starts again from the start model" in text
-    # the plan counts them to run too, with the whole chain (its two chunks of 4 steps)
+    # the plan counts them to run too, with the whole chain (its two chunks of 6 steps)
     assert {rule: n for rule, n in to_run(text).items() if n != "0"} == {
-        "pretrain_chunk": "2", "export_model": "1", "finetune": "1", "select_setting": "1", "submissions": "1",
+        "pretrain_chunk": "2", "export_model": "1", **{rule: str(n) for rule, n in tuned.items()},
         "similarity": "1", "similarity_plot": "1", "report": "1", "all": "1"}, text[-3000:]
 
     changed = copy.deepcopy(cfg)
-    changed["pretrain"]["tacl"] = {"tau": 0.05}
+    changed["pretrain"]["coco_lm"] = {"tau": 0.5}
     counts, text = planned(root, changed)
-    assert counts["pretrain_chunk"] == 1 and counts["finetune"] == 1
-    assert "pretrain_chunk (tacl): objective_params.tau 0.01 -> 0.05" in text
+    assert counts["pretrain_chunk"] == 1 and counts["finetune"] == 2
+    assert "pretrain_chunk (coco_lm): objective_params.tau 1.0 -> 0.5" in text
 
-    changed = copy.deepcopy(cfg)  # a fine-tuning change that keeps the setting's name: the run reruns
+    # a fine-tuning change that keeps the setting's name: the runs rerun (every model's: the start model's too)
+    changed = copy.deepcopy(cfg)
     changed["finetune"]["hparams"]["glue"]["max_len"] = 32
     counts, text = planned(root, changed)
-    assert counts == {"finetune": 1, "select_setting": 1, "submissions": 1, "report": 1, "all": 1}, text[-3000:]
-    assert "finetune (tacl/qnli/" in text and "hparams.max_len 64 -> 32" in text
+    every = {"finetune": 3, "select_setting": 3, "submissions": 3, "report": 1, "all": 1}
+    assert counts == every, text[-3000:]
+    assert "finetune (6 runs, e.g. none/qnli/" in text and "hparams.max_len 64 -> 32" in text
 
     changed = copy.deepcopy(cfg)  # a new learning rate is a new setting: new jobs, nothing rerun
     changed["finetune"]["hparams"]["glue"]["lr"] = 1e-3
     counts, text = planned(root, changed)
-    assert counts == {"finetune": 1, "select_setting": 1, "submissions": 1, "report": 1, "all": 1}, text[-3000:]
+    assert counts == every, text[-3000:]
     assert "Finished work that this run does again" not in text
 
     changed = copy.deepcopy(cfg)  # English's stop headings given as a list: the same settings, nothing rerun
@@ -171,10 +164,10 @@ def test_result_settings_rerun_exactly_what_they_change(finished):
     assert counts["download_corpus"] == 1 and counts["clean"] == 1 and counts["pretrain_chunk"] == 1, text[-3000:]
     assert "clean: stop_headings (unset) -> [Izvori, Vanjske poveznice, " in text, text[-3000:]
 
-    changed = copy.deepcopy(cfg)  # a task added: its data, its fine-tune, its selection
+    changed = copy.deepcopy(cfg)  # a task added: its data, its fine-tunes (no contrastive form), its selections
     changed["finetune"]["tasks"] = ["qnli", "squad_v2"]
     counts, text = planned(root, changed)
-    assert counts == {"prepare_task": 1, "finetune": 1, "select_setting": 1, "submissions": 1, "report": 1,
+    assert counts == {"prepare_task": 1, "finetune": 2, "select_setting": 2, "submissions": 2, "report": 1,
                       "all": 1}, text[-3000:]
 
 
@@ -195,7 +188,7 @@ def test_a_project_update_that_changes_a_command_reruns_nothing(finished, tmp_pa
         path.write_text(text.replace(old, new, 1))
     assert planned(root, cfg, workflow=workflow)[0] == {}
     counts, _ = planned(root, cfg, "--rerun-triggers", "mtime", "params", "input", "code", workflow=workflow)
-    assert counts["pretrain_chunk"] == 1 and counts["finetune"] == 1
+    assert counts["pretrain_chunk"] == 1 and counts["finetune"] == 3
 
 
 @pytest.mark.slow
@@ -205,14 +198,14 @@ def test_a_run_after_an_lr_change_finishes_and_its_model_differs(finished):
     to run. (The run asks for the export alone: the jobs after it are those of the first run.)"""
     root, cfg = finished
     results = root / "results"
-    before = (results / "models" / "tacl" / "model.safetensors").read_bytes()
+    before = (results / "models" / "coco_lm" / "model.safetensors").read_bytes()
     changed = copy.deepcopy(cfg)
     changed["pretrain"]["lr"] = cfg["pretrain"]["lr"] / 2
-    run_snakemake(root, changed, "--profile", PROFILE, "--cores", "2", str(results / "models" / "tacl.json"))
-    assert (results / "models" / "tacl" / "model.safetensors").read_bytes() != before
-    (aside,) = (results / "pretrain" / "tacl" / "superseded").iterdir()
+    run_snakemake(root, changed, "--profile", PROFILE, "--cores", "2", str(results / "models" / "coco_lm.json"))
+    assert (results / "models" / "coco_lm" / "model.safetensors").read_bytes() != before
+    (aside,) = (results / "pretrain" / "coco_lm" / "superseded").iterdir()
     assert json.loads((aside / "run.json").read_text())["result"]["lr"] == cfg["pretrain"]["lr"]
-    assert json.loads((results / "pretrain" / "tacl" / "run" / "run.json").read_text())["result"]["lr"] == \
+    assert json.loads((results / "pretrain" / "coco_lm" / "run" / "run.json").read_text())["result"]["lr"] == \
         cfg["pretrain"]["lr"] / 2
-    assert planned(root, changed)[0] == {"finetune": 1, "select_setting": 1, "submissions": 1, "similarity": 1,
+    assert planned(root, changed)[0] == {"finetune": 2, "select_setting": 2, "submissions": 2, "similarity": 1,
                                          "similarity_plot": 1, "report": 1, "all": 1}

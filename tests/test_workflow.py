@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from conftest import (REPO, demo_config, fresh_clone, run_snakemake, schema_as_json, silent_schedulers,
-                      start_snakemake, write_embeddings_fixture, write_nli_fixture)
+                      small_dag_config, start_snakemake, write_nli_fixture)
 from tacl.experiment.config import config_errors, load_schema
 from tacl.finetune.sweep import number
 
@@ -379,7 +379,7 @@ def test_demo_end_to_end_survives_a_kill(tmp_path, monkeypatch):
     # two runs to pretrain (one killed with a checkpoint, the other, as a rule, before it has one) beside the start
     # model: every objective goes through the same rules (coco_lm's in the byte-identical test's DAG)
     cfg["pretrain"]["objectives"] = ["none", "mlm_nsp", "tacl"]
-    cfg["pretrain"]["steps"], cfg["pretrain"]["chunk"]["max_steps"] = 120, 60  # (two chunks each, as the demo's)
+    cfg["pretrain"]["steps"], cfg["pretrain"]["chunk"]["max_steps"] = 60, 30  # (two chunks each, as the demo's)
     # (one setting per model: the sweep's selection and its tables run in test_failed_task_sweep_extension_...)
     cfg["finetune"].update(tasks=["qnli"], seeds_small=1, seeds_large=1, contrastive={"forms": []}, sweep={})
     cfg["finetune"]["hparams"]["glue"].update(max_train_examples=64, max_eval_examples=64, epochs=1)
@@ -430,12 +430,12 @@ def test_demo_end_to_end_survives_a_kill(tmp_path, monkeypatch):
         assert [c["done"] for c in chain] == [False] * (len(chain) - 1) + [True]
         assert all(c["reason"] in ("deadline", "max_steps") for c in chain[:-1])
         assert all(c["steps_this_chunk"] <= cfg["pretrain"]["chunk"]["max_steps"] for c in chain)
-        assert all(a["step"] < b["step"] for a, b in zip(chain, chain[1:])) and chain[-1]["step"] == 120
-        # killed or not, every run started again from a checkpoint (a chunk of 60 steps cannot do 120)
+        assert all(a["step"] < b["step"] for a, b in zip(chain, chain[1:])) and chain[-1]["step"] == 60
+        # killed or not, every run started again from a checkpoint (a chunk of 30 steps cannot do 60)
         starts = [e["step"] for e in read_events(results / "pretrain" / objective / "run")]
         assert starts[0] == 0 and starts[-1] > 0, (objective, starts)
         exported = json.loads((results / "models" / f"{objective}.json").read_text())
-        assert exported["steps"] == 120 and exported["chunks"] == len(chain)
+        assert exported["steps"] == 60 and exported["chunks"] == len(chain)
     def logs(objective):
         return "".join(p.read_text() for p in (results / "logs" / "pretrain" / objective).glob("*.log"))
 
@@ -601,32 +601,6 @@ def test_failed_task_sweep_extension_and_intermediate_start(tmp_path):
         assert "squad_v2-dev-predictions.json" in z.namelist() and "MNLI-m.tsv" not in z.namelist()
 
 
-_BPE_TOKENIZER: list = []  # (trained once: every run of the small DAG reads the same tokenizer)
-
-
-def small_dag_config(root) -> dict:
-    """Data, a pretraining run in two chunks, fine-tunes with two seeds (one model also contrastive),
-    similarity, sentence embeddings, report: the smallest DAG with every kind of job. Its start model is of
-    another family than BERT's: a random RoBERTa with a byte-level BPE tokenizer trained on the demo's text
-    (sequences of whole sentences, no NSP, no token types, exported and fine-tuned as a RoBERTa)."""
-    from tokenizer_kit import demo_texts, train
-
-    if not _BPE_TOKENIZER:
-        _BPE_TOKENIZER.append(str(train("bpe", demo_texts(), Path(root) / "tokenizer-bpe")))
-    cfg = demo_config(root)
-    cfg["model_init"]["family"] = "roberta"
-    cfg["tokenizer"] = _BPE_TOKENIZER[0]
-    cfg["data"]["max_lines"] = 3000
-    cfg["pretrain"].update(objectives=["none", "coco_lm"], steps=12, log_every=4)
-    cfg["pretrain"]["chunk"].update(runtime_minutes=30, max_steps=6)
-    cfg["finetune"].update(tasks=["qnli"], seeds_small=2, contrastive={"forms": ["scl"], "models": ["coco_lm"]})
-    cfg["finetune"]["hparams"]["glue"].update(max_train_examples=64, max_eval_examples=64, epochs=1)
-    cfg["analysis"]["similarity_sentences"] = 20
-    cfg["analysis"]["embeddings"] = {"enabled": True, "cluster_task": "sst2", "source": {
-        "kind": "tsv", "data_dir": str(write_embeddings_fixture(root / "glue"))}}
-    return cfg
-
-
 @pytest.fixture(scope="module")
 def finished_demo(tmp_path_factory):
     """The small DAG run once to the end (shared by the tests below; the last one changes it and puts it back)."""
@@ -637,24 +611,22 @@ def finished_demo(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_the_same_config_twice_gives_byte_identical_tables(finished_demo, tmp_path):
-    """The small DAG run twice from scratch in fresh results directories: on CPU every CSV of the report is the
-    same, byte for byte."""
-    cfg = small_dag_config(tmp_path)
-    run_snakemake(tmp_path, cfg, "--cores", "2")
-    runs = [finished_demo["results"] / "report", tmp_path / "results" / "report"]
-    csvs = sorted(p.name for p in runs[0].glob("*.csv"))
+def test_the_same_config_twice_gives_byte_identical_tables(finished_demo, small_dag_again):
+    """The small DAG run twice from scratch in fresh results directories (the second under the local profile,
+    as a user runs it): on CPU every CSV of the report is the same, byte for byte."""
+    cfg, first, second = finished_demo["cfg"], finished_demo["results"] / "report", small_dag_again["tables"]
+    csvs = sorted(p.name for p in first.glob("*.csv"))
     assert {"runs.csv", "summary.csv", "glue_dev.csv", "differences.csv", "self_similarity.csv", "anisotropy.csv",
             "embeddings.csv", "training_curves.csv", "cls_cosine.csv"} <= set(csvs)
-    assert csvs == sorted(p.name for p in runs[1].glob("*.csv"))
+    assert csvs == sorted(second)
     for name in csvs:
-        assert (runs[0] / name).read_bytes() == (runs[1] / name).read_bytes(), name
-    rows = (runs[0] / "runs.csv").read_text()
+        assert (first / name).read_bytes() == second[name], name
+    rows = (first / "runs.csv").read_text()
     setting = f"lr{number(cfg['finetune']['hparams']['glue']['lr'])}_b16_e1"
     assert f"coco_lm,qnli,{setting},glue,standard,,1,dev,accuracy," in rows
     assert f"coco_lm+scl,qnli,{setting},glue,standard,,1,dev," in rows
-    assert "coco_lm" in (runs[0] / "embeddings.csv").read_text()
-    cls = (runs[0] / "cls_cosine.csv").read_text()
+    assert "coco_lm" in (first / "embeddings.csv").read_text()
+    cls = (first / "cls_cosine.csv").read_text()
     assert "coco_lm,random held-out pairs,10," in cls and "coco_lm,STS-B dev pairs scored >= 4," in cls
 
 
