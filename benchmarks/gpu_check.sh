@@ -54,7 +54,11 @@
 #   TACL_CHECK_STEP_ARGS="--profile"   more arguments for step 3's benchmarks/pretrain_step.py
 #   TACL_CHECK_STEPS=doctor,step   the steps to run (default doctor,chunk,step,families,finetune,seeds,pipeline),
 #                  to split the check into shorter calls
-# Exit status: 0 when every step passed, 1 otherwise, 2 when the environment is not usable at all.
+#   TACL_CHECK_BUDGET_S=540   the whole call's seconds (default: none): a step gets at most what is left of them
+#                  (less 20 s for the summary), and one that would get under 30 s is not started; the summary
+#                  then says "no time left" for it. For a lease that ends the call at a fixed time: the steps
+#                  in their order of importance, the summary and every figure written before it ends
+# Exit status: 0 when every step it started passed, 1 otherwise, 2 when the environment is not usable at all.
 set -uo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -67,6 +71,7 @@ FINETUNE_S=${TACL_CHECK_FINETUNE_S:-$([ "$CPU_SMOKE" = 1 ] && echo 300 || echo 1
 SEEDS_S=${TACL_CHECK_SEEDS_S:-$([ "$CPU_SMOKE" = 1 ] && echo 300 || echo 150)}
 PIPELINE_S=${TACL_CHECK_PIPELINE_S:-$([ "$CPU_SMOKE" = 1 ] && echo 1200 || echo 120)}
 STEPS=${TACL_CHECK_STEPS:-doctor,chunk,step,families,finetune,seeds,pipeline}
+BUDGET_S=${TACL_CHECK_BUDGET_S:-0}
 STARTED=$(date +%s)
 mkdir -p "$OUT/logs" "$OUT/bin"
 : > "$OUT/steps.tsv"
@@ -113,12 +118,22 @@ fi
 say "python $PY ($("$PY" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda)')), out $OUT"
 
 # -- the steps ---------------------------------------------------------------------------------------------
-# step NAME LIMIT_S COMMAND...: its output in OUT/logs/NAME.log, its status and seconds in OUT/steps.tsv
+# step NAME LIMIT_S COMMAND...: its output in OUT/logs/NAME.log, its status and seconds in OUT/steps.tsv (status
+# "budget": not started, TACL_CHECK_BUDGET_S left it under 30 s)
 step() {
-    local name=$1 limit=$2 t0 rc
+    local name=$1 limit=$2 t0 rc left
     shift 2
     wanted "$name" || { say "$name: left out (TACL_CHECK_STEPS)"; return 0; }
     t0=$(date +%s)
+    if [ "$BUDGET_S" -gt 0 ]; then
+        left=$(( BUDGET_S - (t0 - STARTED) - 20 ))
+        if [ "$left" -lt 30 ]; then
+            say "$name: not started, ${left}s left of TACL_CHECK_BUDGET_S=$BUDGET_S"
+            printf '%s\tbudget\t0\n' "$name" >> "$OUT/steps.tsv"
+            return 0
+        fi
+        [ "$left" -ge "$limit" ] || limit=$left
+    fi
     say "$name: $* (at most ${limit}s; log $OUT/logs/$name.log)"
     timeout -k 20 "$limit" "$@" > "$OUT/logs/$name.log" 2>&1
     rc=$?
@@ -250,13 +265,13 @@ steps = {}
 wanted = (os.environ.get("TACL_CHECK_STEPS") or "doctor,chunk,step,families,finetune,seeds,pipeline").split(",")
 for line in (out / "steps.tsv").read_text().splitlines():
     name, rc, seconds = line.split("\t")
-    steps[name] = (int(rc), int(seconds))
+    steps[name] = (rc if rc == "budget" else int(rc), int(seconds))
 
 
 def status(name):
     rc, seconds = steps.get(name, (None, 0))
-    word = ("left out" if name not in wanted else "not run" if rc is None else "ok" if rc == 0
-            else "TIME LIMIT" if rc == 124 else f"FAILED ({rc})")
+    word = ("left out" if name not in wanted else "not run" if rc is None else "no time left (TACL_CHECK_BUDGET_S)"
+            if rc == "budget" else "ok" if rc == 0 else "TIME LIMIT" if rc == 124 else f"FAILED ({rc})")
     return f"{word}, {seconds} s"
 
 
@@ -346,8 +361,11 @@ for m in finetunes:
     main = next(iter(metrics.get("dev", {}).values()), {}).get("main")
     lines.append(f"   {m.relative_to(results / 'finetune').parent}: dev {main if main is None else round(main, 4)} "
                  f"(bf16 {metrics.get('bf16')}, {metrics.get('device', {}).get('gpu') or 'CPU'})")
-failed = [n for n, (rc, _) in steps.items() if rc != 0] + [n for n in wanted if n not in steps]
-lines.append("gpu_check: " + ("all steps passed" if not failed else f"FAILED: {', '.join(failed)}"))
+failed = [n for n, (rc, _) in steps.items() if rc not in (0, "budget")] + [n for n in wanted if n not in steps]
+unstarted = [n for n, (rc, _) in steps.items() if rc == "budget"]
+lines.append("gpu_check: " + (f"FAILED: {', '.join(failed)}" if failed else "the steps it started passed" if unstarted
+                              else "all steps passed")
+             + (f"; no time left for {', '.join(unstarted)} (TACL_CHECK_BUDGET_S)" if unstarted else ""))
 print("\n".join(lines))
 (out / "summary.txt").write_text("\n".join(lines) + "\n")
 sys.exit(1 if failed else 0)

@@ -49,6 +49,23 @@ def test_the_steps_are_one_list():
     assert "families" in default
 
 
+def test_a_step_with_no_time_left_in_the_budget_is_not_started(tmp_path):
+    """TACL_CHECK_BUDGET_S: a step that would get under 30 s of what is left is not started; the summary names
+    it, and the call exits 0 (the steps it started passed). (The control flow of the steps that run: by hand,
+    with TACL_GPU_CHECK_CPU=1.)"""
+    import os
+
+    env = {**os.environ, "TACL_GPU_CHECK_CPU": "1", "TACL_CHECK_STEPS": "doctor", "TACL_CHECK_BUDGET_S": "1"}
+    proc = subprocess.run(["bash", str(SCRIPT), str(tmp_path)], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "steps.tsv").read_text() == "doctor\tbudget\t0\n"
+    assert "doctor: not started" in proc.stderr and not (tmp_path / "logs" / "doctor.log").exists()
+    summary = (tmp_path / "summary.txt").read_text()
+    assert "1. doctor    no time left (TACL_CHECK_BUDGET_S), 0 s" in summary
+    assert summary.rstrip().endswith("gpu_check: the steps it started passed; no time left for doctor "
+                                     "(TACL_CHECK_BUDGET_S)")
+
+
 def benchmark():
     if str(REPO / "benchmarks") not in sys.path:
         sys.path.insert(0, str(REPO / "benchmarks"))

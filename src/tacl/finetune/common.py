@@ -120,13 +120,11 @@ def load_task_model(auto_class: Any, model_dir: str, seed: int, **kwargs: Any) -
 
 
 def attention_of(model_dir: str) -> str:
-    """The attn_implementation a model directory loads with: its family's (tacl.runtime.family), SDPA for a
-    model_type outside the families."""
-    from transformers import AutoConfig
+    """The attn_implementation a model directory loads with: its family's (tacl.runtime.family, the family its
+    JSON files name: model_type_of), SDPA for a model_type outside the families."""
+    from tacl.runtime.family import FAMILIES, model_type_of
 
-    from tacl.runtime.family import FAMILIES
-
-    kind = AutoConfig.from_pretrained(model_dir).model_type
+    kind = model_type_of(model_dir)
     return FAMILIES[kind].attention if kind in FAMILIES else "sdpa"
 
 

@@ -57,11 +57,11 @@ def finetune_ner(tune: FineTune, seed: int, out_dir: str | Path) -> dict[str, An
     """One seed of the CoNLL-2003 fine-tune (its files in the source's `data_dir`), in `out_dir`: trained
     (from its checkpoint there where it has one, `tune.checkpointing`, tacl.finetune.resume), scored on dev
     and test, and metrics.json written last."""
-    from transformers import AutoConfig, AutoModel, AutoModelForTokenClassification, AutoTokenizer
+    from transformers import AutoModel, AutoModelForTokenClassification, AutoTokenizer
 
     from tacl.objectives.tacl import supervised_tacl_loss
     from tacl.pretrain.model import without_pooler
-    from tacl.runtime.family import family
+    from tacl.runtime.family import family, model_type_of
 
     model_dir = resolve_pretrained(tune.model)
     hp = hyperparameters(FAMILY_HPARAMS["ner"], tune.preset, tune.hparams)
@@ -85,7 +85,7 @@ def finetune_ner(tune: FineTune, seed: int, out_dir: str | Path) -> dict[str, An
     extra = None
     if hp["supervised_tacl"]:
         teacher = AutoModel.from_pretrained(model_dir, attn_implementation=attention_of(model_dir),
-                                            **without_pooler(family(AutoConfig.from_pretrained(model_dir).model_type)))
+                                            **without_pooler(family(model_type_of(model_dir), "model")))
         teacher = teacher.to(run.device).eval()
         names = input_names(tokenizer)
         teacher.requires_grad_(False)
