@@ -168,9 +168,8 @@ def small_dag_again(tmp_path_factory):
     root = tmp_path_factory.mktemp("small_dag_again")
     cfg = small_dag_config(root)
     run_snakemake(root, cfg, "--profile", str(REPO / "profiles" / "local"), "--cores", "2")
-    results = root / "results"
-    return {"dir": root, "cfg": cfg, "results": results,
-            "tables": {p.name: p.read_bytes() for p in (results / "report").glob("*.csv")}}
+    return {"dir": root, "cfg": cfg,
+            "tables": {p.name: p.read_bytes() for p in (root / "results" / "report").glob("*.csv")}}
 
 
 def fresh_clone(where: Path) -> Path:
@@ -381,8 +380,9 @@ SHARED_GROUPS = {"test_reruns": "test_workflow"}
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     """`make test` runs pytest-xdist with --dist loadgroup: a test file per group (module fixtures built once),
-    except that the wall-clock chains share one group. That group goes first, so that the chains, which partly
-    wait on the cluster, run beside the rest instead of after it; then the other groups of several minutes
+    except that the wall-clock chains share one group and a file of SHARED_GROUPS runs in another's group. The
+    chains' group goes first, so that the chains, which partly wait on the cluster, run beside the rest instead
+    of after it; then the other groups of several minutes
     (LONG_GROUPS), the short files last: they fill in whichever pytest-xdist worker process is done first, and
     no long group starts near the end with the other process idle. (pytest 9.2 silently breaks loadgroup,
     pytest-xdist#1386: envs/requirements-cpu.txt pins 9.1.)"""

@@ -4,6 +4,7 @@ counter sees on each family's model, and a tiny run of another family than BERT 
 whole control flow runs on a CPU with TACL_GPU_CHECK_CPU=1, a few minutes on 2 cores: by hand, not in CI.)"""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -53,8 +54,6 @@ def test_a_step_with_no_time_left_in_the_budget_is_not_started(tmp_path):
     """TACL_CHECK_BUDGET_S: a step that would get under 30 s of what is left is not started; the summary names
     it, and the call exits 0 (the steps it started passed). (The control flow of the steps that run: by hand,
     with TACL_GPU_CHECK_CPU=1.)"""
-    import os
-
     env = {**os.environ, "TACL_GPU_CHECK_CPU": "1", "TACL_CHECK_STEPS": "doctor", "TACL_CHECK_BUDGET_S": "1"}
     proc = subprocess.run(["bash", str(SCRIPT), str(tmp_path)], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -85,7 +85,7 @@ def finetune_ner(tune: FineTune, seed: int, out_dir: str | Path) -> dict[str, An
     extra = None
     if hp["supervised_tacl"]:
         teacher = AutoModel.from_pretrained(model_dir, attn_implementation=attention_of(model_dir),
-                                            **without_pooler(family(model_type_of(model_dir), "model")))
+                                            **without_pooler(family(model_type_of(model_dir))))
         teacher = teacher.to(run.device).eval()
         names = input_names(tokenizer)
         teacher.requires_grad_(False)
