@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tacl.cluster.preflight import JobRequest, parse_node_states, parse_partitions, problems
-from tacl.cluster.scheduler import slurm_minutes, slurm_seconds
+from tacl.runtime.scheduler import slurm_minutes, slurm_seconds
 from tacl.cluster.submit import PretrainRun, run_from_config
 from tacl.runtime.io import InputError
 

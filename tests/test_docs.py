@@ -128,7 +128,7 @@ def test_one_html_report_where_the_readme_and_the_makefile_say(tmp_path):
     every job's), and `make demo` and the README point at it; `make demo` asks Snakemake for no page of its
     own beside it, and no document names another."""
     from conftest import run_snakemake
-    from tacl.experiment.layout import Layout
+    from tacl.runtime.layout import Layout
 
     page = f"{Layout.of(yaml.safe_load((REPO / 'examples/demo/config.yaml').read_text())).report}/report.html"
     make = (REPO / "Makefile").read_text()

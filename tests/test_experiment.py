@@ -1,4 +1,4 @@
-"""The workflow's logic as the package holds it (tacl.experiment.layout, tacl.experiment.design,
+"""The workflow's logic as the package holds it (tacl.runtime.layout, tacl.experiment.design,
 tacl.planning.sizing, tacl.planning.plan, tacl.experiment.reruns.finished_jobs, tacl.cluster.handlers), called on
 the demo's config without Snakemake."""
 
@@ -16,7 +16,7 @@ from conftest import REPO, demo_config
 from tacl.cluster import handlers
 from tacl.experiment import design
 from tacl.experiment.config import SCHEMA
-from tacl.experiment.layout import Layout
+from tacl.runtime.layout import Layout
 from tacl.experiment.reruns import finished_jobs, rerun_tags
 from tacl.planning.plan import plan_jobs, plan_text, planned_chunks
 from tacl.planning.sizing import Sizing
@@ -162,15 +162,15 @@ def test_finished_jobs_follow_the_config(tmp_path):
 
 def test_the_workflow_logic_imports_neither_snakemake_nor_torch():
     """The floor rule: what common.smk wires is plain package code (Snakemake's errors stay at the edge), and
-    the results folder's layout imports nothing of the package (its package, tacl.experiment, imports nothing)."""
+    the results folder's layout imports nothing of the package (nor does its package, tacl.runtime)."""
     import subprocess
     import sys
 
-    code = ("import sys, tacl.experiment.layout; layout = [m for m in sys.modules if m.startswith('tacl.')]; "
+    code = ("import sys, tacl.runtime.layout; layout = [m for m in sys.modules if m.startswith('tacl.')]; "
             "import tacl.planning.plan, tacl.experiment.reruns, tacl.cluster.handlers, tacl.cluster.submit; "
             "print(layout, 'snakemake' in sys.modules, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.split() == ["['tacl.experiment',", "'tacl.experiment.layout']", "False", "False"]
+    assert out.split() == ["['tacl.runtime',", "'tacl.runtime.layout']", "False", "False"]
 
 
 def test_the_inputs_a_config_names_are_checked_for_the_jobs_still_to_run(tmp_path):

@@ -570,7 +570,7 @@ def test_a_seed_that_cannot_open_the_gpu_names_its_compute_mode_and_fails_its_jo
 # ten seconds per training step and none otherwise (start-up, saves, a busy machine).
 SEED_CLOCK = """
 import sys, time
-from tacl.cluster import scheduler
+from tacl.runtime import scheduler
 from tacl.finetune import common
 from tacl.pretrain import deadline
 
@@ -609,7 +609,7 @@ def test_seeds_near_their_jobs_end_time_save_and_stop_before_it(tmp_path, demo_d
     import sys
 
     from conftest import Clock
-    from tacl.cluster import scheduler as queries
+    from tacl.runtime import scheduler as queries
     from tacl.cli import main
     from tacl.finetune import cli, common
     from tacl.pretrain import deadline

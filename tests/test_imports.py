@@ -2,8 +2,8 @@
 floor up to a higher one, directly or through other modules. Every import of tacl counts, at the top of a
 module and inside its functions (an import inside a function only delays the arrow, it does not turn it).
 
-Floors, lowest first: two modules that import nothing from tacl (tacl.cluster.scheduler, the scheduler queries;
-tacl.experiment.layout, the results folder's paths), their packages' __init__ importing nothing either; the
+Floors, lowest first: two modules that import nothing from tacl (tacl.runtime.scheduler, the scheduler queries;
+tacl.runtime.layout, the results folder's paths), their packages' __init__ importing nothing either; the
 runtime (tacl itself and tacl.runtime: only each other); the stages, in their order (data, objectives,
 pretrain, finetune, analysis, report: a stage imports its own and lower stages); tacl.experiment (what the
 workflow derives from the config); tacl.planning (what a run will cost); the rest of tacl.cluster; tacl.cli
@@ -21,7 +21,7 @@ from conftest import REPO
 
 SRC = REPO / "src"
 STAGES = ("data", "objectives", "pretrain", "finetune", "analysis", "report")  # lowest first
-SCHEDULER, LAYOUT = "tacl.cluster.scheduler", "tacl.experiment.layout"
+SCHEDULER, LAYOUT = "tacl.runtime.scheduler", "tacl.runtime.layout"
 ALONE = (SCHEDULER, LAYOUT)  # import nothing from tacl, and stand below everything
 CLI = ("tacl.cli", "tacl.__main__")
 FLOORS = ("alone", "runtime", *STAGES, "experiment", "planning", "cluster", "cli")  # lowest first
@@ -133,13 +133,45 @@ def test_no_import_circles():
 
 
 def test_the_lowest_floor_imports_nothing_from_tacl():
-    """tacl.cluster.scheduler (what a job asks SLURM or PBS) and tacl.experiment.layout (every path under the
+    """tacl.runtime.scheduler (what a job asks SLURM or PBS) and tacl.runtime.layout (every path under the
     results folder) stand below everything: the run lock, the trainer's deadline, the report's status and
     tacl.cluster ask the first; the report's expected runs, the workflow and `tacl submit` name their files
-    from the second. Importing either runs its package's __init__, which therefore imports nothing either
-    (tacl.cluster and tacl.experiment as a whole stand above the stages)."""
-    for name in (*ALONE, "tacl.cluster", "tacl.experiment"):
+    from the second. Importing either runs tacl's and tacl.runtime's __init__, which import nothing either."""
+    for name in (*ALONE, "tacl", "tacl.runtime"):
         assert GRAPH[name] == set(), f"{name} imports {sorted(GRAPH[name])}"
+
+
+PACKAGES = ("runtime", *STAGES, "experiment", "planning", "cluster", "cli")  # lowest first
+
+
+def package(name: str) -> str:
+    """The package a module belongs to when the graph is drawn package by package (tacl itself and
+    tacl.runtime: runtime; tacl.cli and tacl.__main__: cli)."""
+    if name in CLI:
+        return "cli"
+    parts = name.split(".")
+    return "runtime" if len(parts) == 1 else parts[1]
+
+
+def package_arrows() -> dict[tuple[str, str], list[str]]:
+    """The graph drawn by package: each arrow between two packages, with the module imports that draw it."""
+    arrows: dict[tuple[str, str], list[str]] = {}
+    for name, targets in GRAPH.items():
+        for target in sorted(targets):
+            if package(name) != package(target):
+                arrows.setdefault((package(name), package(target)), []).append(f"{name} -> {target}")
+    return arrows
+
+
+def test_drawn_by_package_no_arrow_runs_up_and_no_circle_closes():
+    """Every module's package is one of PACKAGES; every arrow between packages runs down; so no circle of
+    packages can close (checked all the same on the package graph)."""
+    arrows = package_arrows()
+    assert {package(m) for m in MODULES} == set(PACKAGES)
+    up = {f"{a} -> {b}": imports for (a, b), imports in arrows.items() if PACKAGES.index(b) > PACKAGES.index(a)}
+    assert up == {}, f"arrows that run up: {up}"
+    graph = {p: {b for (a, b) in arrows if a == p} for p in PACKAGES}
+    assert cycle(graph) is None
 
 
 @pytest.mark.parametrize("name", sorted(m for m in MODULES if floor(m) == "runtime"))

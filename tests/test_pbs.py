@@ -23,11 +23,11 @@ import pytest
 import yaml
 
 from conftest import REPO, demo_config, run_snakemake, run_tacl
-from tacl.cluster import scheduler as query
+from tacl.runtime import scheduler as query
 from tacl.cluster import launch
 from tacl.cluster.pbs import exported_env, job_script, job_status, qsub_command, status_of
 from tacl.cluster.preflight import PbsRequest, launcher_problem, parse_queues, pbs_problems
-from tacl.cluster.scheduler import end_of, job_record, parse_qstat_text, parse_walltime, pbs_time_left
+from tacl.runtime.scheduler import end_of, job_record, parse_qstat_text, parse_walltime, pbs_time_left
 from tacl.runtime.io import InputError
 
 # -- fixtures in PBS Pro's formats --------------------------------------------------------------------------

@@ -164,7 +164,7 @@ def test_a_fine_tune_asks_for_the_time_it_keeps_to_save(tmp_path):
 
     from tacl.experiment.config import SCHEMA
     from tacl.experiment.design import settings_of
-    from tacl.experiment.layout import Layout
+    from tacl.runtime.layout import Layout
     from tacl.finetune import finetune_checkpoint_bytes, save_margin_s
     from tacl.planning.estimates import MIN_SAFETY
     from tacl.planning.sizing import Sizing

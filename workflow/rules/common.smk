@@ -1,4 +1,4 @@
-# Helpers shared by all .smk files: paths derived from the config (tacl.experiment.layout), and the wiring of what the
+# Helpers shared by all .smk files: paths derived from the config (tacl.runtime.layout), and the wiring of what the
 # package works out from it (tacl.experiment.design, tacl.planning.sizing, tacl.planning.plan, tacl.experiment.reruns,
 # tacl.cluster.handlers) into the rules and handlers. What needs Snakemake's `workflow` or `checkpoints` stays here;
 # the rest is tested.
@@ -15,7 +15,7 @@ from tacl.cluster.hooks import data_summary, preflight, scheduler, scheduler_of_
 from tacl.cluster.workstation import machine_gpus
 from tacl.experiment import design
 from tacl.experiment.inputs import input_errors
-from tacl.experiment.layout import Layout
+from tacl.runtime.layout import Layout
 from tacl.experiment.reruns import finished_jobs as finished_of, rerun_tags, summary as rerun_text
 from tacl.objectives.registry import OBJECTIVE_PATTERN
 from tacl.planning.plan import announce, plan_jobs, plan_text as plan_text_of
@@ -99,7 +99,7 @@ DATASETS_CACHE = f"{config['resources_dir']}/datasets"
 # the config's impossible requests (torchrun across nodes, contrastive fine-tunes of a regression task), first
 at_edge(design.check, config)
 
-# what the config lists (tacl.experiment.design) and where each job writes (tacl.experiment.layout), as the rules
+# what the config lists (tacl.experiment.design) and where each job writes (tacl.runtime.layout), as the rules
 # call them
 stamp = design.stamp
 launcher = partial(design.launcher, config)

@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from tacl.experiment.design import embeddings_enabled, expected_runs, finetune_models, tabled_models
-from tacl.experiment.layout import Layout
+from tacl.runtime.layout import Layout
 
 
 def embeddings_outputs(config: dict[str, Any], layout: Layout) -> list[str]:

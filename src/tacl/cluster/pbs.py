@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tacl.cluster.scheduler import format_walltime, qstat_job
+from tacl.runtime.scheduler import format_walltime, qstat_job
 from tacl.runtime.io import InputError, write_text_atomic
 
 # Q queued, R running, H held, W waiting (execution time), T transit, E exiting, B array begun, S/U

@@ -16,7 +16,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Any
 
-from tacl.cluster.scheduler import format_walltime, parse_walltime, qstat_queues, slurm_minutes
+from tacl.runtime.scheduler import format_walltime, parse_walltime, qstat_queues, slurm_minutes
 
 
 @dataclass(frozen=True)
@@ -225,7 +225,7 @@ def _int(value: Any) -> int | None:
 
 
 def parse_queues(records: dict[str, dict[str, Any]]) -> dict[str, Queue]:
-    """Queues from `qstat -Qf -F json`'s "Queue" object or its text form (tacl.cluster.scheduler)."""
+    """Queues from `qstat -Qf -F json`'s "Queue" object or its text form (tacl.runtime.scheduler)."""
     queues = {}
     for name, q in records.items():
         most, least = q.get("resources_max") or {}, q.get("resources_min") or {}

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tacl.experiment.layout import Layout
+from tacl.runtime.layout import Layout
 from tacl.runtime.io import InputError, read_json, require_file
 
 

@@ -18,7 +18,7 @@ import yaml
 from tacl.data.clean import headings_given, stop_headings
 from tacl.data.download import tokenizer_given as given_to_tokenizer
 from tacl.experiment.config import defaults_unlike
-from tacl.experiment.layout import Layout
+from tacl.runtime.layout import Layout
 from tacl.finetune import GLUE_CLASSIFICATION, TASKS, declared
 from tacl.finetune.sweep import parse_setting, task_settings
 from tacl.pretrain.settings import TrainSettings

@@ -24,7 +24,7 @@ from tacl.data.clean import clean_given
 from tacl.data.download import TOKENIZER_META
 from tacl.experiment.design import (clean_stops, expected_runs, finetune_models, pretrain_settings, setting_hparams,
                                     start_model_init, task_source, tokenizer_given)
-from tacl.experiment.layout import Layout
+from tacl.runtime.layout import Layout
 from tacl.finetune import GIVEN, finetune_given
 from tacl.runtime.io import changed_keys
 

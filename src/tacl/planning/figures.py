@@ -42,7 +42,7 @@ def paper_config(config_path: Path = REPO / "config.yaml", results_dir: str = "r
 def paper_plan(config_path: Path = REPO / "config.yaml") -> str:
     """config.yaml's plan, as `tacl plan` prints it for a run that has not started: jobs, GPU-hours asked for
     and expected on each GPU of plan.gpus, pretraining's and fine-tuning's share, disk at the peak."""
-    from tacl.experiment.layout import Layout
+    from tacl.runtime.layout import Layout
     from tacl.planning import estimates
     from tacl.planning.plan import disk, expected_on_each_gpu, plan_jobs
     from tacl.planning.sizing import Sizing
@@ -84,7 +84,7 @@ def demo_time(measured: dict[str, Any]) -> str:
 def demo_table(config_path: Path = REPO / "examples" / "demo" / "config.yaml") -> str | None:
     """The GLUE dev table of a finished `make demo` in this checkout (its report's glue_dev.md), as a block's
     lines; None where the demo has not run here."""
-    from tacl.experiment.layout import Layout
+    from tacl.runtime.layout import Layout
 
     table = REPO / Layout.of(yaml.safe_load(Path(config_path).read_text())).report / "glue_dev.md"
     return f"\n{table.read_text().strip()}\n" if table.is_file() else None

@@ -15,7 +15,7 @@ from typing import Any
 
 from tacl.experiment.config import start_model_shape
 from tacl.experiment.design import model_tasks, setting_hparams, settings_of, task_seeds
-from tacl.experiment.layout import Layout
+from tacl.runtime.layout import Layout
 from tacl.finetune import finetune_checkpoint_bytes, save_margin_s
 from tacl.planning import estimates
 from tacl.runtime.shape import Shape

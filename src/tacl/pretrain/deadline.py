@@ -1,5 +1,5 @@
 """When must a chunk stop? The earliest of: an explicit deadline, SLURM's or PBS's own end time for this job
-(asked through tacl.cluster.scheduler, the scheduler queries below the stages and the rest of tacl.cluster), the
+(asked through tacl.runtime.scheduler, the scheduler queries below the stages and the rest of tacl.cluster), the
 runtime the rule gave; and at once when SIGUSR1, SIGUSR2 or SIGTERM arrives (saved at the next step boundary)."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ import signal
 import time
 from dataclasses import dataclass, field
 
-from tacl.cluster.scheduler import time_left
+from tacl.runtime.scheduler import time_left
 
 
 def end_times(start: float, deadline: float | None = None,
               runtime_minutes: float | None = None) -> dict[str, float]:
     """Unix time by which the job is gone, per source that knows one: the explicit deadline, the runtime the
-    rule gave (from `start`), the scheduler's own end time for this job (tacl.cluster.scheduler.time_left)."""
+    rule gave (from `start`), the scheduler's own end time for this job (tacl.runtime.scheduler.time_left)."""
     ends = {}
     if deadline:
         ends["--deadline"] = deadline

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tacl.experiment.layout import Layout
+from tacl.runtime.layout import Layout
 from tacl.runtime.io import InputError, read_json, write_json_atomic
 
 EXPECTED = "expected.json"

@@ -52,7 +52,7 @@ from tacl.runtime.lock import lock_owner
 from tacl.pretrain.rundir import DAMAGED, checkpoint_dir, leftovers
 from tacl.pretrain.metrics import read_lines
 from tacl.report.expected import read_expected
-from tacl.cluster.scheduler import (PBS_ALIVE, SLURM_ALIVE, parse_walltime, qstat_job, slurm_accounting_state,
+from tacl.runtime.scheduler import (PBS_ALIVE, SLURM_ALIVE, parse_walltime, qstat_job, slurm_accounting_state,
                             slurm_job_state)
 
 ERROR_MARKS = ("Traceback (most recent call last)", "tacl: error:")

@@ -27,7 +27,7 @@ from typing import Any
 
 import pandas as pd
 
-from tacl.experiment.layout import Layout
+from tacl.runtime.layout import Layout
 from tacl.finetune.sweep import HEADLINE_DEV, select
 from tacl.objectives.registry import REGISTRY
 from tacl.runtime.family import model_type_of

@@ -30,7 +30,7 @@ import time
 import uuid
 from pathlib import Path
 
-from tacl.cluster.scheduler import job_state, pbs_run_count, show_job_command, state_runs
+from tacl.runtime.scheduler import job_state, pbs_run_count, show_job_command, state_runs
 from tacl.runtime.io import InputError, pid_alive
 
 LOCK = "LOCK"
