@@ -336,7 +336,7 @@ def chunks(start, manifest, run, dist_env, objective: str, *cuts: int) -> tuple[
     checkpoint, `_run_chunk` trains, logs and saves): the logged losses, and the final checkpoint's tensors by
     name: its module's (the student's `model.*`, the objective's own `objective.*`) and AdamW's state."""
     from tacl.pretrain import checkpoint
-    from tacl.pretrain.deadline import StopSignals
+    from tacl.runtime.signals import StopSignals
     from tacl.pretrain.metrics import read_events, read_metrics
     from tacl.pretrain.settings import TrainSettings
     from tacl.pretrain.trainer import ChunkArgs, _run_chunk, _setup

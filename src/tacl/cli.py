@@ -16,6 +16,7 @@ import sys
 import traceback
 
 from tacl.cluster.workstation import claim_for_job
+from tacl.runtime import signals
 from tacl.runtime.io import InputError
 
 STAGES = ("data", "pretrain", "finetune", "analysis", "report", "cluster")
@@ -34,9 +35,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # (the process's own command line: a trainer's catches the stop signals first thing,
+        argv = sys.argv[1:]  # as `python -m tacl` does; called with arguments, a test's process is left alone)
+        if argv[:2] in signals.TRAINERS:
+            signals.catch()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     parser = build_parser()
-    argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["plan"] and argv[1:2] not in (["-h"], ["--help"]):
         args = parser.parse_args(["plan"])
         args.snakemake_args = argv[1:]  # (Snakemake's own: --profile, --configfile, ...)

@@ -48,6 +48,7 @@ from tacl.runtime.device import computes_bf16, device_info, fast_fp32_matmul, re
 from tacl.finetune import FAMILY_HPARAMS, PRESETS, resume
 from tacl.finetune.resume import Checkpointing
 from tacl.objectives import in_fp32, sdpa_mask
+from tacl.runtime import signals
 from tacl.runtime.io import InputError, stable_hash
 
 log = logging.getLogger("tacl.finetune")
@@ -279,7 +280,10 @@ def train(model: torch.nn.Module, rows: list[dict[str, Any]], hp: dict[str, Any]
     TaCL for NER, a contrastive term on [CLS] for classification). With `checkpoint` (its path in the seed's
     folder), the seed resumes from the checkpoint there, saves every `checkpoint.minutes`, and on SIGUSR1,
     SIGUSR2 or SIGTERM, before the job's end time (`checkpoint.end`, with time to save every seed that trains
-    at once) or after `checkpoint.stop_after` steps, saves and raises `Stopped` (tacl.finetune.resume)."""
+    at once) or after `checkpoint.stop_after` steps, saves and raises `Stopped` (tacl.finetune.resume). A stop
+    signal that came before the first step raises `Stopped` there, with nothing saved (nothing was trained);
+    once trained, `checkpoint.save_trained` saves the trained state for a stop while the seed predicts
+    (`Checkpointing.stop_point`, which `predict` calls between batches)."""
     from tqdm import tqdm
 
     seed_everything(seed)
@@ -307,8 +311,12 @@ def train(model: torch.nn.Module, rows: list[dict[str, Any]], hp: dict[str, Any]
     limit = resume.TimeLimit.of(checkpoint, model) if checkpoint else None
     if limit is not None and checkpoint.end is not None:
         log.info("fine-tune: %s", limit.describe())
+    epoch_rng = order_rng.bit_generator.state
     bar = tqdm(total=total, initial=progress.step, desc="fine-tune", unit=" steps", disable=not sys.stderr.isatty())
-    with resume.stop_signals(enabled=checkpoint is not None) as signals:
+    with signals.catching():
+        if signals.stop_requested():  # (while it loaded, tokenized or compiled: nothing trained, nothing to save)
+            raise resume.Stopped(f"stopped by {signals.first()} before training at step {progress.step}/{total}"
+                                 f"{_saved_before(checkpoint)}: running the job again trains this seed")
         for epoch in range(first_epoch, hp["epochs"]):
             epoch_rng = order_rng.bit_generator.state  # (a checkpoint draws the epoch's order again from it)
             batches = epoch_batches(lengths, hp["batch"], order_rng, grouped)
@@ -322,9 +330,12 @@ def train(model: torch.nn.Module, rows: list[dict[str, Any]], hp: dict[str, Any]
                 steps_here += 1
                 bar.update(1)
                 if checkpoint is None:
+                    if signals.stop_requested():
+                        raise resume.Stopped(f"stopped by {signals.first()} at step {progress.step}/{total}, with "
+                                             "no checkpoint: running the job again trains this seed from the start")
                     continue
                 limit.deadline.observe_step(time.time() - step_started)
-                stop = _why_stop(signals.received, steps_here == checkpoint.stop_after,
+                stop = _why_stop(signals.received(), steps_here == checkpoint.stop_after,
                                  progress.step < total and limit.near())
                 due = checkpoint.minutes is not None and time.time() - last_save >= 60 * checkpoint.minutes
                 if stop or (due and progress.step < total):
@@ -335,6 +346,10 @@ def train(model: torch.nn.Module, rows: list[dict[str, Any]], hp: dict[str, Any]
                     raise resume.Stopped(f"stopped {stop} at step {progress.step}/{total}, saved in "
                                          f"{checkpoint.path}: running the job again resumes this seed there")
     bar.close()
+    if checkpoint is not None:  # (trained: a stop signal while it predicts saves this state, `stop_point`)
+        rng, epoch, done = resume.rng_states(), hp["epochs"] - 1, steps_per_epoch
+        checkpoint.save_trained = lambda: _save(checkpoint, identity, progress, epoch, done, epoch_rng, model, opt,
+                                                sched, rng)
     return _record(progress, hp, rows, lengths, grouped)
 
 
@@ -367,6 +382,12 @@ def _resume(state: dict[str, Any], progress: Progress, model: torch.nn.Module, o
     return state["epoch"], state["batch"]
 
 
+def _saved_before(checkpoint: Checkpointing | None) -> str:
+    """', its checkpoint (PATH) kept as it was' where the seed has one, for a stop before training."""
+    return f", its checkpoint ({checkpoint.path}) kept as it was" if checkpoint and checkpoint.path and \
+        checkpoint.path.is_file() else ""
+
+
 def _why_stop(received: list[int], step_cap: bool, time_limit: bool) -> str | None:
     """Why a seed saves and stops after a step, in words (None: it goes on): the first stop signal it received,
     else the step cap of a test (`Checkpointing.stop_after`), else its job's end time near."""
@@ -380,13 +401,15 @@ def _why_stop(received: list[int], step_cap: bool, time_limit: bool) -> str | No
 
 
 def _save(checkpoint: Checkpointing, identity: str, progress: Progress, epoch: int, batches: int,
-          epoch_rng: dict[str, Any], model: torch.nn.Module, opt: torch.optim.Optimizer, sched: Any) -> float:
+          epoch_rng: dict[str, Any], model: torch.nn.Module, opt: torch.optim.Optimizer, sched: Any,
+          rng: dict[str, Any] | None = None) -> float:
     """Save the seed's whole state in its checkpoint, `batches` batches into `epoch` (whose batch order
-    `epoch_rng` draws again), saying so; returns the seconds the save took."""
+    `epoch_rng` draws again), with every RNG's state now (or `rng`, as it was at the end of training), saying
+    so; returns the seconds the save took."""
     seconds = resume.save(checkpoint.path, {
         "identity": identity, "step": progress.step, "epoch": epoch, "batch": batches, "order_rng": epoch_rng,
         "model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-        "rng": resume.rng_states(), "positions": progress.positions, "interval": progress.interval,
+        "rng": rng or resume.rng_states(), "positions": progress.positions, "interval": progress.interval,
         "recent": torch.stack(list(progress.recent)) if progress.recent else torch.zeros(0),
         "train_s": progress.train_s(), "resumed_at": progress.resumed_at})
     log.info("fine-tune step %d/%d: checkpoint saved (%s, %.1f s)", progress.step, progress.total, checkpoint.path,
@@ -532,17 +555,20 @@ def _compiled_or_eager(model: torch.nn.Module, call: Callable[[], T], batch: dic
 @torch.no_grad()
 def predict(model: torch.nn.Module, rows: list[dict[str, Any]], run: Run, pad_id: int, batch_size: int,
             outputs_of: Callable[[Any], Sequence[torch.Tensor]], per_token: bool = False,
-            max_len: int | None = None) -> list[list[np.ndarray]]:
+            max_len: int | None = None, checkpoint: Checkpointing | None = None) -> list[list[np.ndarray]]:
     """Run the model over `rows` (in batches of rows of similar length: longest first, little padding).
     `outputs_of(model_output)` picks tensors of shape [B, ...]; for each, one float32 array per row comes
     back, in the rows' order; `per_token` outputs ([B, L, ...]) are cut to the row's own length. Under
     finetune.shapes buckets (`prediction_batches`), batches of `max_len`'s bucket widths (default: the
     longest row's). A compiled model whose prediction graph fails to compile goes on uncompiled, with one
-    warning (`_compiled_or_eager`)."""
+    warning (`_compiled_or_eager`). With the seed's `checkpoint`, a stop signal saves the trained state and
+    stops the seed before the next batch (`Checkpointing.stop_point`)."""
     model.to(run.device).eval()
     lengths = np.array([len(r["input_ids"]) for r in rows])
     kept: list[list[Any]] = []
     for chunk, width, size in prediction_batches(lengths, batch_size, run.buckets, max_len):
+        if checkpoint is not None:
+            checkpoint.stop_point()
         batch = to_device(pad_batch([{k: v for k, v in rows[j].items() if k != "labels"} for j in chunk], pad_id,
                                     width=width, size=size), run.device, takes_sdpa_mask(model))
 

@@ -96,14 +96,14 @@ def finetune_ner(tune: FineTune, seed: int, out_dir: str | Path) -> dict[str, An
             loss, _ = supervised_tacl_loss(outputs.hidden_states[-1], h, batch["labels"], hp["tacl_tau"])
             return hp["tacl_weight"] * loss
 
+    checkpoint = tune.checkpoint_at(out_dir)
     record = train(model, encode(tokenizer, train_s, labels, hp["max_len"]), hp, seed, run,
-                   tokenizer.pad_token_id, extra_loss=extra,
-                   checkpoint=tune.checkpoint_at(out_dir))
+                   tokenizer.pad_token_id, extra_loss=extra, checkpoint=checkpoint)
     results = {}
     for split, sentences in eval_s.items():
         rows = encode(tokenizer, sentences, labels, hp["max_len"])
         (logits,) = predict(model, rows, run, tokenizer.pad_token_id, hp["eval_batch"], lambda o: (o.logits,),
-                            per_token=True, max_len=hp["max_len"])
+                            per_token=True, max_len=hp["max_len"], checkpoint=checkpoint)
         pred = word_predictions(rows, logits, labels)
         gold = [[labels[i] for i in np.array(r["labels"])[np.array(r["labels"]) != -100]] for r in rows]
         results[split] = {**entity_metrics(gold, pred), "examples": len(rows)}

@@ -70,8 +70,8 @@ def finetune_squad(tune: FineTune, seed: int, out_dir: str | Path) -> dict[str, 
     model = load_task_model(AutoModelForQuestionAnswering, model_dir, seed)
     features = squad.prepare_features(train_ex, tokenizer, hp["max_len"], hp["doc_stride"], hp["max_query_len"],
                                       train=True)
-    record = train(model, feature_rows(features, True), hp, seed, run, tokenizer.pad_token_id,
-                   checkpoint=tune.checkpoint_at(out_dir))
+    checkpoint = tune.checkpoint_at(out_dir)
+    record = train(model, feature_rows(features, True), hp, seed, run, tokenizer.pad_token_id, checkpoint=checkpoint)
 
     v2 = version == "2.0"
     out = Path(out_dir)
@@ -80,7 +80,8 @@ def finetune_squad(tune: FineTune, seed: int, out_dir: str | Path) -> dict[str, 
         features_ = squad.prepare_features(examples, tokenizer, hp["max_len"], hp["doc_stride"], hp["max_query_len"],
                                            train=False)
         start, end = predict(model, feature_rows(features_, False), run, tokenizer.pad_token_id, hp["eval_batch"],
-                             lambda o: (o.start_logits, o.end_logits), per_token=True, max_len=hp["max_len"])
+                             lambda o: (o.start_logits, o.end_logits), per_token=True, max_len=hp["max_len"],
+                             checkpoint=checkpoint)
         preds, null_odds = squad.postprocess(examples, features_, start, end, hp["n_best"], hp["max_answer_len"],
                                              version_2=v2)
         metrics = squad.evaluate(examples, preds, null_odds if v2 else None, version_2=v2)

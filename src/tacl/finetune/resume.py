@@ -13,6 +13,11 @@ bit for bit on the CPU. The checkpoint names the fine-tune it belongs to (seed, 
 one of another fine-tune is not resumed. The seed's folder loses it once its metrics are written
 (tacl.finetune.seeds).
 
+A stop signal that comes before the seed trains stops it there (nothing new to save); one that comes after
+its last step, while it predicts, saves the trained state and stops it (`Checkpointing.stop_point`): run
+again, it trains no step and predicts; one that comes while it writes its results lets it finish
+(tacl.runtime.signals says why each phase does what it does).
+
 A seed also saves and stops on its own before its job's time limit, as a pretraining chunk does (its
 Deadline, tacl.pretrain.deadline): the job's end time comes from its scheduler (squeue under SLURM, qstat's
 walltime and start time under PBS Pro, which sends no warning signal before the limit), and the seed stops
@@ -22,14 +27,12 @@ once (tacl.finetune.save_margin_s: side by side they save at the same moment), w
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import random
-import signal
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -42,7 +45,8 @@ from tacl.finetune import (  # noqa: F401 (Stopped: raised by train, named here)
     finetune_checkpoint_bytes,
     save_margin_s,
 )
-from tacl.pretrain.deadline import Deadline, StopSignals
+from tacl.pretrain.deadline import Deadline
+from tacl.runtime import signals
 from tacl.runtime.io import atomic_path, size_text
 
 log = logging.getLogger("tacl.finetune")
@@ -59,9 +63,21 @@ class Checkpointing:
     path: Path | None = None
     end: float | None = None  # Unix time at which the job's scheduler ends it (None: no limit known)
     at_once: int = 1  # the job's seeds that train at once, this one included: they save at the same moment
+    # once the seed has trained (tacl.finetune.common.train): saves the trained state, for `stop_point`
+    save_trained: Callable[[], Any] | None = field(default=None, repr=False)
 
     def at(self, seed_dir: str | Path) -> "Checkpointing":
-        return replace(self, path=Path(seed_dir) / CHECKPOINT)
+        return replace(self, path=Path(seed_dir) / CHECKPOINT, save_trained=None)
+
+    def stop_point(self) -> None:
+        """A point after training where the seed may stop (each batch of its predictions): where a stop signal
+        came (tacl.runtime.signals), the trained state is saved in its checkpoint and the seed stops
+        (`Stopped`); run again, it resumes at its last step, trains no step and predicts."""
+        if not signals.stop_requested() or self.save_trained is None:
+            return
+        self.save_trained()
+        raise Stopped(f"stopped by {signals.first()} after training, while predicting; the trained state is saved "
+                      f"in {self.path}: running the job again predicts from it without training again")
 
 
 @dataclass
@@ -141,26 +157,3 @@ def load(path: Path | None, identity: str) -> dict[str, Any] | None:
                     "seed trains from the start", path)
         return None
     return state
-
-
-@contextlib.contextmanager
-def stop_signals(enabled: bool = True) -> Iterator[StopSignals]:
-    """SIGUSR1, SIGUSR2 and SIGTERM set a flag (tacl.pretrain.deadline.StopSignals) while the block runs, and
-    are handled as before afterwards; not `enabled` (nothing to save: a fine-tune without checkpoints), or
-    outside the main thread (where no handler can be set), nothing changes."""
-    signals = StopSignals()
-    wanted = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
-    if not enabled:
-        yield signals
-        return
-    try:
-        before = {sig: signal.getsignal(sig) for sig in wanted}
-        signals.install()
-    except ValueError:  # (not the main thread)
-        yield signals
-        return
-    try:
-        yield signals
-    finally:
-        for sig, handler in before.items():
-            signal.signal(sig, handler)

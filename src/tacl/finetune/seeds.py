@@ -42,6 +42,7 @@ from typing import Any, Callable
 from tacl.finetune import CHECKPOINT, GIVEN, JOB, Stopped
 from tacl.runtime.io import (InputError, changed_files, read_file_record, read_json, remove_leftovers, sha256_file,
                      temporaries_under, write_file_record, write_json_atomic)
+from tacl.runtime import signals
 from tacl.runtime.lock import LOCK, RunLock, holder, owner_record
 
 log = logging.getLogger("tacl.finetune")
@@ -164,13 +165,17 @@ def train_seed(seed: int, out: Path, given: dict[str, Any], train_one: Callable[
     """One seed, under its lock (`seed_lock`): kept when done before (`why_not_done`), otherwise trained
     (going on from its checkpoint where it has one), its result files checked and recorded. Raises what
     `train_one` raises (InputError, `Stopped`, a failure). What killed writers left in the seed's folder goes
-    first, once the lock is held (tacl.runtime.io.temporaries_under), with one warning naming each and its size."""
+    first, once the lock is held (tacl.runtime.io.temporaries_under), with one warning naming each and its size.
+    A stop signal received before the seed trains (tacl.runtime.signals) stops it there, raising `Stopped`."""
     with seed_lock(seed, out):
         remove_leftovers(temporaries_under(out), out, "killed jobs", log)
         why = why_not_done(out, given)
         if why is None:
             log.info("seed %d: done before with these settings and this start model (%s), kept", seed, out)
         else:
+            if signals.stop_requested():  # (before it trains: nothing of this seed's to save)
+                raise Stopped(f"stopped by {signals.first()} before seed {seed} trained ({out}): running the job "
+                              "again trains it" + (", from its checkpoint" if (out / CHECKPOINT).is_file() else ""))
             if why == f"no {METRICS}" and (out / CHECKPOINT).is_file():
                 log.info("seed %d (%s): not finished; goes on from its checkpoint", seed, out)
             elif why != "not begun":

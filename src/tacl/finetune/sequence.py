@@ -96,13 +96,14 @@ def finetune_glue(tune: FineTune, seed: int, out_dir: str | Path) -> dict[str, A
         AutoModelForSequenceClassification, model_dir, seed, num_labels=spec.num_labels,
         problem_type="regression" if spec.is_regression else "single_label_classification")
     extra, weight = contrastive_term(tune.contrastive, hp)
+    checkpoint = tune.checkpoint_at(out_dir)
     record = train(model, encode(tokenizer, spec, train_ex, hp["max_len"]), hp, seed, run,
-                   tokenizer.pad_token_id, extra_loss=extra, task_weight=weight,
-                   checkpoint=tune.checkpoint_at(out_dir))
+                   tokenizer.pad_token_id, extra_loss=extra, task_weight=weight, checkpoint=checkpoint)
 
     def predictions(examples: list[glue.Example]) -> np.ndarray:
         (logits,) = predict(model, encode(tokenizer, spec, examples, hp["max_len"]), run,
-                            tokenizer.pad_token_id, hp["eval_batch"], lambda o: (o.logits,), max_len=hp["max_len"])
+                            tokenizer.pad_token_id, hp["eval_batch"], lambda o: (o.logits,), max_len=hp["max_len"],
+                            checkpoint=checkpoint)
         logits = np.stack(logits)
         return logits[:, 0] if spec.is_regression else logits.argmax(-1)
 

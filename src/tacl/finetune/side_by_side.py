@@ -9,17 +9,21 @@ its own lock, given.json, checkpoint and metrics (tacl.finetune.seeds). A seed's
 alone on the same number of threads: nothing passes between the processes. The others wait for a free place; the job
 writes its marker once every seed is done.
 
-The job's signals (SIGTERM, SIGUSR1, SIGUSR2: the scheduler's warning before the time limit) go to every
-seed that runs: each saves its checkpoint at its next step and stops; no seed starts after them, and the job
-stops (exit status EXIT_STOPPED). Run again, every seed goes on from its checkpoint. A seed refused for bad
-input (the seed is being trained by another process, say) stops the others the same way and the job fails
-naming it; a seed that fails otherwise does not stop the others, and the job fails at the end naming it,
-as one after the other (tacl.finetune.seeds.run_seeds).
+The job's signals (SIGTERM, SIGUSR1, SIGUSR2: the scheduler's warning before the time limit), caught from
+its first instruction (tacl.runtime.signals), go to every seed that runs, and under SLURM reach each seed
+directly too: each saves its checkpoint at its next step and stops (or, still loading, stops with nothing to
+save; or, trained and predicting, saves its trained state and stops; or, writing its results, finishes); no
+seed starts after them, and the job stops (exit status EXIT_STOPPED) unless every seed had finished. Run
+again, every seed goes on from its checkpoint. A seed's process holds the signals blocked from before its
+first instruction until it catches them itself: one sent while it starts waits, and none kills it. A seed
+refused for bad input (the seed is being trained by another process, say) stops the others the same way and
+the job fails naming it; a seed that fails otherwise does not stop the others, and the job fails at the end
+naming it, as one after the other (tacl.finetune.seeds.run_seeds).
 
 Each seed reads the job's end time itself (the scheduler's job id is in its environment) and saves and stops
 before it with time for every seed that saves at the same moment (tacl.finetune.resume.TimeLimit: its
 command's `--seeds-per-gpu` says how many share the GPU). A seed's process ends with the job's: it gets
-SIGTERM when the job's process dies (Linux's parent-death signal, `_die_with_parent`), saves at its next step
+SIGTERM when the job's process dies (Linux's parent-death signal, `_seed_preexec`), saves at its next step
 and stops, so that a job killed outright (kill -9 of its process alone) leaves no seed training on as an
 orphan, holding its lock and its place on the GPU; run again, the job resumes every seed.
 
@@ -59,6 +63,7 @@ from typing import Any, Callable, Mapping
 
 from tacl.finetune import EXIT_STOPPED, FAMILY_HPARAMS, Stopped
 from tacl.finetune.seeds import METRICS, seeds_record
+from tacl.runtime import signals
 from tacl.runtime.device import EXIT_GPU_UNAVAILABLE, ONE_PROCESS_MODES, GpuUnavailable
 from tacl.runtime.io import InputError
 from tacl.runtime.shape import Shape
@@ -69,7 +74,6 @@ CORES_PER_SEED = 2  # one for the step's Python and kernel launches, one for bat
 MAX_AUTO = 4  # auto's ceiling until a GPU measurement of seeds side by side says more pay
 CUDA_CONTEXT_GIB = 1.0  # a process's CUDA context and the allocator's slack, beside what `seed_memory_gib` counts
 MEMORY_MARGIN = 1.5  # the memory estimate is a rough one: a seed counts 1.5x it
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 POLL_S = 0.2
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when the thread that started it ends
 # What the scheduler gave the job on this node, in CPUs: SLURM's (the job's or step's CPUs on the node, else
@@ -246,24 +250,28 @@ def _pump(seed: int, stream, error: list[str], stopped: list[str]) -> None:
     stream.close()
 
 
-def _die_with_parent() -> Callable[[], None] | None:
-    """What a seed's process runs between fork and exec (Popen's preexec_fn) so that it gets SIGTERM when the
-    job's process dies (Linux's PR_SET_PDEATHSIG; None elsewhere). The signal comes when the THREAD that
-    started the seed ends, not the process: seeds are started from the job's main thread (run_side_by_side
-    must run there, as its signal handlers must), which lives as long as the job. A job that died between the
-    fork and this call sends no signal: the seed sees that its parent changed and exits at once."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl  # (looked up here: the child does as little as it can)
-    except (OSError, AttributeError):
-        return None
+def _seed_preexec() -> Callable[[], None]:
+    """What a seed's process runs between fork and exec (Popen's preexec_fn): the stop signals blocked, so that
+    one sent before the seed's own `catch` (tacl.runtime.signals: its first instruction) waits for it instead
+    of killing the seed while it imports; and, on Linux, SIGTERM when the job's process dies (PR_SET_PDEATHSIG).
+    The signal comes when the THREAD that started the seed ends, not the process: seeds are started from the
+    job's main thread (run_side_by_side must run there, as its signal handlers must), which lives as long as
+    the job. A job that died between the fork and this call sends no signal: the seed sees that its parent
+    changed and exits at once."""
+    prctl = None
+    if sys.platform.startswith("linux"):
+        try:
+            prctl = ctypes.CDLL(None, use_errno=True).prctl  # (looked up here: the child does as little as it can)
+        except (OSError, AttributeError):
+            prctl = None
     parent, sigterm = os.getpid(), int(signal.SIGTERM)
 
     def preexec() -> None:
-        prctl(PR_SET_PDEATHSIG, sigterm)
-        if os.getppid() != parent:
-            os._exit(1)
+        signals.block()
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, sigterm)
+            if os.getppid() != parent:
+                os._exit(1)
 
     return preexec
 
@@ -273,7 +281,7 @@ def start_seed(seed: int, command: list[str], share: Share) -> SeedProcess:
     job's process."""
     env = {**os.environ, "OMP_NUM_THREADS": str(share.threads), "MKL_NUM_THREADS": str(share.threads)}
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            bufsize=1, preexec_fn=_die_with_parent())
+                            bufsize=1, preexec_fn=_seed_preexec())
     if share.cores is not None:
         try:
             os.sched_setaffinity(proc.pid, share.cores)  # (before it starts any thread: they inherit it)
@@ -307,65 +315,64 @@ def run_side_by_side(seeds: list[int], count: int, command: Callable[[int], list
     cpus = job_cpus()
     free = shares(cpus, count)
     waiting, running, failed = list(seeds), [], []
-    received: list[int] = []  # the job's signals
     stopped: list[int] = []  # seeds that stopped at a signal (theirs or the job's): no seed starts after them
     sent: set[int] = set()  # seeds this job stopped itself (after a refusal)
     refused: tuple[int, str, int] | None = None  # (seed, its message, its exit status)
     reasons: dict[int, str] = {}  # each stopped seed's own words
-    before = {sig: signal.signal(sig, lambda signum, frame: received.append(signum)) for sig in STOP_SIGNALS}
     forwarded = 0
     log.info("%d seeds, %d at a time, each in its own process; CPUs: %s", len(seeds), count, cpus.why)
-    try:
-        while running or (waiting and not (received or stopped or refused)):
-            while waiting and free and not (received or stopped or refused):
-                running.append(start_seed(waiting[0], command(waiting.pop(0)), free.pop(0)))
-            for sig in received[forwarded:]:  # (each signal the job gets, to every seed that runs)
-                for p in running:
-                    _signal(p, sig)
-            forwarded = len(received)
-            time.sleep(POLL_S)
-            for p in [p for p in running if p.proc.poll() is not None]:
-                running.remove(p)
-                free.append(p.share)
-                p.pump.join()
-                code = p.proc.returncode
-                if code == 0:
-                    log.info("seed %d: done", p.seed)
-                elif code == EXIT_STOPPED or received or p.seed in sent:
-                    log.info("seed %d: stopped (%s)", p.seed, _ended(code))
-                    stopped.append(p.seed)
-                    if p.stopped:
-                        reasons[p.seed] = p.stopped[-1].split(", saved in ")[0]
-                elif code in (2, EXIT_GPU_UNAVAILABLE) and refused is None:
-                    words = "cannot open the GPU" if code == EXIT_GPU_UNAVAILABLE else "refused"
-                    refused = (p.seed, p.error[-1] if p.error else f"{words} (its lines above say why)", code)
-                    log.error("seed %d %s: %s; the other seeds save and stop", p.seed, words, refused[1])
-                    for other in running:
-                        _signal(other, signal.SIGTERM)
-                        sent.add(other.seed)
-                elif code < 0:
-                    log.error("seed %d failed: %s, a signal this job did not send (from another process, or the "
-                              "system's: its out-of-memory killer sends SIGKILL)", p.seed, _ended(code))
-                    failed.append(p.seed)
-                else:
-                    log.error("seed %d failed (exit status %d; its lines above say why)", p.seed, code)
-                    failed.append(p.seed)
-    finally:
-        for p in running:  # (an error of this process's own: no seed runs on without it)
-            _signal(p, signal.SIGTERM)
-        for p in running:
-            p.proc.wait()
-        for sig, handler in before.items():
-            signal.signal(sig, handler)
+    with signals.catching():  # (the job's signals, recorded from its first instruction: tacl.runtime.signals)
+        try:
+            while running or (waiting and not (signals.stop_requested() or stopped or refused)):
+                while waiting and free and not (signals.stop_requested() or stopped or refused):
+                    running.append(start_seed(waiting[0], command(waiting.pop(0)), free.pop(0)))
+                received = signals.received()
+                for sig in received[forwarded:]:  # (each signal the job gets, to every seed that runs)
+                    for p in running:
+                        _signal(p, sig)
+                forwarded = len(received)
+                time.sleep(POLL_S)
+                for p in [p for p in running if p.proc.poll() is not None]:
+                    running.remove(p)
+                    free.append(p.share)
+                    p.pump.join()
+                    code = p.proc.returncode
+                    if code == 0:
+                        log.info("seed %d: done", p.seed)
+                    elif code == EXIT_STOPPED or signals.stop_requested() or p.seed in sent:
+                        log.info("seed %d: stopped (%s)", p.seed, _ended(code))
+                        stopped.append(p.seed)
+                        if p.stopped:
+                            reasons[p.seed] = p.stopped[-1].split(", saved in ")[0]
+                    elif code in (2, EXIT_GPU_UNAVAILABLE) and refused is None:
+                        words = "cannot open the GPU" if code == EXIT_GPU_UNAVAILABLE else "refused"
+                        refused = (p.seed, p.error[-1] if p.error else f"{words} (its lines above say why)", code)
+                        log.error("seed %d %s: %s; the other seeds save and stop", p.seed, words, refused[1])
+                        for other in running:
+                            _signal(other, signal.SIGTERM)
+                            sent.add(other.seed)
+                    elif code < 0:
+                        log.error("seed %d failed: %s, a signal this job did not send (from another process, or "
+                                  "the system's: its out-of-memory killer sends SIGKILL)", p.seed, _ended(code))
+                        failed.append(p.seed)
+                    else:
+                        log.error("seed %d failed (exit status %d; its lines above say why)", p.seed, code)
+                        failed.append(p.seed)
+        finally:
+            for p in running:  # (an error of this process's own: no seed runs on without it)
+                _signal(p, signal.SIGTERM)
+            for p in running:
+                p.proc.wait()
+        received = signals.received()
     if refused is not None:
         seed, message, code = refused
         error = GpuUnavailable if code == EXIT_GPU_UNAVAILABLE else InputError
         raise error(f"seed {seed}: {message}")
-    if received or stopped:
+    left = [s for s in seeds if not (run_dir(s) / METRICS).is_file()]
+    if (received or stopped) and left:  # (a signal after every seed had finished stops nothing)
         first = stopped[0] if stopped else None
         why = (f"by {signal.Signals(received[0]).name}" if received else
                f"with seed {first}" + (f" ({reasons[first]})" if first in reasons else ""))
-        left = [s for s in seeds if not (run_dir(s) / METRICS).is_file()]
         raise Stopped(f"stopped {why}: seed(s) {left} not finished; running the job again goes on with them, "
                       "each from its checkpoint where it has one")
     return seeds_record(seeds, run_dir, sorted(failed), marker)

@@ -1,13 +1,13 @@
 """When must a chunk stop? The earliest of: an explicit deadline, SLURM's or PBS's own end time for this job
 (asked through tacl.runtime.scheduler, the scheduler queries below the stages and the rest of tacl.cluster), the
-runtime the rule gave; and at once when SIGUSR1, SIGUSR2 or SIGTERM arrives (saved at the next step boundary)."""
+runtime the rule gave; and at once when SIGUSR1, SIGUSR2 or SIGTERM arrives (tacl.runtime.signals: saved at the
+next step boundary)."""
 
 from __future__ import annotations
 
 import os
-import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from tacl.runtime.scheduler import time_left
 
@@ -51,26 +51,6 @@ def describe(ends: dict[str, float]) -> str:
 
 def _stamp(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))
-
-
-@dataclass
-class StopSignals:
-    """SIGUSR1, SIGUSR2 (submitit's timeout signal) and SIGTERM set a flag; the trainer saves at the next
-    optimizer step and exits 0."""
-
-    received: list[int] = field(default_factory=list)
-
-    def install(self) -> "StopSignals":
-        for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM):
-            signal.signal(sig, self._handler)
-        return self
-
-    def _handler(self, signum, frame) -> None:
-        self.received.append(signum)
-
-    @property
-    def stop(self) -> bool:
-        return bool(self.received)
 
 
 @dataclass

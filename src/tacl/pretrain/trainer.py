@@ -34,7 +34,6 @@ import importlib
 import json
 import logging
 import os
-import signal
 import socket
 import sys
 import time
@@ -55,11 +54,12 @@ from tacl.runtime.io import InputError, read_json, stable_hash, write_json_atomi
 from tacl.objectives import NO_PADDING, GroupDraws, build_objective, objective_draws
 from tacl.objectives.registry import family_error, group_error, packing_error
 from tacl.pretrain import checkpoint
-from tacl.pretrain.deadline import Deadline, StopSignals, describe, end_times
+from tacl.pretrain.deadline import Deadline, describe, end_times
 from tacl.pretrain.form import form_error, masking_spec
 from tacl.pretrain.distributed import DistEnv, all_max, all_sum, barrier, broadcast_object, init_distributed, shutdown
 from tacl.pretrain.identity import adopt_run_dir, check_not_removed, check_zero_stage, manifests_after, run_identity
 from tacl.runtime.lock import RunLock
+from tacl.runtime.signals import StopSignals, catching
 from tacl.pretrain.metrics import MetricsLog
 from tacl.pretrain.rundir import clear_leftovers
 from tacl.pretrain.model import load_student, load_teacher, start_family
@@ -248,22 +248,20 @@ def _avoid_cpu_shm_op() -> None:
 
 
 def train_chunk(args: ChunkArgs) -> dict[str, Any]:
+    """One chunk, with the stop signals caught (tacl.runtime.signals: `tacl pretrain train` catches them
+    first thing, and at its exit ignores them)."""
     started = time.time()
-    signals = StopSignals().install()
-    env = init_distributed(args.settings.device)  # a job that asked for a GPU and has none stops here
-    lock = RunLock(args.run_dir)
-    failed = True
-    try:
-        result = _run_chunk(_setup(args, env, lock), signals, started)
-        failed = False
-        return result
-    finally:
-        lock.release()
-        shutdown(failed)
-        # The chunk is saved and over: a late SIGUSR1 (SLURM's --signal) must not kill the process while the
-        # interpreter shuts down (Python restores the default action, termination, during finalisation).
-        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    with catching():
+        env = init_distributed(args.settings.device)  # a job that asked for a GPU and has none stops here
+        lock = RunLock(args.run_dir)
+        failed = True
+        try:
+            result = _run_chunk(_setup(args, env, lock), StopSignals(), started)
+            failed = False
+            return result
+        finally:
+            lock.release()
+            shutdown(failed)
 
 
 @dataclass
@@ -690,7 +688,10 @@ def _run_chunk(chunk: Chunk, signals: StopSignals, started: float) -> dict[str, 
     loop = Loop(started, chunk.step, _deadline(chunk, started), metrics_log, _progress(env, chunk.step, s.steps),
                 time.time())
     reason = "target" if chunk.step >= s.steps else None
-    while chunk.step < s.steps:
+    if reason is None and all_max([float(signals.stop)], env)[0]:  # (a signal while it started: not one step)
+        reason = "signal"
+        log.info("chunk %d: a stop signal came before the first step; nothing trained, nothing to save", args.chunk)
+    while reason is None and chunk.step < s.steps:
         _train_step(chunk, batches, loop)
         if chunk.step % s.log_every == 0 or chunk.step == s.steps:
             _log_interval(chunk, loop)

@@ -204,18 +204,23 @@ PBS_ALIVE = ("R", "E", "B", "S", "U")
 _SLURM_UNKNOWN = "Invalid job id"  # squeue's words for a job it no longer lists (exit 1)
 
 
-def slurm_job_state(job_id: str) -> str | None:
-    """squeue's state of a SLURM job (RUNNING, PENDING, COMPLETED, ...); None when squeue no longer lists it
+def slurm_job_state(job_id: str, cluster: str | None = None) -> str | None:
+    """squeue's state of a SLURM job (RUNNING, PENDING, COMPLETED, ...), asked of its `cluster` where named
+    (`squeue -M`, which prints a `CLUSTER: NAME` line even with -h); None when squeue no longer lists it
     (finished longer than MinJobAge ago). RuntimeError when squeue does not answer."""
+    where = ["-M", cluster] if cluster else []
     try:
-        out = ask(["squeue", "-h", "-j", str(job_id), "-o", "%T"], give_up_on=(_SLURM_UNKNOWN,), timeout_s=30)
+        out = ask(["squeue", *where, "-h", "-j", str(job_id), "-o", "%T"], give_up_on=(_SLURM_UNKNOWN,),
+                  timeout_s=30)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise RuntimeError(f"squeue: {e}") from e
     if out.returncode != 0:
         if _SLURM_UNKNOWN in out.stderr:
             return None
-        raise RuntimeError(f"squeue -j {job_id} failed ({out.returncode}): {out.stderr.strip()}")
-    return out.stdout.strip().splitlines()[0].strip() if out.stdout.strip() else None
+        raise RuntimeError(f"squeue {' '.join(where + ['-j', str(job_id)])} failed ({out.returncode}): "
+                           f"{out.stderr.strip()}")
+    lines = [line.strip() for line in out.stdout.splitlines() if line.strip() and not line.startswith("CLUSTER:")]
+    return lines[0] if lines else None
 
 
 def slurm_accounting_state(job_id: str) -> str | None:
@@ -242,20 +247,11 @@ def pbs_job_state(job_id: str) -> str | None:
     return None if record is None else str(record.get("job_state", "")).strip() or None
 
 
-def pbs_run_count(job_id: str) -> int | None:
-    """How many times PBS has started the job (its run_count: 1 on the first run, one more after each rerun),
-    or None when qstat does not say."""
-    try:
-        record = qstat_job(job_id, history=False)
-        return int(record["run_count"]) if record and "run_count" in record else None
-    except (OSError, RuntimeError, subprocess.TimeoutExpired, ValueError, TypeError):
-        return None
-
-
-def job_state(scheduler: str, job_id: str) -> str | None:
-    """The job's state as its scheduler names it (squeue's RUNNING, COMPLETED, ...; qstat's R, F, ...); None when
-    the scheduler no longer knows the job. RuntimeError when it cannot tell."""
-    return slurm_job_state(job_id) if scheduler == "slurm" else pbs_job_state(job_id)
+def job_state(scheduler: str, job_id: str, cluster: str | None = None) -> str | None:
+    """The job's state as its scheduler names it (squeue's RUNNING, COMPLETED, ...; qstat's R, F, ...), asked of
+    its SLURM `cluster` (a PBS job id names its server: qstat asks that one); None when the scheduler no longer
+    knows the job. RuntimeError when it cannot tell."""
+    return slurm_job_state(job_id, cluster) if scheduler == "slurm" else pbs_job_state(job_id)
 
 
 def state_runs(scheduler: str, state: str | None) -> bool:
@@ -263,9 +259,11 @@ def state_runs(scheduler: str, state: str | None) -> bool:
     return state in (SLURM_ALIVE if scheduler == "slurm" else PBS_ALIVE)
 
 
-def show_job_command(scheduler: str, job_id: str) -> str:
-    """The command that shows a job to its user."""
-    return f"squeue -j {job_id}" if scheduler == "slurm" else f"qstat -f {job_id}"
+def show_job_command(scheduler: str, job_id: str, cluster: str | None = None) -> str:
+    """The command that shows a job to its user (of its SLURM cluster, where named)."""
+    if scheduler == "slurm":
+        return f"squeue -M {cluster} -j {job_id}" if cluster else f"squeue -j {job_id}"
+    return f"qstat -f {job_id}"
 
 
 # -- a running job's end time -----------------------------------------------------------------------------
