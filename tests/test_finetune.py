@@ -203,11 +203,12 @@ def test_a_seed_is_kept_only_if_its_files_read_back(tmp_path, caplog):
 def test_a_seed_stopped_midway_resumes_to_the_uninterrupted_seeds_metrics(tmp_path, demo_data, monkeypatch,
                                                                           caplog):
     """A GLUE seed (tiny model, 24 rows, batch 8, 2 epochs: 6 steps, grouped batches) stopped by the step cap
-    at step 2 (mid epoch 1, a save every step before it), then by SIGUSR1 at step 5 (mid epoch 2), then run
-    to the end, through run_seeds as a job runs it: the same dev metrics, final loss, padding and
-    fine-tuned weights as the seed trained in one go, bit for bit; the checkpoint is gone once the metrics
-    are written. Before the last job, a checkpoint and a model left unfinished by a killed job on another
-    node: removed by the last job, once it holds the seed's lock, saying so."""
+    at step 2 (mid epoch 1, a save every step before it), then by SIGUSR1 at step 5 (mid epoch 2), then by
+    SIGTERM after its last step while it predicts (its trained state saved), then by SIGUSR2 while it loads
+    (nothing saved), then run to the end, through run_seeds as a job runs it: the same dev metrics, final
+    loss, padding and fine-tuned weights as the seed trained in one go, bit for bit; the checkpoint is gone
+    once the metrics are written. Before the last job, a checkpoint and a model left unfinished by a killed job
+    on another node: removed by the last job, once it holds the seed's lock, saying so."""
     import signal
 
     from tacl.finetune import CHECKPOINT, Stopped, common
@@ -250,6 +251,27 @@ def test_a_seed_stopped_midway_resumes_to_the_uninterrupted_seeds_metrics(tmp_pa
         job(stopped, Checkpointing(minutes=None))
     assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL, "the handler is put back after training"
     monkeypatch.setattr(common, "train_step", step)
+    # a signal after the last step, while the seed predicts: its trained state saved, then it stops
+    batches = common.prediction_batches
+
+    def signalled_batches(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return batches(*args, **kwargs)
+
+    monkeypatch.setattr(common, "prediction_batches", signalled_batches)
+    with pytest.raises(Stopped, match=r"stopped by SIGTERM after training, while predicting; the trained state is "
+                                      r"saved in .*checkpoint\.pt: running the job again predicts from it"):
+        job(stopped, Checkpointing(minutes=None))
+    monkeypatch.setattr(common, "prediction_batches", batches)
+    assert torch.load(stopped / "seed0" / CHECKPOINT, weights_only=True)["step"] == 6
+    # a signal while the next job loads: it stops before training, nothing saved (its checkpoint as it was)
+    before = (stopped / "seed0" / CHECKPOINT).read_bytes()
+    monkeypatch.setattr(common, "seed_everything", lambda seed: os.kill(os.getpid(), signal.SIGUSR2))
+    with pytest.raises(Stopped, match=r"stopped by SIGUSR2 before training at step 6/6, its checkpoint \(.*\) kept "
+                                      "as it was: running the job again trains this seed"):
+        job(stopped, Checkpointing(minutes=None))
+    monkeypatch.undo()
+    assert (stopped / "seed0" / CHECKPOINT).read_bytes() == before
     # a job killed while it saved the checkpoint and wrote the model (on another node) left both unfinished:
     # the next job removes them once it holds the seed's lock, saying so, and resumes the seed
     seed = stopped / "seed0"
@@ -267,7 +289,7 @@ def test_a_seed_stopped_midway_resumes_to_the_uninterrupted_seeds_metrics(tmp_pa
     assert not any((seed / p).exists() for p, _ in left)
     folders = (tmp_path / "once" / "seed0", stopped / "seed0")
     once, resumed = (json.loads((d / "metrics.json").read_text()) for d in folders)
-    assert resumed["train"]["resumed_at"] == [2, 5] and once["train"]["resumed_at"] == []
+    assert resumed["train"]["resumed_at"] == [2, 5, 6] and once["train"]["resumed_at"] == []
     assert resumed["dev"] == once["dev"]
     for key in ("final_loss", "padding", "steps"):
         assert resumed["train"][key] == once["train"][key], key
@@ -450,7 +472,9 @@ def test_seeds_side_by_side_pass_signals_on_and_a_refused_or_failed_seed_is_name
     seed_dir = lambda seed: tmp_path / f"seed{seed}"  # noqa: E731
     log = tmp_path / "events"
 
-    def stand_in(behaviour):
+    def stand_in(behaviour, late: float = 0.0):
+        """A seed's process: it catches the stop signals `late` seconds after it starts, and unblocks them (as
+        tacl.runtime.signals.catch does: the job started it with them blocked)."""
         def command(seed):
             script = f"""
 import os, signal, sys, time
@@ -461,8 +485,10 @@ def note(what):
 def stop(signum, frame):
     note(signal.Signals(signum).name)
     sys.exit(3)
+time.sleep({late})
 for s in (signal.SIGTERM, signal.SIGUSR1):
     signal.signal(s, stop)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2))
 note("start")
 print("threads", os.environ["OMP_NUM_THREADS"], flush=True)
 {behaviour(seed)}
@@ -501,11 +527,12 @@ print("threads", os.environ["OMP_NUM_THREADS"], flush=True)
     assert sorted(line.split(" ", 1)[1] for line in log.read_text().splitlines()) == ["0 start", "1 SIGTERM",
                                                                                        "1 start"]
     log.unlink()
+    # (the job's signal comes while the seeds still start, before they catch it: it waits for them)
     threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGUSR1)).start()
     with pytest.raises(Stopped, match=r"^stopped by SIGUSR1: seed\(s\) \[3, 4, 5\] not finished"):
-        run_side_by_side([3, 4, 5], 2, stand_in(lambda seed: "time.sleep(60)"), seed_dir)
-    assert sorted(line.split(" ", 1)[1] for line in log.read_text().splitlines()) == [
-        "3 SIGUSR1", "3 start", "4 SIGUSR1", "4 start"]
+        run_side_by_side([3, 4, 5], 2, stand_in(lambda seed: "time.sleep(60)", late=3.0), seed_dir)
+    # (each caught it once it caught the signals, 3 s in, before it noted its start: not killed meanwhile)
+    assert sorted(line.split(" ", 1)[1] for line in log.read_text().splitlines()) == ["3 SIGUSR1", "4 SIGUSR1"]
     assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL, "the job's handlers are put back"
 
 
@@ -557,7 +584,8 @@ def test_a_seed_that_cannot_open_the_gpu_names_its_compute_mode_and_fails_its_jo
                   f"print({line!r}); raise SystemExit({EXIT_GPU_UNAVAILABLE})" if s == 0 else
                   "import signal, sys, time\n"
                   f"signal.signal(signal.SIGTERM, lambda *a: (open({str(stopped)!r}, 'w').write('saved'), "
-                  f"sys.exit(3)))\nopen({str(ready)!r}, 'w').close()\ntime.sleep(60)")
+                  "sys.exit(3)))\nsignal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGTERM,))\n"
+                  f"open({str(ready)!r}, 'w').close()\ntime.sleep(60)")
         return [sys.executable, "-c", script]
 
     with pytest.raises(GpuUnavailable) as failed:

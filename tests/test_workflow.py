@@ -265,6 +265,8 @@ def test_plan_errors_name_each_key(tmp_path):
             {"pretrain.tacl_attn": {"layer": -3}},
         "pretrain.tacl_attn.layer: 0, but the start model has 2 layers": {"pretrain.tacl_attn": {"layer": 0}},
         "pretrain.chunk.margin_minutes: 15 leaves no time to train": {"pretrain.chunk.margin_minutes": 15},
+        "pretrain.compile: true cannot run at pretrain.zero_stage: 3": {"pretrain.compile": True,
+                                                                        "pretrain.zero_stage": 3},
         "data.max_len: 256 tokens, but the start model has 128 positions (model_init)": {"data.max_len": 256},
         "finetune.hparams.tasks.qnli.max_len: 200 tokens, but the start model has 128 positions":
             {"finetune.hparams.tasks": {"qnli": {"max_len": 200}}},

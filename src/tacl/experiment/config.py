@@ -16,7 +16,7 @@ import yaml
 
 from tacl.data.clean import stop_headings
 from tacl.objectives.registry import MODELS, family_error, group_error, objective_params, packing_error
-from tacl.pretrain.settings import CHUNK_OPERATIONAL_KEYS, OPERATIONAL_KEYS
+from tacl.pretrain.settings import CHUNK_OPERATIONAL_KEYS, OPERATIONAL_KEYS, ZERO3_COMPILE
 from tacl.runtime.io import InputError
 
 # The config keys that decide no result, only where and how a job runs (the schema marks each key with its
@@ -226,6 +226,8 @@ def plan_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
             problems.append(why)
         if p.get("packing"):
             problems += [why for o in trained if (why := packing_error(o, objective_params(p, o)))]
+        if p.get("compile") is True and p.get("zero_stage") == 3:
+            problems.append(ZERO3_COMPILE)
         chunk = p["chunk"]
         if chunk["margin_minutes"] >= chunk["runtime_minutes"]:
             problems.append(f"pretrain.chunk.margin_minutes: {chunk['margin_minutes']} leaves no time to train in "

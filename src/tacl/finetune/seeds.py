@@ -167,7 +167,7 @@ def train_seed(seed: int, out: Path, given: dict[str, Any], train_one: Callable[
     `train_one` raises (InputError, `Stopped`, a failure). What killed writers left in the seed's folder goes
     first, once the lock is held (tacl.runtime.io.temporaries_under), with one warning naming each and its size.
     A stop signal received before the seed trains (tacl.runtime.signals) stops it there, raising `Stopped`."""
-    with seed_lock(seed, out):
+    with signals.catching(), seed_lock(seed, out):
         remove_leftovers(temporaries_under(out), out, "killed jobs", log)
         why = why_not_done(out, given)
         if why is None:

@@ -40,6 +40,12 @@ DATA_VERSION = RESULT_VERSIONS["pretrain"]
 # at 5-9% of the peak, 64 at 13-19%, 128 at 18-20% (eager). So 128 on a card of 80 GB, else 64; 32 on a CPU.
 # The threshold is what the cards report, in GiB: an 80 GB A100 or H100 about 79.2-79.6, an A100 40 GB 39.4,
 # a 48 GB card 44.4-47.5, an H200 139.8. A larger model or max_len needs a number of its own.
+# pretrain.compile: true at ZeRO stage 3, refused (tacl.experiment.config.plan_errors before a run, the trainer at a
+# chunk's start): ZeRO 3 gathers each layer's parameters inside the forward, so a rank whose compilation failed
+# partway would sit out gathers the other ranks wait in, until the collective's timeout
+ZERO3_COMPILE = ("pretrain.compile: true cannot run at pretrain.zero_stage: 3 (its parameters are gathered "
+                 "inside the forward, where a rank whose compilation failed would leave the others waiting); set "
+                 "pretrain.compile: auto (uncompiled there) or zero_stage 0-2")
 AUTO_MICRO_BATCH = ((70.0, 128), (0.0, 64))  # (GPU memory in GiB at least, cap)
 CPU_MICRO_BATCH = 32
 

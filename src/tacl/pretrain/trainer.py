@@ -47,7 +47,7 @@ from tacl.data.packing import is_packed
 from tacl.data.pretraining import Batching, MicroBatches, PretrainingData, micro_batch_loader, on_device
 from tacl.data.shards import ShardSet
 from tacl.runtime.compile import (compile_failure, compile_in_own_thread, compiled_or_eager, compiles,
-                                  give_up_compiling)
+                                  give_up_compiling, out_of_memory)
 from tacl.runtime.device import computes_bf16, device_info, fast_fp32_matmul, gpu_memory_gib
 from tacl.runtime.hub import load_tokenizer, tokenizer_hash
 from tacl.runtime.io import InputError, read_json, stable_hash, write_json_atomic
@@ -63,7 +63,7 @@ from tacl.runtime.signals import StopSignals, catching
 from tacl.pretrain.metrics import MetricsLog
 from tacl.pretrain.rundir import clear_leftovers
 from tacl.pretrain.model import load_student, load_teacher, start_family
-from tacl.pretrain.settings import TrainSettings
+from tacl.pretrain.settings import ZERO3_COMPILE, TrainSettings
 
 log = logging.getLogger("tacl.pretrain")
 
@@ -409,9 +409,24 @@ def _build_model(args: ChunkArgs, env: DistEnv, objective: Any, bf16: bool) -> t
     if s.packing:  # attention within each sequence of a packed row (tacl.objectives.packed)
         use_packed_attention(student, teacher, objective if isinstance(objective, torch.nn.Module) else None)
     trainable = Pretrainer(student, objective, autocast=env.device.type if bf16 else None)
-    if compiles(s.compile, env.device, "pretrain"):
+    if chunk_compiles(s, env.device):
         trainable.compile_losses(teacher)
     return trainable, teacher
+
+
+def chunk_compiles(s: TrainSettings, device: torch.device) -> bool:
+    """Whether a chunk compiles (pretrain.compile, tacl.runtime.compile.compiles), never at ZeRO stage 3: auto
+    compiles nothing there, saying why, and true is refused (ZERO3_COMPILE; plan_errors refuses it before the
+    run)."""
+    if not compiles(s.compile, device, "pretrain"):
+        return False
+    if s.zero_stage != 3:
+        return True
+    if s.compile is True:
+        raise InputError(ZERO3_COMPILE)
+    log.info("pretrain.compile: auto compiles nothing at ZeRO stage 3 (its parameters are gathered inside the "
+             "forward: a rank whose compilation failed there would leave the others waiting)")
+    return False
 
 
 def no_weight_decay(name: str, parameter: torch.Tensor) -> bool:
@@ -613,14 +628,36 @@ def _agree_to_compile(chunk: Chunk, batch: dict[str, Any], j: int) -> None:
         for variant in compile_variants(batch):
             loss = _forward(chunk, variant, j, module)[0]
             torch.autograd.grad(loss, params, allow_unused=True)
+            del loss
 
-    _, failure = compile_in_own_thread(trial, chunk.env.device)
+    try:
+        _, failure = compile_in_own_thread(trial, chunk.env.device)
+    except Exception as e:  # noqa: BLE001 (an out-of-memory error alone is taken, below; every other propagates)
+        if out_of_memory(e) is None:
+            raise
+        failure = trial_out_of_memory(e, chunk.env.device)
     (failed,) = all_max([float(chunk.env.rank + 1) if failure is not None else 0.0], chunk.env)
     chunk.compile_agreed = True
     if failure is not None:
         module.go_eager(failure)
     elif failed:
         module.go_eager(f"on rank {int(failed) - 1}, whose log names the error")
+
+
+def trial_out_of_memory(error: BaseException, device: torch.device) -> str:
+    """The compile trial ran out of memory: what the trial held (every graph's activations and the whole
+    gradient at once, which no ZeRO step holds) is freed, and the chunk goes on uncompiled as after a failed
+    compilation, agreed over the ranks, rather than dying at every retry: the uncompiled step is the one
+    `micro_batch: auto` sized. The words for the warning."""
+    import gc
+
+    cause = out_of_memory(error) or error
+    first = (str(cause).strip().splitlines() or [""])[0][:200]
+    del error, cause
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return f"the compile trial ran out of memory ({first})"
 
 
 def _forward_backward(chunk: Chunk, batch: dict[str, torch.Tensor], j: int):

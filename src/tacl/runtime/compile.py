@@ -77,12 +77,13 @@ def compile_in_own_thread(call: Callable[[], T], device: torch.device) -> tuple[
     return box.get("result"), box.get("failure")
 
 
-def out_of_memory(error: BaseException) -> bool:
-    """Whether an out-of-memory error is in `error`'s chain (causes and contexts included): never taken for a
+def out_of_memory(error: BaseException) -> BaseException | None:
+    """The out-of-memory error in `error`'s chain (causes and contexts included), or None: never taken for a
     compilation failure, whatever wraps it."""
     import torch
 
-    return any(isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower() for e in _chain(error))
+    return next((e for e in _chain(error) if isinstance(e, torch.OutOfMemoryError) or "out of memory" in
+                 str(e).lower() and not isinstance(e, torch._dynamo.exc.TorchDynamoException)), None)
 
 
 def compile_failure(error: BaseException) -> str | None:
@@ -94,7 +95,7 @@ def compile_failure(error: BaseException) -> str | None:
     from torch._dynamo.exc import TorchDynamoException
 
     chain = _chain(error)
-    if out_of_memory(error) or not any(isinstance(e, TorchDynamoException) for e in chain):
+    if out_of_memory(error) is not None or not any(isinstance(e, TorchDynamoException) for e in chain):
         return None
     root = chain[-1]
     first = str(root).strip().splitlines()[0] if str(root).strip() else ""
