@@ -805,3 +805,102 @@ def test_micro_batch_auto_is_a_ranks_share_up_to_the_cap_of_its_gpu_memory():
     assert s.resolve_micro_batch(2, 39.4) == 64 and s.micro_batch == 64 and s.accumulation(2) == 2
     s = TrainSettings("taco", steps=10, global_batch=96, micro_batch="auto", objective_params={"negatives_group": 32})
     assert s.resolve_micro_batch(1, 39.4) == 32
+
+
+def test_a_lock_judges_its_holder_by_cluster_user_namespace_boot_and_allocation(tmp_path, monkeypatch, caplog):
+    """Who a lock names, as a cluster sees it: a job of another SLURM cluster is asked of that cluster (`squeue -M`),
+    and one that cluster does not answer for is not taken; another user's job that squeue does not list (hidden
+    by PrivateData) is not taken, the user's own is; a process of this host in another PID namespace (a
+    container) cannot be judged by its pid; one of an earlier boot of this host is gone; a PBS job's earlier run
+    on other hosts is gone without asking qstat (compute nodes may not run it), and writing a record asks no
+    scheduler at all."""
+    import socket
+
+    from tacl.runtime import lock, scheduler
+
+    monkeypatch.setattr(scheduler, "_pause", lambda seconds: None)  # (between tries of a failing squeue)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    asked = tmp_path / "asked"
+    # squeue: on cluster gpu (-M gpu) job 5 runs; other clusters are out of reach; the default lists nothing
+    _stand_in(bin_dir, "squeue", f'echo "$@" >> {asked}\nif [ "$1" = -M ]; then [ "$2" = gpu ] || '
+              '{ echo "squeue: error: Problem talking to the database" >&2; exit 1; }; echo "CLUSTER: gpu"; '
+              '[ "$5" = 5 ] && echo RUNNING; exit 0; fi\necho "slurm_load_jobs error: Invalid job id specified" '
+              '>&2; exit 1\n')
+    _stand_in(bin_dir, "qstat", f'echo "$@" >> {asked}\nexit 1\n')
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    for var in ("SLURM_JOB_ID", "PBS_JOBID", "SLURM_CLUSTER_NAME", "SLURM_RESTART_COUNT", "SLURM_JOB_NODELIST"):
+        monkeypatch.delenv(var, raising=False)
+
+    def judged(**owner) -> tuple[bool, str]:
+        return lock.holder({"host": "gpu-node-17", "pid": 4242, "since": "2026-11-28", **owner})
+
+    alive, who = judged(slurm_job="5", slurm_cluster="gpu")
+    assert alive and who.endswith("still running: `squeue -M gpu -j 5` shows it") and "on cluster gpu" in who
+    assert judged(slurm_job="6", slurm_cluster="gpu") == (
+        False, "SLURM job 6 on cluster gpu (host gpu-node-17, pid 4242, since 2026-11-28): squeue no longer lists it")
+    alive, who = judged(slurm_job="5", slurm_cluster="cpu")
+    assert alive and "squeue could not say whether it still runs" in who and "Problem talking" in who
+    alive, who = judged(slurm_job="7", uid=os.getuid() + 1)
+    assert alive and "another user's job" in who and "does not show to this user" in who
+    assert not judged(slurm_job="7", uid=os.getuid())[0]
+
+    here = socket.gethostname()
+    alive, who = judged(host=here, pid=os.getpid(), pid_ns="pid:[1]")
+    assert alive and "another PID namespace of this host" in who
+    assert judged(host=here, pid=os.getpid(), boot="an-earlier-boot") == (
+        False, f"process {os.getpid()} on host {here} (since 2026-11-28): it ran on this host before it restarted")
+    assert judged(host=here, pid=os.getpid(), boot=lock.boot_id(), pid_ns=lock.pid_namespace())[0]
+
+    nodefile = tmp_path / "nodes"
+    nodefile.write_text("cn07\ncn07\ncn08\n")
+    monkeypatch.setenv("PBS_JOBID", "4242.pbs01")
+    monkeypatch.setenv("PBS_NODEFILE", str(nodefile))
+    asked.write_text("")
+    mine = lock.owner_record()
+    assert mine["allocation"] == ["cn07", "cn08"] and mine["pbs_cluster"] == "pbs01" and asked.read_text() == ""
+    alive, who = judged(pbs_job="4242.pbs01", allocation=["cn01"])
+    assert not alive and "this job's earlier run, on hosts cn01 (this run has cn07,cn08" in who
+    assert judged(pbs_job="4242.pbs01", allocation=["cn07", "cn08"])[0]  # (a sibling on another of its hosts)
+    assert not lock.same_job("pbs", "4242.pbs01", "4242.pbs02", None, None)  # (two servers' job 4242)
+    assert lock.same_job("pbs", "4242.pbs01", "4242.pbs01.example.org", None, None)
+    assert asked.read_text() == "", "no qstat asked"
+    assert lock.hostlist("gpu[01-03,07],login1,r[1-2]n[8-9]") == [
+        "gpu01", "gpu02", "gpu03", "gpu07", "login1", "r1n8", "r1n9", "r2n8", "r2n9"]
+
+
+def test_a_lock_without_hard_links_and_a_dead_takers_claim(tmp_path, monkeypatch, caplog):
+    """On a file system without hard links (os.link: EPERM, as FUSE mounts of object stores answer) a lock is
+    created exclusively instead, refuses a second holder and is taken over from a dead one. A claim left by a
+    taker that died between claiming and removing (its process gone) is passed by, whatever the clocks say (its
+    time stamps set an hour into the future); one of another host's process, which may live, is not: the lock
+    is then refused with one line naming the claim files."""
+    import errno
+
+    from tacl.runtime import lock
+
+    def no_links(*args, **kwargs):
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    run = tmp_path / "run"
+    with RunLock(run):
+        assert json.loads((run / "LOCK").read_text())["pid"] == os.getpid()
+        with pytest.raises(InputError, match="locked by another trainer"):
+            RunLock(run).acquire()
+    assert list(run.iterdir()) == []
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    record = json.dumps({"host": os.uname().nodename, "pid": gone.pid}).encode()
+    (run / "LOCK").write_bytes(record)
+    claim = run / f".LOCK.taking-{lock.hashlib.sha256(record).hexdigest()[:16]}"
+    claim.write_text(json.dumps({"host": os.uname().nodename, "pid": gone.pid, "boot": lock.boot_id()}))
+    os.utime(claim, (time.time() + 3600, time.time() + 3600))
+    with caplog.at_level("WARNING", logger="tacl.pretrain"), RunLock(run):
+        pass
+    assert "took over the stale lock" in caplog.text and list(run.iterdir()) == []
+    (run / "LOCK").write_bytes(record)
+    claim.write_text(json.dumps({"host": "gpu-node-17", "pid": 4242}))
+    monkeypatch.setattr(lock.time, "sleep", lambda s: None)
+    with pytest.raises(InputError, match=r"could not take the lock .*\.taking-\* files beside it name it"):
+        RunLock(run).acquire()
