@@ -618,7 +618,9 @@ def test_takers_racing_for_a_stale_lock_have_one_winner(tmp_path):
         done.set()
         for p in procs:
             p.join(timeout=30)
-    assert not (run / "LOCK").exists() and [p.name for p in run.iterdir()] == []
+    assert not (run / "LOCK").exists() and [p.name for p in run.iterdir()] == ["LOCK.log"]
+    history = [json.loads(line) for line in (run / "LOCK.log").read_text().splitlines()]
+    assert [(h["event"], h["pid"]) for h in history] == [("acquired", winners[0]), ("released", winners[0])]
 
 
 def test_changed_result_settings_start_again_and_a_change_undone_comes_back(demo_data, tmp_path):
@@ -888,7 +890,7 @@ def test_a_lock_without_hard_links_and_a_dead_takers_claim(tmp_path, monkeypatch
         assert json.loads((run / "LOCK").read_text())["pid"] == os.getpid()
         with pytest.raises(InputError, match="locked by another trainer"):
             RunLock(run).acquire()
-    assert list(run.iterdir()) == []
+    assert [p.name for p in run.iterdir()] == ["LOCK.log"]
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     record = json.dumps({"host": os.uname().nodename, "pid": gone.pid}).encode()
@@ -898,7 +900,7 @@ def test_a_lock_without_hard_links_and_a_dead_takers_claim(tmp_path, monkeypatch
     os.utime(claim, (time.time() + 3600, time.time() + 3600))
     with caplog.at_level("WARNING", logger="tacl.pretrain"), RunLock(run):
         pass
-    assert "took over the stale lock" in caplog.text and list(run.iterdir()) == []
+    assert "took over the stale lock" in caplog.text and [p.name for p in run.iterdir()] == ["LOCK.log"]
     (run / "LOCK").write_bytes(record)
     claim.write_text(json.dumps({"host": "gpu-node-17", "pid": 4242}))
     monkeypatch.setattr(lock.time, "sleep", lambda s: None)

@@ -43,7 +43,7 @@ from tacl.finetune import CHECKPOINT, GIVEN, JOB, Stopped
 from tacl.runtime.io import (InputError, changed_files, read_file_record, read_json, remove_leftovers, sha256_file,
                      temporaries_under, write_file_record, write_json_atomic)
 from tacl.runtime import signals
-from tacl.runtime.lock import LOCK, RunLock, holder, owner_record
+from tacl.runtime.lock import HISTORY, LOCK, RunLock, holder, owner_record
 
 log = logging.getLogger("tacl.finetune")
 WEIGHTS = ("*.safetensors", "*.bin")
@@ -71,13 +71,14 @@ def weights_fingerprint(model_dir: str | Path) -> str:
 
 def result_files(out: Path) -> list[Path]:
     """A seed's result files: everything in its folder but its records (given.json, RESULT_FILES, the job's
-    JOB with --seed), its checkpoint, its lock and what is hidden (a file being written,
+    JOB with --seed), its checkpoint, its lock and the lock's history, and what is hidden (a file being written,
     tacl.runtime.io.atomic_path)."""
     keep = []
     for path in sorted(out.rglob("*")):
         parts = path.relative_to(out).parts
         hidden = any(p.startswith(".") for p in parts)
-        if path.is_file() and not hidden and parts not in ((GIVEN,), (RESULT_FILES,), (JOB,), (CHECKPOINT,), (LOCK,)):
+        records = ((GIVEN,), (RESULT_FILES,), (JOB,), (CHECKPOINT,), (LOCK,), (HISTORY,))
+        if path.is_file() and not hidden and parts not in records:
             keep.append(path)
     return keep
 

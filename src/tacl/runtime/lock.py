@@ -24,7 +24,8 @@ Two processes of one scheduler job (two `srun` steps, Snakemake's local profile 
 its process is (asked on its host), or when it belongs to an earlier run of the job. A lock held by a live
 process, or by one this process cannot judge, stops the second trainer with one message naming it, the
 command that shows it, and what to do if it is really gone. A lock taken over is logged (a warning): the
-lock file, its holder as recorded and why it counts as gone.
+lock file, its holder as recorded and why it counts as gone. Each acquisition and release is one line of
+HISTORY beside the lock (kept after it), so that who held a folder, and when, can be read afterwards.
 
 Taking over is atomic, one winner whatever the timing and whatever the clocks say: the taker first claims the
 record it judged by creating `.LOCK.taking-<hash>` exclusively (only one process can), checks that the lock
@@ -54,6 +55,10 @@ from tacl.runtime.io import InputError, pid_alive
 from tacl.runtime.scheduler import job_state, show_job_command, state_runs
 
 LOCK = "LOCK"
+# Beside LOCK: one JSON line per holder's acquisition and release (who, when, whose stale lock it took over), kept
+# after the lock goes: which processes held the folder, and when (tacl status; the fault-injection run checks from
+# it that no two held it at once)
+HISTORY = "LOCK.log"
 log = logging.getLogger("tacl.pretrain")
 # (scheduler, the job id's variable, its key in the record, the key of the job's run: requeues count it up)
 SCHEDULERS = (("slurm", "SLURM_JOB_ID", "slurm_job", "slurm_restarts"),
@@ -374,10 +379,12 @@ class RunLock:
 
     def acquire(self) -> "RunLock":
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        took_over = None  # (the token of the stale lock this process removed, for HISTORY)
         for attempt in range(20):
             record = json.dumps(owner_record()).encode()
             if create_exclusive(self.path, record):
                 self.record, self.held = record, True
+                self._note("acquired", took_over)
                 return self
             try:
                 record = self._read()
@@ -394,6 +401,7 @@ class RunLock:
             removed = remove_if_still(self.path, record)
             if removed:
                 self.log.warning("%s: took over the stale lock of %s", self.path, who)
+                took_over = owner.get("token") or "unknown"
             elif removed is None:
                 time.sleep(0.05 * (attempt + 1))  # (another process takes it over now: see who wins)
         raise InputError(f"{self.path}: could not take the lock (it kept changing hands, or a takeover by another "
@@ -417,10 +425,30 @@ class RunLock:
         that judged this one gone, is left to its new holder)."""
         if self.held and self.record is not None:
             for attempt in range(20):
-                if remove_if_still(self.path, self.record) is not None:
+                removed = remove_if_still(self.path, self.record)
+                if removed is not None:
+                    if removed:
+                        self._note("released")
                     break
                 time.sleep(0.05 * (attempt + 1))
         self.held = False
+
+    def _note(self, event: str, took_over: str | None = None) -> None:
+        """One line of HISTORY: this holder's `event`, the time and who it is (and the token of the stale lock
+        it took over). One write in append mode; a line that cannot be written is not worth failing for."""
+        owner = json.loads(self.record or b"{}")
+        line = {"event": event, "time": round(time.time(), 3), "token": owner.get("token"), "host": owner.get("host"),
+                "pid": owner.get("pid"), "pid_start": owner.get("pid_start")}
+        if took_over:
+            line["took_over"] = took_over
+        try:
+            fd = os.open(self.path.with_name(HISTORY), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                os.write(fd, (json.dumps(line) + "\n").encode())
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
 
     def __enter__(self) -> "RunLock":
         return self.acquire()
