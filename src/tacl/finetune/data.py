@@ -21,13 +21,15 @@ def family(task: str) -> str:
 
 def prepare(task: str, source: dict[str, Any], out_json: str) -> dict[str, Any]:
     """Load every split once (filling the cache for HF sources); a missing file fails here, naming it. A
-    declared task (its declaration as `source`) is checked against its data (tacl.finetune.declared)."""
+    declared task (its declaration as `source`) is checked against its data (tacl.finetune.declared: a metric
+    that does not fit its labels is refused here, before any training), and its record says how it is scored
+    (its classes and the class of its F1, or its tags' scoring)."""
     if declared.is_declared(source):
-        data = declared.check_data(task, source)
+        resolved, data = declared.check(task, source)
         record = {"task": task, "family": declared.family(source), "source": source,
                   "splits": {s: len(found) for s, found in data.items()},
-                  "baseline": declared.baseline(task, source, data),
-                  "declared": {"kind": source["kind"], "metric": source["metric"]},
+                  "baseline": declared.baseline(task, resolved, data),
+                  "declared": {"kind": source["kind"], "metric": source["metric"], **declared.recorded(resolved)},
                   "headline": list(declared.headline(source))}
         write_json_atomic(out_json, record)
         return record
@@ -92,7 +94,7 @@ def baseline(task: str, source: dict[str, Any]) -> dict[str, Any] | None:
     """Chance, from the task's own files, scored like a fine-tune: GLUE classification predicts the
     majority class of train for every dev example (ties: the first label), STS-B the mean train score (a
     constant has no correlation: 0, as the metrics define it); SQuAD 2.0 answers nothing (the share of
-    unanswerable questions). None where chance scores 0 by definition (SQuAD 1.1, NER entity F1)."""
+    unanswerable questions). None where chance scores 0 by definition (SQuAD 1.1, CoNLL-2003's entity F1)."""
     from collections import Counter
 
     fam = family(task)

@@ -4,7 +4,8 @@ the built-in tasks, by its kind.
 A declaration names its kind (classification, regression, token_classification, extractive_qa), its source
 (a `datasets` name and config, or a folder of TSV, CSV, JSON, JSON-lines or CoNLL files), its fields, its
 splits (train, dev, and a labelled test where it has one; each a split of the source or a file in the folder,
-with an optional row filter `where`) and the metric its headline number is. Each kind runs through a built-in
+with an optional row filter `where`) and the metric its headline number is (which must fit its labels: entity
+F1 only for entity tags, `f1` only of a named class). Each kind runs through a built-in
 family's fine-tune: classification and regression through GLUE's (tacl.finetune.sequence), token
 classification through NER's (tacl.finetune.ner), extractive QA through SQuAD's (tacl.finetune.qa), with that
 family's hyperparameters (`finetune.hparams`, then the task's own).
@@ -22,10 +23,12 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable
 
+from tacl.finetune.tokens import ENTITY_METRICS, TAG_METRICS
 from tacl.runtime.io import InputError
 
 # Each kind: the built-in family whose fine-tune runs it, its fields (required, then optional) and the
@@ -36,13 +39,22 @@ KINDS: dict[str, dict[str, Any]] = {
     "regression": {"family": "glue", "fields": (("text", "label"), ("text_pair",)),
                    "metrics": ("pearson", "spearman")},
     "token_classification": {"family": "ner", "fields": (("tokens", "tags"), ()),
-                             "metrics": ("f1", "precision", "recall", "accuracy")},
+                             "metrics": ENTITY_METRICS + TAG_METRICS},  # (which fit: the tags say, `scoring`)
     "extractive_qa": {"family": "squad", "fields": (("question", "context", "answers"), ("id",)),
                       "metrics": ("f1", "exact")},
 }
 SPLITS = ("train", "dev", "test")  # train and dev are required; a test split is scored like dev
 FILE_FORMATS = (".tsv", ".csv", ".json", ".jsonl", ".conll", ".txt")  # .conll/.txt: CoNLL columns
 KEY = "finetune.declared_tasks"
+# How each kind's results are computed, beside RESULT_VERSIONS["finetune"] (which every fine-tune carries, the
+# built-in tasks' too): `source_of` puts a kind's number into the source of its tasks (none while it is 1), so that
+# a change to one kind's scores reruns that kind's finished jobs and nothing else. 2: token classification scored
+# by its tags (entities of their scheme in seqeval's strict mode, or token accuracy and macro F1 over tags);
+# classification's classes in the dataset's ClassLabel order and `f1` of `positive_label`. That changes a
+# classification task's results only where it reads a Hugging Face dataset (a folder's files have no ClassLabel)
+# or its headline is `f1` (whose class is now named, or refused where text labels name none); accuracy, macro F1
+# and Matthews' correlation do not depend on the classes' order. So only those carry it (`changed`).
+VERSIONS = {"token_classification": 2, "classification": 2}
 
 
 def family(decl: dict[str, Any]) -> str:
@@ -50,8 +62,19 @@ def family(decl: dict[str, Any]) -> str:
 
 
 def source_of(name: str, decl: dict[str, Any]) -> dict[str, Any]:
-    """What the workflow gives a declared task's jobs as their source: the declaration, named."""
-    return {"declared": name, **decl}
+    """What the workflow gives a declared task's jobs as their source: the declaration, named, with the version
+    of its kind's scores where that is past 1 and changed its results (`VERSIONS`, `changed`)."""
+    version = VERSIONS.get(decl["kind"], 1) if changed(decl) else 1
+    return {"declared": name, **decl, **({"version": version} if version > 1 else {})}
+
+
+def changed(decl: dict[str, Any]) -> bool:
+    """Whether the last change of its kind's scores (`VERSIONS`) changed a declared task's results: every token
+    task's; a classification task's read from a Hugging Face dataset (its ClassLabel's order) or headed by
+    `f1` (of a named class); no other's."""
+    if decl["kind"] == "classification":
+        return decl["source"]["kind"] == "hf" or decl["metric"] == "f1"
+    return decl["kind"] in VERSIONS
 
 
 def is_declared(source: dict[str, Any]) -> bool:
@@ -94,12 +117,19 @@ def errors(name: str, decl: dict[str, Any], builtin: Iterable[str]) -> list[str]
             if Path(file).suffix not in FILE_FORMATS:
                 out.append(f"{key}.splits.{split}: {file!r} is not a file of a known format "
                            f"({', '.join(FILE_FORMATS)})")
-    if decl.get("labels") is not None and kind != "classification":
-        out.append(f"{key}.labels: only a classification task lists its labels")
-    if decl["metric"] == "f1" and kind == "classification" and decl.get("labels") is not None \
-            and len(decl["labels"]) != 2:
-        out.append(f"{key}.metric: f1 is the F1 of the second of two labels; use macro_f1 for "
-                   f"{len(decl['labels'])} labels")
+    labels, positive = decl.get("labels"), decl.get("positive_label")
+    for field, given in (("labels", labels), ("positive_label", positive)):
+        if given is not None and kind != "classification":
+            out.append(f"{key}.{field}: only a classification task names its {field}")
+    if kind == "classification" and labels is not None:
+        if decl["metric"] == "f1" and len(labels) != 2:
+            out.append(f"{key}.metric: f1 is the F1 of one of two classes; use macro_f1 for {len(labels)} labels")
+        if positive is not None and str(positive) not in map(str, labels):
+            out.append(f"{key}.positive_label: {str(positive)!r} is not one of the labels "
+                       f"({', '.join(map(str, labels))})")
+        elif positive is not None and len(labels) != 2:
+            out.append(f"{key}.positive_label: names the class whose F1 `f1` is, of two classes; labels lists "
+                       f"{len(labels)}")
     return out
 
 
@@ -128,18 +158,7 @@ def rows(decl: dict[str, Any], split: str) -> tuple[list[dict[str, Any]], dict[s
     source = decl["source"]
     names: dict[str, list[str]] = {}
     if source["kind"] == "hf":
-        import datasets
-
-        from tacl.runtime.hub import from_hub
-
-        cache = decl.get("cache_dir")
-        where_from = f"{source['name']}{'/' + source['config'] if source.get('config') else ''} {name}"
-        with from_hub(source["name"], "dataset", f"{KEY}.{decl.get('declared', '?')}.source (kind files)", cache):
-            ds = datasets.load_dataset(source["name"], source.get("config"), split=name, cache_dir=cache)
-        for field, feature in ds.features.items():
-            inner = getattr(feature, "feature", feature)  # a Sequence of ClassLabel: its items' names
-            if isinstance(inner, datasets.ClassLabel):
-                names[field] = list(inner.names)
+        ds, names, where_from = _hf_split(decl, name)
         found = [dict(r) for r in ds]
     else:
         path = Path(source["data_dir"], name)
@@ -151,6 +170,25 @@ def rows(decl: dict[str, Any], split: str) -> tuple[list[dict[str, Any]], dict[s
                          f"{', '.join(missing)}")
     keep = [r for r in found if all(_matches(r[f], v) for f, v in where.items())]
     return keep, names, where_from
+
+
+def _hf_split(decl: dict[str, Any], name: str) -> tuple[Any, dict[str, list[str]], str]:
+    """A Hugging Face source's split (a `datasets` Dataset, from the cache where the login node put it), the
+    class names of its ClassLabel fields (alone or in a sequence) in the dataset's order, and its name."""
+    import datasets
+
+    from tacl.runtime.hub import from_hub
+
+    source, cache = decl["source"], decl.get("cache_dir")
+    where_from = f"{source['name']}{'/' + source['config'] if source.get('config') else ''} {name}"
+    with from_hub(source["name"], "dataset", f"{KEY}.{decl.get('declared', '?')}.source (kind files)", cache):
+        ds = datasets.load_dataset(source["name"], source.get("config"), split=name, cache_dir=cache)
+    names = {}
+    for field, feature in ds.features.items():
+        inner = getattr(feature, "feature", feature)  # a Sequence of ClassLabel: its items' names
+        if isinstance(inner, datasets.ClassLabel):
+            names[field] = list(inner.names)
+    return ds, names, where_from
 
 
 def _matches(value: Any, wanted: Any) -> bool:
@@ -296,27 +334,84 @@ def examples(decl: dict[str, Any], split: str) -> list:
 # -- labels, scores, chance ----------------------------------------------------------------------------------
 
 
-def class_labels(decl: dict[str, Any], train: list) -> tuple[str, ...]:
-    """A classification task's classes in id order: as declared (`labels`), else train's, sorted."""
+def class_names(decl: dict[str, Any]) -> list[str] | None:
+    """The dataset's own order of a classification task's classes: the names of its label field's ClassLabel
+    (a Hugging Face dataset's, in the split train reads); None where the source has none (a folder's files, a
+    dataset whose labels are text)."""
+    if decl["source"]["kind"] != "hf":
+        return None
+    _, names, _ = _hf_split(decl, split_name(decl["splits"]["train"]))
+    return names.get(decl["fields"]["label"])
+
+
+def label_order(labels: Iterable[str]) -> tuple[tuple[str, ...], bool]:
+    """Text labels with no order of their own (a folder's, a dataset's text field) in id order, and whether
+    that order numbers them: integers by value (so that 0 and 1 are classes 0 and 1), false before true, then
+    any other text sorted (an order that names no class 1)."""
+    found = set(labels)
+    if found and all(re.fullmatch(r"[+-]?\d+", x) for x in found):
+        return tuple(sorted(found, key=int)), True
+    if found and {x.lower() for x in found} <= {"false", "true"} and len(found) == len({x.lower() for x in found}):
+        return tuple(sorted(found, key=lambda x: x.lower() == "true")), True
+    return tuple(sorted(found)), False
+
+
+def classes(decl: dict[str, Any], train: list, names: list[str] | None = None) -> tuple[tuple[str, ...], str | None]:
+    """A classification task's classes in id order and the class its `f1` is the F1 of (None: no class is
+    named, and no `f1` is scored). The order: the declaration's `labels`; else the dataset's (`names`, its
+    ClassLabel's); else train's labels in `label_order`. The class of `f1`, of two: `positive_label` where
+    declared, else class 1 of an order that numbers the classes (the declared labels' second, the
+    ClassLabel's class 1, the larger of two integers, true); two text labels name none, and `f1` as the
+    metric is then refused in one line naming `positive_label`."""
+    key = f"{KEY}.{decl.get('declared', '?')}"
     if decl.get("labels") is not None:
-        return tuple(str(label) for label in decl["labels"])
-    return tuple(sorted({e.label for e in train}))
+        labels, numbered = tuple(str(label) for label in decl["labels"]), True
+    elif names:
+        labels, numbered = tuple(names), True
+    else:
+        labels, numbered = label_order(e.label for e in train)
+    positive = decl.get("positive_label")
+    if positive is not None:
+        positive = str(positive)
+        if positive not in labels:
+            raise InputError(f"{key}.positive_label: {positive!r} is not one of the classes ({', '.join(labels)})")
+        if len(labels) != 2:
+            raise InputError(f"{key}.positive_label: names the class whose F1 `f1` is, of two classes; the task "
+                             f"has {len(labels)} ({', '.join(labels)})")
+    elif len(labels) == 2 and numbered:
+        positive = labels[1]
+    if decl["metric"] == "f1" and len(labels) != 2:
+        raise InputError(f"{key}.metric: f1 is the F1 of one of two classes; the task has {len(labels)} "
+                         f"({', '.join(labels)}): use macro_f1")
+    if decl["metric"] == "f1" and positive is None:
+        raise InputError(f"{key}.positive_label: f1 is the F1 of one class, and the labels {labels[0]!r} and "
+                         f"{labels[1]!r} are text with no class order (no ClassLabel, no labels list): declare "
+                         f"positive_label: {labels[1]} (or {labels[0]})")
+    return labels, positive
 
 
-def sequence_spec(name: str, decl: dict[str, Any], train: list):
-    """The task as a tacl.finetune.glue TaskSpec: classes in id order (none for regression), one dev split,
-    no submission files (a labelled test split is scored, `scored_test`)."""
+def with_classes(decl: dict[str, Any], train: list, names: list[str] | None = None) -> dict[str, Any]:
+    """The declaration with what its scores need of its classes (`classes`): `classes`, in id order, and
+    `positive`, the id of the class `f1` is the F1 of (None: no `f1`). `names`: the dataset's ClassLabel
+    names (`class_names`), read here where not given."""
+    labels, positive = classes(decl, train, class_names(decl) if names is None else names)
+    return {**decl, "classes": list(labels), "positive": None if positive is None else labels.index(positive)}
+
+
+def sequence_spec(name: str, decl: dict[str, Any]):
+    """The task as a tacl.finetune.glue TaskSpec: classes in id order (`with_classes`; none for regression),
+    one dev split, no submission files (a labelled test split is scored, `scored_test`)."""
     from tacl.finetune.glue import TaskSpec
 
-    labels = class_labels(decl, train) if decl["kind"] == "classification" else ()
+    labels = tuple(decl["classes"]) if decl["kind"] == "classification" else ()
     return TaskSpec(name, name, labels, ("dev",), (), {}, decl["metric"])
 
 
 def scores(decl: dict[str, Any], predictions: Any, references: Any) -> dict[str, float]:
     """Every metric of the task's kind on label ids (numbers for regression), as fractions, plus "main", the
     declared metric: accuracy, macro F1 (the mean F1 over the classes on either side, scikit-learn's
-    average="macro"), F1 of the second class (two classes only) and Matthews' correlation; or Pearson and
-    Spearman."""
+    average="macro"), F1 of the class `positive` (`with_classes`; where one is named) and Matthews'
+    correlation; or Pearson and Spearman."""
     import numpy as np
 
     from tacl.finetune.glue import _correlations, f1_binary, matthews
@@ -326,27 +421,31 @@ def scores(decl: dict[str, Any], predictions: Any, references: Any) -> dict[str,
     if decl["kind"] == "regression":
         out["pearson"], out["spearman"] = _correlations(preds.astype(np.float64), refs.astype(np.float64))
     else:
-        classes = np.unique(np.concatenate([refs, preds]))
+        classes_seen = np.unique(np.concatenate([refs, preds]))
         out["accuracy"] = float(np.mean(preds == refs))
-        out["macro_f1"] = float(np.mean([f1_binary(refs, preds, c) for c in classes]))
+        out["macro_f1"] = float(np.mean([f1_binary(refs, preds, c) for c in classes_seen]))
         out["matthews"] = matthews(refs, preds)
-        if decl.get("binary"):
-            out["f1"] = f1_binary(refs, preds, 1)
+        if decl.get("positive") is not None:
+            out["f1"] = f1_binary(refs, preds, decl["positive"])
     out["main"] = out[decl["metric"]]
     return out
 
 
-def with_classes(decl: dict[str, Any], labels: tuple[str, ...]) -> dict[str, Any]:
-    """The declaration with what its scores need of its classes: whether there are two (F1 of the second)."""
-    if decl["metric"] == "f1" and len(labels) != 2:
-        raise InputError(f"{KEY}.{decl.get('declared', '?')}.metric: f1 is the F1 of the second of two labels; "
-                         f"train has {len(labels)} ({', '.join(labels)}): use macro_f1")
-    return {**decl, "binary": len(labels) == 2}
+def positive_label(decl: dict[str, Any]) -> str | None:
+    """The name of the class a resolved declaration's `f1` is of (`with_classes`), or None."""
+    return None if decl.get("positive") is None else decl["classes"][decl["positive"]]
 
 
 def check_data(name: str, decl: dict[str, Any]) -> dict[str, list]:
-    """Every split's examples (the fields there, a train split with examples, the dev and test labels among
-    train's, the declared labels all there), by split; one InputError naming the key otherwise."""
+    """Every split's examples (`check`), by split; one InputError naming the key where they do not fit."""
+    return check(name, decl)[1]
+
+
+def check(name: str, decl: dict[str, Any]) -> tuple[dict[str, Any], dict[str, list]]:
+    """The declaration resolved against its data (`resolve`: its classes, its tags' scoring, its metric fitting
+    them) and every split's examples, by split, once the data is checked: the fields there, a train split with
+    examples, the dev and test labels among train's, the declared labels all there. One InputError naming the
+    key otherwise."""
     key = f"{KEY}.{name}"
     data = {split: examples(decl, split) for split in SPLITS if split in decl["splits"]}
     for split, found in data.items():
@@ -355,15 +454,16 @@ def check_data(name: str, decl: dict[str, Any]) -> dict[str, list]:
     if decl["kind"] in ("classification", "token_classification"):
         seen = _labels(decl, data["train"])
         if decl.get("labels") is not None:
-            unknown = sorted(seen - set(class_labels(decl, [])))
+            listed = {str(label) for label in decl["labels"]}
+            unknown = sorted(seen - listed)
             if unknown:
                 raise InputError(f"{key}.labels: train has {', '.join(unknown)}, not among the declared labels")
-            seen = set(class_labels(decl, []))
+            seen = listed
         for split in ("dev", "test"):
             absent = sorted(_labels(decl, data.get(split, [])) - seen)
             if absent:
                 raise InputError(f"{key}.splits.{split}: label(s) {', '.join(absent)} absent from train")
-    return data
+    return resolve(decl, data), data
 
 
 def _labels(decl: dict[str, Any], found: list) -> set[str]:
@@ -372,30 +472,68 @@ def _labels(decl: dict[str, Any], found: list) -> set[str]:
     return {e.label for e in found}
 
 
+def resolve(decl: dict[str, Any], data: dict[str, list]) -> dict[str, Any]:
+    """The declaration with what its scores need of its data (once; a resolved one is returned as it is): a
+    classification task's classes and the class of its `f1` (`with_classes`, from train), a token task's
+    scoring (tacl.finetune.tokens.scoring, from every split's tags) with its metric checked against it
+    (`token_metric_error`)."""
+    if decl["kind"] == "classification" and "classes" not in decl:
+        return with_classes(decl, data["train"])
+    if decl["kind"] == "token_classification" and "scoring" not in decl:
+        from tacl.finetune.tokens import scoring
+
+        rule = scoring([tags for found in data.values() for _, tags in found])
+        problem = token_metric_error(f"{KEY}.{decl.get('declared', '?')}", decl["metric"], rule,
+                                     {t for found in data.values() for _, tags in found for t in tags})
+        if problem:
+            raise InputError(problem)
+        return {**decl, "scoring": rule}
+    return decl
+
+
+def token_metric_error(key: str, metric: str, rule: dict[str, Any], tags: set[str]) -> str | None:
+    """One line where a token task's metric does not fit its tags' scoring (entity metrics for tags that are
+    not entities', or tag metrics for entity tags), naming the key and a few of the tags seen, those that are
+    not entity tags first, with their count; None where it fits."""
+    from tacl.finetune.tokens import describe, entity_tag, metrics_of
+
+    fits = metrics_of(rule)
+    if metric in fits:
+        return None
+    seen = sorted(tags, key=lambda t: (t == "O" or entity_tag(t) is not None, t))
+    shown = ", ".join(seen[:6]) + (", ..." if len(seen) > 6 else "")
+    what = ("scores entities, and these tags are not all entity tags (IOB1, IOB2 or BIOES: 'O' and PREFIX-TYPE, "
+            "B-PER say)" if rule["metrics"] == "tags" else
+            f"scores tags that are not entities, and these are entity tags ({describe(rule)})")
+    return f"{key}.metric: {metric!r} {what}; {len(seen)} tags seen: {shown}. Use {', '.join(fits)}"
+
+
 def baseline(name: str, decl: dict[str, Any], data: dict[str, list]) -> dict[str, Any]:
-    """Chance, scored like a fine-tune on the dev and test splits: classification predicts train's most
-    common class (ties: the first in id order), regression train's mean (no correlation: 0), token
-    classification tags every word with train's most common tag, extractive QA answers nothing."""
+    """Chance, scored like a fine-tune on the dev and test splits (with the declaration's classes or its tags'
+    scoring, `resolve`): classification predicts train's most common class (ties: the first in id order),
+    regression train's mean (no correlation: 0), token classification tags every word with train's most common
+    tag, extractive QA answers nothing."""
     train, scored = data["train"], {s: data[s] for s in ("dev", "test") if s in data}
     kind = decl["kind"]
+    decl = resolve(decl, data)
     if kind == "regression":
         mean = sum(e.label for e in train) / len(train)
         return {"name": "constant: the mean train score",
                 "dev": {s: scores(decl, [mean] * len(ex), [e.label for e in ex]) for s, ex in scored.items()}}
     if kind == "classification":
-        labels = class_labels(decl, train)
+        labels = decl["classes"]
         counts = Counter(e.label for e in train)
         majority = max(labels, key=lambda label: counts[label])
-        decl = with_classes(decl, labels)
         return {"name": f"majority class of train ({majority})",
                 "dev": {s: scores(decl, [labels.index(majority)] * len(ex), [labels.index(e.label) for e in ex])
                         for s, ex in scored.items()}}
     if kind == "token_classification":
-        from tacl.finetune.tokens import entity_metrics
+        from tacl.finetune.tokens import token_scores
 
         common = Counter(t for _, tags in train for t in tags).most_common(1)[0][0]
         return {"name": f"every word tagged {common} (train's most common tag)",
-                "dev": {s: entity_metrics([tags for _, tags in ex], [[common] * len(tags) for _, tags in ex])
+                "dev": {s: token_scores([tags for _, tags in ex], [[common] * len(tags) for _, tags in ex],
+                                        decl["scoring"])
                         for s, ex in scored.items()}}
     from tacl.finetune.squad import evaluate
 
@@ -404,6 +542,17 @@ def baseline(name: str, decl: dict[str, Any], data: dict[str, list]) -> dict[str
         result = evaluate(ex, {e.id: "" for e in ex}, version_2=v2)
         out[s] = {"exact": result["exact"], "f1": result["f1"]}
     return {"name": "no answer to any question", "dev": out}
+
+
+def recorded(decl: dict[str, Any]) -> dict[str, Any]:
+    """What a resolved declaration (`resolve`) adds to the task's records (its preparation record and every
+    run's metrics.json): a classification task's classes in id order and the class its `f1` is of (null: none,
+    and no `f1`), a token task's scoring."""
+    if decl["kind"] == "classification":
+        return {"labels": list(decl["classes"]), "positive_label": positive_label(decl)}
+    if decl["kind"] == "token_classification":
+        return {"scoring": decl["scoring"]}
+    return {}
 
 
 def unanswerable(qa: list) -> bool:

@@ -285,6 +285,12 @@ def f1_binary(references: np.ndarray, predictions: np.ndarray, positive: int) ->
     return 0.0 if either == 0 else 2 * both / either
 
 
+def positive_label(task: str) -> str | None:
+    """The class a GLUE task's F1 is of: class 1 of MRPC and QQP (a paraphrase, a duplicate), as GLUE scores
+    them; None for a task scored without F1."""
+    return "1" if get_task(task).main_metric == "f1_accuracy_mean" else None
+
+
 def metrics(task: str, predictions: Any, references: Any) -> dict[str, float]:
     """GLUE metrics of label ids (floats for STS-B) as fractions, plus "main", the task's GLUE score.
     (Matthews and F1 in numpy: scikit-learn's import alone costs a fine-tuning job seconds.)"""
@@ -303,8 +309,7 @@ def metrics(task: str, predictions: Any, references: Any) -> dict[str, float]:
         return out
     out["accuracy"] = float(np.mean(preds == refs))
     if spec.main_metric == "f1_accuracy_mean":
-        positive = spec.labels.index("1")
-        out["f1"] = f1_binary(refs, preds, positive)
+        out["f1"] = f1_binary(refs, preds, spec.labels.index(positive_label(task)))
         out["main"] = (out["f1"] + out["accuracy"]) / 2
     else:
         out["main"] = out["accuracy"]

@@ -1,6 +1,6 @@
-"""`tacl finetune ner`: CoNLL-2003 named entities, or a declared token classification task (token
-classification, seqeval entity F1), with an option to add the supervised TaCL loss against a frozen copy of
-the starting encoder."""
+"""`tacl finetune ner`: CoNLL-2003 named entities (seqeval's entity F1), or a declared token classification
+task (scored by its tags: entities of their scheme, or token accuracy and macro F1 over tags), with an option
+to add the supervised TaCL loss against a frozen copy of the starting encoder."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from tacl.finetune import CONLL_FILES, FAMILY_HPARAMS, declared
 from tacl.finetune.common import Run, attention_of, hyperparameters, input_names, load_task_model, predict, train
 from tacl.finetune.sequence import declared_record, subset
 from tacl.finetune.settings import FineTune
-from tacl.finetune.tokens import entity_metrics, label_list, read_conll
+from tacl.finetune.tokens import CONLL_SCORING, entity_metrics, label_list, read_conll, token_scores
 from tacl.runtime.hub import resolve_pretrained
 from tacl.runtime.io import InputError, write_json_atomic
 
@@ -72,8 +72,9 @@ def finetune_ner(tune: FineTune, seed: int, out_dir: str | Path) -> dict[str, An
     if decl is None:
         data_dir = tune.data_source()["data_dir"]
         data = {s: read_conll(Path(data_dir) / f) for s, f in SPLITS.items()}
-    else:  # (a declared task: its own splits, test where it declares one)
+    else:  # (a declared task: its own splits, test where it declares one; scored as its tags are, from all of them)
         data = {s: declared.token_sentences(decl, s) for s in declared.SPLITS if s in decl["splits"]}
+        decl = declared.resolve(decl, data)
     labels = label_list(data["train"])
     train_s = subset(data["train"], hp.get("max_train_examples", 0))
     eval_s = {s: subset(data[s], hp.get("max_eval_examples", 0)) for s in ("dev", "test") if s in data}
@@ -106,11 +107,16 @@ def finetune_ner(tune: FineTune, seed: int, out_dir: str | Path) -> dict[str, An
                             per_token=True, max_len=hp["max_len"], checkpoint=checkpoint)
         pred = word_predictions(rows, logits, labels)
         gold = [[labels[i] for i in np.array(r["labels"])[np.array(r["labels"]) != -100]] for r in rows]
-        results[split] = {**entity_metrics(gold, pred), "examples": len(rows)}
+        if decl is None:  # (CoNLL-2003: seqeval's default mode, as its published numbers)
+            found = entity_metrics(gold, pred)
+        else:
+            found = token_scores(gold, pred, decl["scoring"])
+            found["main"] = found[decl["metric"]]
+        results[split] = {**found, "examples": len(rows)}
     summary = {"task": tune.task, "family": "ner", "model": model_dir, "seed": seed, "preset": tune.preset,
                "hparams": hp,
                "dev": {"dev": results["dev"]}, **({"test": {"test": results["test"]}} if "test" in results else {}),
-               "labels": labels, **declared_record(decl),
+               "labels": labels, **(declared_record(decl) if decl else {"scoring": CONLL_SCORING}),
                "train": record, "device": run.describe(), "bf16": run.bf16,
                "wall_s": round(time.time() - started, 1)}
     write_json_atomic(Path(out_dir) / "metrics.json", summary)

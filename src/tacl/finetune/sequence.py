@@ -84,9 +84,9 @@ def finetune_glue(tune: FineTune, seed: int, out_dir: str | Path) -> dict[str, A
     run = Run.detect(tune.precision, tune.device, tune.compile, tune.shapes)
     # all data first: a missing file fails before the model is built
     train_ex, dev, test = read_splits(tune.task, tune.data_source(), hp)
-    if decl is not None:  # (a declared task: its classes from its declaration or its training data)
-        spec = declared.sequence_spec(tune.task, decl, train_ex)
-        decl = declared.with_classes(decl, spec.labels) if not spec.is_regression else decl
+    if decl is not None:  # (a declared task: its classes from its declaration, its dataset or its training data)
+        decl = declared.resolve(decl, {"train": train_ex})
+        spec = declared.sequence_spec(tune.task, decl)
         if tune.contrastive:
             raise InputError(f"finetune.contrastive: {tune.task} is a declared task; contrastive fine-tuning runs "
                              "GLUE's classification tasks")
@@ -118,7 +118,7 @@ def finetune_glue(tune: FineTune, seed: int, out_dir: str | Path) -> dict[str, A
         save_encoder(model, tokenizer, out / "model")
     summary = {"task": tune.task, "family": "glue", "model": model_dir, "seed": seed, "preset": tune.preset,
                "contrastive": tune.contrastive, "start_from": tune.start_from, "hparams": hp,
-               "dev": results, **scored, **declared_record(decl, spec.labels),
+               "dev": results, **scored, **(declared_record(decl) if decl else glue_record(spec)),
                "submission": submissions, "train": record, "device": run.describe(), "bf16": run.bf16,
                "wall_s": round(time.time() - started, 1)}
     write_json_atomic(out / "metrics.json", summary)
@@ -180,12 +180,18 @@ def dev_scores(spec: glue.TaskSpec, examples: list[glue.Example], predicted: np.
     return {**found, "examples": len(examples)}
 
 
-def declared_record(decl: dict[str, Any] | None, labels: tuple[str, ...] = ()) -> dict[str, Any]:
-    """What a declared task's metrics.json adds: its kind, its headline (split, metric) and its classes."""
+def declared_record(decl: dict[str, Any] | None) -> dict[str, Any]:
+    """What a declared task's metrics.json adds: its kind, its headline (split, metric) and how it was scored
+    (a resolved declaration's classes and the class of its F1, or its tags' scoring: declared.recorded)."""
     if decl is None:
         return {}
-    classes = {"labels": list(labels)} if labels else {}
-    return {"kind": decl["kind"], "headline": list(declared.headline(decl)), **classes}
+    return {"kind": decl["kind"], "headline": list(declared.headline(decl)), **declared.recorded(decl)}
+
+
+def glue_record(spec: glue.TaskSpec) -> dict[str, Any]:
+    """What a GLUE task's metrics.json adds: the class its F1 is of (MRPC's and QQP's class 1)."""
+    positive = glue.positive_label(spec.name)
+    return {"positive_label": positive} if positive is not None else {}
 
 
 def write_submissions(task: str, test: dict[str, list[glue.Example]],

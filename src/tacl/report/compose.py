@@ -17,7 +17,7 @@ from tacl.report.document import Document, markdown, save_png, table_text
 from tacl.runtime.io import write_text_atomic
 from tacl.report.tables import (CONTROLS, GLUE_AVERAGE_LABELS, GLUE_COLUMNS, HEADLINE, PUBLISHED_FAMILY, cls_table,
                                 collect, declared_headline_rows, declared_headlines, declared_table,
-                                differences_table, embeddings_table, glue_reference_table, glue_table,
+                                differences_table, embeddings_table, f1_classes, glue_reference_table, glue_table,
                                 ner_table, prepared, published_numbers, read_result, selected,
                                 selections, similarity_table, squad_table, start_family, status_table, summarise,
                                 summary_row, sweep_table)
@@ -113,7 +113,7 @@ def compute(results_dir: str, models: list[str], tasks: list[str], expected: lis
     anisotropy = similarity_table(similarity, "anisotropy")
     cls = cls_table(similarity)
     sentence = embeddings_table(embeddings or [])
-    sweep = sweep_table(every, chosen)
+    sweep = sweep_table(every, chosen, f1_classes(tasks_prepared))
     tables = {"glue_dev": glue, "glue_published": glue_reference_table(refs, family), "squad_dev": squad,
               "differences": diffs, "status": status, "self_similarity": sim, "anisotropy": anisotropy,
               "cls_cosine": cls, "embeddings": sentence, "sweep": sweep}
@@ -177,7 +177,7 @@ def document(r: Results, name: str, out: Path, similarity_png: str | None, cls_p
 
 def _declared(doc: Document, r: Results) -> None:
     doc.heading("Declared tasks (the config's own)")
-    kinds = [f"{t}: {rec['declared']['kind']}, {rec['declared']['metric']} (x100 for a fraction), "
+    kinds = [f"{t}: {rec['declared']['kind']}, {declared_metric(rec['declared'])} (x100 for a fraction), "
              f"{', '.join(f'{n} {s}' for s, n in rec['splits'].items())} examples"
              + (f"; chance: {rec['baseline']['name']}" if rec.get("baseline") else "")
              for t, rec in r.prepared.items() if rec.get("declared")]
@@ -185,6 +185,19 @@ def _declared(doc: Document, r: Results) -> None:
                   "one, for the setting selected on dev; no published number exists for these. " + "; ".join(kinds)
                   + ".")
     doc.table(r.tables["declared"])
+
+
+def declared_metric(declared: dict[str, Any]) -> str:
+    """A declared task's headline metric in words, with what it is of: the class of an F1 (its positive_label),
+    a token task's scoring (entities of their scheme in seqeval's mode, or tags that are not entities')."""
+    from tacl.finetune.tokens import describe
+
+    metric = declared["metric"]
+    if metric == "f1" and declared.get("positive_label") is not None:
+        return f"f1 (the F1 of {declared['positive_label']})"
+    if declared.get("scoring"):
+        return f"{metric} ({describe(declared['scoring'])})"
+    return metric
 
 
 def _introduction(doc: Document, r: Results, name: str) -> None:
@@ -203,7 +216,8 @@ def _glue(doc: Document, r: Results, out: Path) -> None:
     doc.table(r.tables["glue_dev"])
     doc.paragraph("GLUE avg (dev): as BERT and TaCL compute theirs, the mean of nine numbers (CoLA MCC, SST-2 "
                   "acc, MRPC F1, STS-B Spearman, QQP F1, MNLI-m and MNLI-mm acc, QNLI acc, RTE acc; WNLI left "
-                  "out), shown only when all nine are there. The chance row predicts the majority class of "
+                  "out), shown only when all nine are there. MRPC's and QQP's F1 is the F1 of class 1 (the pair "
+                  "is a paraphrase, a duplicate), as GLUE scores it. The chance row predicts the majority class of "
                   "train (STS-B: the mean train score, whose correlation is 0) for every dev example." + (
                       " '(from MNLI)': those runs started from the model's selected MNLI fine-tune, its best "
                       "seed (finetune.start_from), not from the pretrained model."

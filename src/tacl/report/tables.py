@@ -175,15 +175,37 @@ def declared_headlines(records: dict[str, dict[str, Any]]) -> dict[str, tuple[st
 
 
 def declared_headline_rows(records: dict[str, dict[str, Any]]) -> list[tuple[str, str, str, str, str]]:
-    """The declared tasks' headline numbers as HEADLINE's rows (label, task, split, metric, key)."""
-    return [(t, t, split, metric, t) for t, (split, metric) in declared_headlines(records).items()]
+    """The declared tasks' headline numbers as HEADLINE's rows (label, task, split, metric, key); an F1 of one
+    class names it in the label ("pairs (f1 of duplicate)")."""
+    classes = f1_classes(records)
+    return [(f"{t} ({metric_label(t, metric, classes)})" if t in classes and metric == "f1" else t, t, split,
+             metric, t) for t, (split, metric) in declared_headlines(records).items()]
+
+
+def f1_classes(records: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """task -> the class its `f1` is the F1 of: GLUE's MRPC and QQP class 1, a declared classification task's
+    positive_label as its preparation record (`prepared`) names it."""
+    from tacl.finetune import glue
+
+    out = {t: glue.positive_label(t) for t in glue.TASKS if glue.positive_label(t) is not None}
+    out.update({t: r["declared"]["positive_label"] for t, r in records.items()
+                if (r.get("declared") or {}).get("positive_label") is not None})
+    return out  # type: ignore[return-value]
+
+
+def metric_label(task: str, metric: str, classes: dict[str, str]) -> str:
+    """A metric as a table names it: an F1 of one class with that class ("f1 of duplicate", `f1_classes`)."""
+    return f"{metric} of {classes[task]}" if metric == "f1" and task in classes else metric
 
 
 def declared_table(summary: pd.DataFrame, long: pd.DataFrame, models: list[str],
                    records: dict[str, dict[str, Any]], chance: dict[str, dict[str, Any]]) -> pd.DataFrame:
-    """The declared tasks: each one's headline metric on dev (and on its test split where it has one), our rows
-    (the selected setting), then the chance row, scored from the task's own files."""
-    columns = [(f"{t} ({r['declared']['metric']}, {split})", t, split, r["declared"]["metric"], r["family"])
+    """The declared tasks: each one's headline metric on dev (and on its test split where it has one; an F1 of
+    one class named with it, `metric_label`), our rows (the selected setting), then the chance row, scored from
+    the task's own files."""
+    classes = f1_classes(records)
+    columns = [(f"{t} ({metric_label(t, r['declared']['metric'], classes)}, {split})", t, split,
+                r["declared"]["metric"], r["family"])
                for t, r in records.items() if r.get("declared") for split in ("dev", "test") if split in r["splits"]]
     rows = [{"model": model, "source": OURS, "preset": presets(long, model, {c[1] for c in columns}),
              **{label: _cell(summary, model, task, split, [metric]) for label, task, split, metric, _ in columns}}
@@ -206,15 +228,17 @@ def selected(long: pd.DataFrame, chosen: dict[tuple[str, str], dict[str, Any]]) 
     return long[keep]
 
 
-def sweep_table(long: pd.DataFrame, chosen: dict[tuple[str, str], dict[str, Any]]) -> pd.DataFrame:
-    """Every setting of every (model, task): the headline dev number's mean ± std over seeds, and which
-    setting was selected."""
+def sweep_table(long: pd.DataFrame, chosen: dict[tuple[str, str], dict[str, Any]],
+                classes: dict[str, str] | None = None) -> pd.DataFrame:
+    """Every setting of every (model, task): the headline dev number's mean ± std over seeds (an F1 of one
+    class named with it, `classes`: `f1_classes`), and which setting was selected."""
     rows = []
     for (model, task), choice in chosen.items():
         for setting, s in choice["settings"].items():
             std = f" ± {s['std']:.1f}" if len(s["seeds"]) > 1 and not math.isnan(s["std"]) else ""
             rows.append({"model": model, "task": task, "setting": setting,
-                         "dev": f"{choice['split']} {choice['metric']}", "mean ± std": f"{s['mean']:.1f}{std}",
+                         "dev": f"{choice['split']} {metric_label(task, choice['metric'], classes or {})}",
+                         "mean ± std": f"{s['mean']:.1f}{std}",
                          "seeds": len(s["seeds"]), "selected": "yes" if setting == choice["setting"] else ""})
     return pd.DataFrame(rows, columns=["model", "task", "setting", "dev", "mean ± std", "seeds", "selected"])
 
