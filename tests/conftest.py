@@ -137,7 +137,7 @@ _BPE_TOKENIZER: list = []  # (trained once: every run of the small DAG reads the
 
 
 def small_dag_config(root) -> dict:
-    """Data, a pretraining run in two chunks, fine-tunes with two seeds (one model also contrastive),
+    """Data, a pretraining run in two chunks, fine-tunes with two seeds side by side (one model also contrastive),
     similarity, sentence embeddings, report: the smallest DAG with every kind of job. Its start model is of
     another family than BERT's: a random RoBERTa with a byte-level BPE tokenizer trained on the demo's text
     (sequences of whole sentences, no NSP, no token types, exported and fine-tuned as a RoBERTa)."""
@@ -151,7 +151,8 @@ def small_dag_config(root) -> dict:
     cfg["data"]["max_lines"] = 3000
     cfg["pretrain"].update(objectives=["none", "coco_lm"], steps=12, log_every=4)
     cfg["pretrain"]["chunk"].update(runtime_minutes=30, max_steps=6)
-    cfg["finetune"].update(tasks=["qnli"], seeds_small=2, contrastive={"forms": ["scl"], "models": ["coco_lm"]})
+    cfg["finetune"].update(tasks=["qnli"], seeds_small=2, contrastive={"forms": ["scl"], "models": ["coco_lm"]},
+                           seeds_per_gpu=2)  # (the two seeds side by side, each in its own process)
     cfg["finetune"]["hparams"]["glue"].update(max_train_examples=64, max_eval_examples=64, epochs=1)
     cfg["analysis"]["similarity_sentences"] = 20
     cfg["analysis"]["embeddings"] = {"enabled": True, "cluster_task": "sst2", "source": {

@@ -56,7 +56,7 @@ KIND_WORDS = {
     "kill_parent": "SIGKILL to the job's own process alone (its children live on)",
     "disk_full": "the results' file system fills up (freed once the run has ended)",
     "stale_lock": "a stale LOCK planted in a trainer's folder (a dead process of this host, or one on another host)",
-    "damage": "a finished result file deleted or cut to half its size",
+    "damage": "a finished job's result file (one its outputs' record names) deleted or cut to half its size",
 }
 KILL_WAIT_S = 5.0  # SLURM's KillWait in the CI cluster: from SIGTERM to SIGKILL
 POLL_S = 0.05
@@ -339,8 +339,20 @@ class Schedule:
         return f"{folder.relative_to(self.results)}: {owner['host']}"
 
     def _damage(self, rng: random.Random) -> str:
-        files = sorted(p for p in self.results.rglob("*") if p.is_file() and not p.name.startswith(".")
-                       and "logs" not in p.parts and "benchmarks" not in p.parts and p.name not in ("LOCK", "LOCK.log"))
+        """A finished job's result file (one its record names: tacl.runtime.outputs), deleted or cut short."""
+        from tacl.runtime.outputs import RECORDS
+
+        files = set()
+        for rec in sorted((self.results / RECORDS).rglob("*.json")):
+            try:
+                entry = json.loads(rec.read_text())
+            except (OSError, ValueError):
+                continue
+            for group in ("outputs", "also"):
+                for out, names in entry.get(group, {}).items():
+                    files.update(Path(out) if name == "." else Path(out) / name for name in names)
+        files = sorted(p if p.is_absolute() else self.root / p for p in files)
+        files = [p for p in files if p.is_file()]
         if not files:
             return "nothing written yet"
         path = rng.choice(files)

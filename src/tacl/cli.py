@@ -9,6 +9,7 @@ that will not take the process: tacl.runtime.device.GpuUnavailable).
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import logging
 import os
@@ -63,7 +64,34 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(f"tacl: error: {e}", file=sys.stderr)
         return getattr(e, "exit_status", 2)
+    except Exception as e:  # noqa: BLE001 (a full disk is said in one line; every other error as it is)
+        full = no_space(e)
+        if full is None:
+            raise
+        if os.environ.get("TACL_DEBUG"):
+            traceback.print_exc()
+        print(f"tacl: error: {full}", file=sys.stderr)
+        return 2
     return int(result or 0)
+
+
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+NO_SPACE_WORDS = ("no space left on device", "disk quota exceeded", "file write failed")
+
+
+def no_space(error: BaseException) -> str | None:
+    """The one line for an error that a full file system (or an exhausted quota) caused, anywhere in `error`'s
+    chain (torch.save's writer says only "file write failed"); None for any other error."""
+    at, seen = error, []
+    while at is not None and all(at is not s for s in seen):
+        seen.append(at)
+        if (isinstance(at, OSError) and at.errno in NO_SPACE) or any(w in str(at).lower() for w in NO_SPACE_WORDS):
+            where = f" ({at.filename})" if isinstance(at, OSError) and at.filename else ""
+            return (f"no space left on the file system{where}, or the quota there is used up: free space (or raise "
+                    "the quota), then run the same command again; what this job saved before is intact (files are "
+                    "written under temporary names and renamed once whole)")
+        at = at.__cause__ or at.__context__
+    return None
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ rule similarity:
     shell:
         "python -m tacl analysis similarity --model {input.model} --name {wildcards.model}"
         " --heldout {input.heldout} --sentences {params.n} --seed {params.seed} --max-len {params.max_len}"
-        " --device {params.device} --out {output.similarity} {params.embeddings} > {log} 2>&1"
+        " --device {params.device} --out {output.similarity} {params.embeddings} > {log} 2>&1" + RECORD_OUTPUTS
 
 
 rule similarity_plot:
@@ -61,6 +61,7 @@ rule similarity_plot:
         CONDA_ENV
     shell:
         "python -m tacl analysis plot --inputs {input} --out {output.similarity} --cls-out {output.cls} > {log} 2>&1"
+        + RECORD_OUTPUTS
 
 
 rule embeddings_data:
@@ -79,4 +80,4 @@ rule embeddings_data:
     shell:
         "python -m tacl analysis embeddings-data --source {params.source:q} --cache-dir {params.cache}"
         " --cluster-task {params.task}"
-        " --max-pairs {params.pairs} --max-sentences {params.sentences} --out {output} > {log} 2>&1"
+        " --max-pairs {params.pairs} --max-sentences {params.sentences} --out {output} > {log} 2>&1" + RECORD_OUTPUTS

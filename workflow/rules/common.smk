@@ -3,6 +3,7 @@
 # tacl.cluster.handlers) into the rules and handlers. What needs Snakemake's `workflow` or `checkpoints` stays here;
 # the rest is tested.
 import os
+import shlex
 import signal
 import sys
 from argparse import Namespace
@@ -23,6 +24,7 @@ from tacl.planning.sizing import Sizing
 from tacl.pretrain.chain import chunks_present, final_marker
 from tacl.report.expected import RECORD as REPORT_RECORD, write_expected as write_expected_of
 from tacl.runtime.io import InputError
+from tacl.runtime.outputs import damaged, remove_damaged
 
 # Every job runs `python -m tacl` from this checkout's src/ (installed or not, venv or --sdm conda).
 REPO = os.path.abspath(os.path.join(workflow.basedir, ".."))
@@ -85,6 +87,9 @@ signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 L = Layout.of(config)
 R = L.results
+# The last step of every rule's command: its outputs recorded (tacl.runtime.outputs), so that a later run
+# finds one damaged since its job wrote it (`damaged_outputs`) and makes it again.
+RECORD_OUTPUTS = f" && python -m tacl.runtime.outputs {shlex.quote(R)} {{output:q}}"
 DATA = L.data
 LOGS = L.logs
 BENCH = L.benchmarks
@@ -311,6 +316,18 @@ def write_expected():
     """onstart: what this results directory is to hold (RESULTS_DIR/expected.json), for `tacl report RESULTS_DIR`
     (tables from what has finished, at any time) and `tacl status`, which read files only."""
     write_expected_of(R, handlers.expected_of(config, L))
+
+
+def damaged_outputs():
+    """Before the plan: every output damaged since its job wrote it (tacl.runtime.outputs: a file of it
+    missing, or of another size) is removed, one line each, and this run makes it again; a dry run only names
+    them."""
+    if workflow.dryrun:
+        for paths, why in damaged(R):
+            named = ", ".join(os.path.relpath(p, R) for p in paths)
+            print(f"damaged since its job wrote it ({why}): {named}; a run makes it again", file=sys.stderr)
+    else:
+        remove_damaged(R, say=lambda line: print(line, file=sys.stderr))
 
 
 def partial_report():

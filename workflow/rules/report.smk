@@ -76,4 +76,4 @@ rule report:
     params:
         args=report_args,
     shell:
-        "python -m tacl report {params.args} --record {output.record} > {log} 2>&1"
+        "python -m tacl report {params.args} --record {output.record} > {log} 2>&1" + RECORD_OUTPUTS
