@@ -375,7 +375,7 @@ WALL_CLOCK_CHAINS = {"test_slurm.py::test_demo_through_sbatch_and_one_minute_chu
 # the other test files whose tests take minutes in all (a `make test` run's durations), longest first
 LONG_GROUPS = ("test_step", "test_workflow", "test_slurm_nodes", "test_plan")
 # test files that run in another's group: they share its worker's session fixtures (`small_dag_again`)
-SHARED_GROUPS = {"test_reruns": "test_workflow"}
+SHARED_GROUPS = {"test_reruns": "test_workflow", "test_faults": "test_workflow"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
