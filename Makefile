@@ -5,7 +5,7 @@ PYTHON ?= python3
 BIN := $(VENV)/bin
 SNAKEMAKE_ARGS ?=
 
-.PHONY: demo test lint venv clean-demo profiles
+.PHONY: demo test lint venv clean-demo profiles faults
 
 venv: $(VENV)/.installed
 
@@ -28,6 +28,14 @@ PYTEST_ARGS ?= -n 2 --dist loadgroup --no-loadscope-reorder
 
 test: venv
 	PATH=$(abspath $(BIN)):$$PATH python -m pytest -q $(PYTEST_ARGS)
+
+# the long fault-injection run (tests/faults.py; docs/reliability.md): FAULT_ARGS picks the schedules, e.g.
+# `make faults FAULT_ARGS="--seed 7 --schedules 1"` runs schedule 7 again; `--slurm` through the CI's cluster
+FAULT_ARGS ?= --seed 1 --schedules 25 --faults 4 --json results/faults.json
+
+faults: venv
+	mkdir -p results
+	PATH=$(abspath $(BIN)):$$PATH python tests/faults.py $(FAULT_ARGS)
 
 # no finding of ruff (pyproject: line length, pycodestyle, pyflakes), snakefmt --check or snakemake --lint
 lint: venv

@@ -524,6 +524,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=None, help="where the runs go (default: a temporary folder)")
     parser.add_argument("--json", type=Path, default=None, help="write every outcome and the summary here")
     parser.add_argument("--keep", action="store_true", help="keep the schedules' folders")
+    parser.add_argument("--slurm", action="store_true",
+                        help="through the CI's SLURM cluster (profiles/slurm-ci; .ci/slurm.sh up starts it)")
     a = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -531,7 +533,8 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     from conftest import REPO
 
-    profile_args = ["--profile", str(REPO / "profiles" / "local"), "--cores", "2"]
+    profile_args = (["--profile", str(REPO / "profiles" / "slurm-ci")] if a.slurm else
+                    ["--profile", str(REPO / "profiles" / "local"), "--cores", "2"])
     reference, span = reference_run(work / "reference", profile_args)
     print(f"faults: the uninterrupted run took {span:.0f} s; {len(reference)} report files", flush=True)
     outcomes = []

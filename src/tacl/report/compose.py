@@ -157,6 +157,10 @@ def document(r: Results, name: str, out: Path, similarity_png: str | None, cls_p
     _introduction(doc, r, name)
     doc.heading("Pretraining")
     doc.figure("training curves", out / "training_curves.png", CURVES_CAPTION)
+    resumed = [f"{run.objective} at step{'s' if len(run.boundaries) > 1 else ''} "
+               f"{', '.join(map(str, run.boundaries))}" for run in r.runs if run.boundaries]
+    if resumed:
+        doc.paragraph("Chunks resumed from a checkpoint: " + "; ".join(resumed) + ".")
     if r.glue_tasks:
         _glue(doc, r, out)
     if any(t.startswith("squad") for t in r.tasks):
@@ -412,8 +416,9 @@ def _runs(doc: Document, r: Results) -> None:
 
 CURVES_CAPTION = ("Each pretraining run's loss terms (left axis; `loss` is the total it trained on) and learning "
                   "rate (right axis, dotted) against the optimizer step, from its run/metrics.jsonl, one point "
-                  "per `pretrain.log_every` steps; a dashed vertical line marks a chunk that resumed there from "
-                  "the checkpoint. The points: training_curves.csv.")
+                  "per `pretrain.log_every` steps. Where the chunks resumed is the run's history, listed below: "
+                  "the figure holds the results alone, the same for a run killed and resumed as for one that was "
+                  "not. The points: training_curves.csv.")
 
 
 CLS_CAPTION = ("For each model, the distribution of the cosine between the last layer's [CLS] vectors of two "

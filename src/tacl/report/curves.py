@@ -1,7 +1,8 @@
 """Training curves of every pretraining run, from its `run/metrics.jsonl`: each loss term and the learning
-rate against the step, one panel per objective, the chunk boundaries (the steps where a chunk started
-from a checkpoint) as dashed lines. The same numbers go to `training_curves.csv`, so the figure can be
-checked against the files it was drawn from."""
+rate against the step, one panel per objective. The same numbers go to `training_curves.csv`, so the figure
+can be checked against the files it was drawn from. Where chunks resumed from a checkpoint (`Run.boundaries`)
+is the run's history, not a result: the report lists it beside the figure, which is the same for a run
+killed and resumed as for one that was not."""
 
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ def curves_table(runs: list[Run]) -> pd.DataFrame:
 
 def curves_figure(runs: list[Run]) -> Any:
     """One panel per objective: the loss terms (left axis) and the learning rate (right axis, grey) against
-    the step; a dashed vertical line where a chunk resumed."""
+    the step."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -76,8 +77,6 @@ def curves_figure(runs: list[Run]) -> Any:
         for term in run.terms:
             points = [(m["step"], m[term]) for m in run.metrics if term in m]
             ax.plot(*zip(*points), label=term, linewidth=2.0 if term == "loss" else 1.2)
-        for k, step in enumerate(run.boundaries):
-            ax.axvline(step, color="black", linestyle="--", linewidth=0.8, label="chunk boundary" if k == 0 else None)
         ax.set_title(run.objective, fontsize=10, loc="left")
         positive = all(m[t] > 0 for m in run.metrics for t in run.terms if t in m)
         ax.set_yscale("log" if positive else "linear")  # (small contrastive terms beside MLM's ~10)
