@@ -1,13 +1,14 @@
 """Wikipedias in other languages: the sentence splitters on Croatian and Serbian text, each language's stop
-headings (data.language, data.stop_headings), and English's settings recorded as they were before languages
-were (no rerun)."""
+rule (data.language, data.stop_headings; the rule itself in test_headings.py), and English's settings recorded
+as they were before languages were (no rerun)."""
 
 from __future__ import annotations
 
 import pytest
 
 from conftest import demo_config
-from tacl.data.clean import STOP_HEADINGS, STOP_PREFIXES, _split, clean_article, clean_given, stop_headings
+from tacl.data.clean import _split, clean_article, clean_given
+from tacl.data.headings import STOP_HEADINGS, STOP_MATCH, STOP_PREFIXES, TACL, stop_rule
 from tacl.runtime.io import InputError
 
 CROATIAN = ("Zagreb je glavni grad Hrvatske. Npr. u njemu živi oko 770 tisuća stanovnika, tzv. Zagrepčana. "
@@ -74,38 +75,22 @@ ARTICLE = "\n".join([
 def test_a_croatian_article_loses_its_closing_sections_with_hr_only(splitter):
     body = ["Sava je rijeka u jugoistočnoj Europi.", "Teče kroz Sloveniju, Hrvatsku i Srbiju.",
             "Izvire u Julijskim Alpama.", "Ulijeva se u Dunav kod Beograda."]
-    assert clean_article(ARTICLE, splitter, stop_headings("hr")) == body
-    kept = clean_article(ARTICLE, splitter, stop_headings("en"))
+    assert clean_article(ARTICLE, splitter, stop_rule("hr")) == body
+    kept = clean_article(ARTICLE, splitter, stop_rule("en"))
     assert kept[:4] == body and "Objavljeni su na mreži." in kept and "Stranica je na hrvatskom." in kept
     assert clean_article(ARTICLE, splitter) == kept  # English's headings by default
 
 
-def test_a_paragraph_that_begins_with_a_heading_word_goes_on():
-    """Outside English's recipe a heading stops the article only as a line of its own: Croatian "Izvori" (the
-    sources) heads a closing section, but a paragraph about the Sava's springs begins with the same word; a
-    category line stops where it starts with the heading. English keeps TaCL's recipe (a line that starts
-    with a heading)."""
-    from tacl.data.clean import stops_here
-
-    hr = stop_headings("hr")
-    article = "\n".join(["Rijeka Sava", "Sava je rijeka u jugoistočnoj Europi. Teče kroz Sloveniju i Hrvatsku.",
-                          "Izvori Save nalaze se u Julijskim Alpama. Dva su izvora.", "Izvori:",
-                          "Podaci su iz 2021. godine. Objavljeni su na mreži."])
-    kept = clean_article(article, "blingfire", hr)
-    assert "Izvori Save nalaze se u Julijskim Alpama." in kept and "Objavljeni su na mreži." not in kept
-    assert stops_here("Kategorija:Rijeke u Hrvatskoj", hr) and stops_here("Vanjske poveznice", hr)
-    assert not stops_here("Literatura je umjetnost riječi.", hr)
-    assert stops_here("References and notes", STOP_PREFIXES)  # (TaCL's recipe, unchanged)
-
-
-def test_stop_headings_per_language_and_given():
-    assert stop_headings() == stop_headings("en") == STOP_PREFIXES
+def test_stop_rules_per_language_and_given():
+    assert stop_rule() is stop_rule("en") is TACL and TACL.headings == STOP_PREFIXES
     assert {"Izvori", "Vanjske poveznice", "Kategorija:"} <= set(STOP_HEADINGS["hr"])
     assert {"Референце", "Спољашње везе", "Категорија:"} <= set(STOP_HEADINGS["sr"])
-    assert stop_headings("es", ["Referencias", "Enlaces externos"]) == ("Referencias", "Enlaces externos")
-    assert stop_headings("hr", ["Izvori"]) == ("Izvori",)  # given: in place of the language's list
-    with pytest.raises(InputError, match=r"^data\.language: 'es' has no built-in stop headings .*data\.stop_headings$"):
-        stop_headings("es")
+    es = stop_rule("es", ["Referencias", "Enlaces externos"])
+    assert es.headings == ("Referencias", "Enlaces externos") and es.joiners == ("y", "e")
+    assert stop_rule("hr", ["Izvori"]).headings == ("Izvori",)  # given: in place of the language's list
+    assert stop_rule("hr", list(reversed(STOP_PREFIXES))) is TACL  # English's, in any order: TaCL's rule
+    with pytest.raises(InputError, match=r"^data\.language: 'es' has no built-in stop headings .*data\.stop_headings "):
+        stop_rule("es")
 
 
 def test_english_keeps_the_clean_jobs_settings_as_they_were(tmp_path):
@@ -117,9 +102,9 @@ def test_english_keeps_the_clean_jobs_settings_as_they_were(tmp_path):
     from tacl.experiment.design import clean_language_given, clean_options
 
     before = {"max_lines", "heldout_fraction", "sentence_splitter", "version"}
-    assert set(clean_given(100, 0.01, "blingfire")) == set(clean_given(100, 0.01, "blingfire", STOP_PREFIXES))
+    assert set(clean_given(100, 0.01, "blingfire")) == set(clean_given(100, 0.01, "blingfire", stop_rule("en")))
     assert set(clean_given(100, 0.01, "blingfire")) == before
-    assert clean_given(100, 0.01, "blingfire", stop_headings("hr"))["stop_headings"] == list(STOP_HEADINGS["hr"])
+    assert clean_given(100, 0.01, "blingfire", stop_rule("hr"))["stop_headings"] == list(STOP_HEADINGS["hr"])
 
     config = demo_config(tmp_path)
     validate(config, str(SCHEMA), set_default=True)  # the schema's defaults, as the Snakefile fills them in
@@ -128,13 +113,15 @@ def test_english_keeps_the_clean_jobs_settings_as_they_were(tmp_path):
     config["data"]["stop_headings"] = list(STOP_PREFIXES)  # English's, given: the same settings
     assert clean_language_given(config) == {} and clean_options(config) == ""
     config["data"].update(language="hr", stop_headings=None)
-    assert clean_language_given(config) == {"stop_headings": list(STOP_HEADINGS["hr"]), "stop_match": "heading line"}
+    assert clean_language_given(config) == {"stop_headings": list(STOP_HEADINGS["hr"]), "stop_joiners": ["i", "te"],
+                                            "stop_match": STOP_MATCH}
     assert clean_options(config).startswith(" --stop-headings '[\"Izvori\", ")
+    assert clean_options(config).endswith(" --stop-joiners '[\"i\", \"te\"]'")
     assert not [p for p in plan_errors(config, load_schema(SCHEMA)) if p.startswith("data.")]
     config["data"]["language"] = "es"
     assert [p for p in plan_errors(config, load_schema(SCHEMA)) if p.startswith("data.")] == [
         "data.language: 'es' has no built-in stop headings (en, hr, sr); give its closing sections' headings as "
-        "data.stop_headings"]
+        "data.stop_headings (`tacl data headings` counts them in a corpus)"]
 
 
 ENGLISH_DOCS = [["The river flows through the old town.", "Its water is cold in the spring."],

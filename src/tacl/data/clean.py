@@ -1,10 +1,11 @@
 """Clean + sentence-split with the TaCL recipe.
 
-Per article: split on newlines; stop at the first line starting with one of the language's stop headings
-(`STOP_HEADINGS`; English's: "References", "External links", "Category:" and "See also"; `data.language`
-picks the list, `data.stop_headings` gives it instead; another list than English's stops at a line that is
-the heading, `stops_here`); drop paragraphs under 3 words; split sentences;
-drop sentences under 3 characters; drop the document if fewer than 2 sentences remain.
+Per article: split on newlines; stop at the first line that heads one of the article's closing sections
+(tacl.data.headings: `data.language` picks a built-in list, `data.stop_headings` gives one instead; English's,
+TaCL's recipe, stops at the first line starting with "References", "External links", "Category:" or "See
+also"; any other list at a line that is a listed heading, or a compound heading line such as "Izvori i
+literatura", `StopRule.stops_at`); drop paragraphs under 3 words; split sentences; drop sentences under 3
+characters; drop the document if fewer than 2 sentences remain.
 
 Two sentence splitters (`data.sentence_splitter`):
 - `blingfire` (default): a statistical splitter; the stop line itself is dropped.
@@ -30,20 +31,11 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
+from tacl.data.headings import TACL, StopRule
 from tacl.data.sources import Article, iter_articles
 from tacl import RESULT_VERSIONS
 from tacl.runtime.io import InputError, atomic_path, read_json, write_json_atomic
 
-# The headings of the sections that close an article, per Wikipedia language (`data.language`): an article
-# stops at the first line that is one of them (English's: that starts with one, `stops_here`). A language
-# missing here is given as `data.stop_headings` (or added here).
-STOP_HEADINGS: dict[str, tuple[str, ...]] = {
-    "en": ("References", "External links", "Category:", "See also"),
-    "hr": ("Izvori", "Vanjske poveznice", "Literatura", "Bilješke", "Povezani članci", "Kategorija:",
-           "Vidi još"),
-    "sr": ("Референце", "Спољашње везе", "Литература", "Извори", "Види још", "Напомене", "Категорија:"),
-}
-STOP_PREFIXES = STOP_HEADINGS["en"]
 MIN_PARAGRAPH_WORDS = 3
 MIN_SENTENCE_CHARS = 3
 MIN_DOCUMENT_SENTENCES = 2
@@ -98,50 +90,15 @@ def _split(paragraph: str, splitter: str) -> list[str]:
     return blingfire.text_to_sentences(paragraph).split("\n")
 
 
-def stop_headings(language: str = "en", given: list[str] | None = None) -> tuple[str, ...]:
-    """The stop headings of the clean step: `given` (data.stop_headings) where given, else the built-in list
-    of `language` (data.language)."""
-    if given is not None:
-        return tuple(given)
-    if language not in STOP_HEADINGS:
-        raise InputError(f"data.language: {language!r} has no built-in stop headings ({', '.join(STOP_HEADINGS)}); "
-                         "give its closing sections' headings as data.stop_headings")
-    return STOP_HEADINGS[language]
-
-
-# How a line matches a stop heading (`stops_here`), where the headings are not English's: recorded beside them
-STOP_MATCH = "heading line"
-
-
-def headings_given(stops: Iterable[str]) -> dict[str, Any]:
-    """The stop headings as the clean job's record and parameters keep them, with how a line matches them:
-    nothing where they are English's, so that the jobs made before languages were recorded keep their settings
-    (no rerun)."""
-    stops = tuple(stops)
-    return {} if stops == STOP_PREFIXES else {"stop_headings": list(stops), "stop_match": STOP_MATCH}
-
-
-def stops_here(line: str, stops: tuple[str, ...]) -> bool:
-    """Whether an article stops at this (stripped) line. English's headings, TaCL's recipe: a line that starts
-    with one. Any other list: a line that is the heading itself (a closing ':' or '.' aside), or for a heading
-    that ends in ':' (a category line) a line that starts with it; so that a paragraph that merely begins with
-    the word goes on (Croatian "Izvori" heads the sources, but "Izvori Save nalaze se ..." is about the
-    Sava's springs)."""
-    if stops == STOP_PREFIXES:
-        return line.startswith(stops)
-    bare = line.rstrip(" :.")
-    return any(line.startswith(h) if h.endswith(":") else bare == h for h in stops)
-
-
-def clean_article(text: str, splitter: str = "blingfire", stops: tuple[str, ...] = STOP_PREFIXES) -> list[str]:
-    """The sentences TaCL keeps from one article (empty if the document is dropped); `stops`: the stop
-    headings (`stop_headings`)."""
+def clean_article(text: str, splitter: str = "blingfire", stops: StopRule = TACL) -> list[str]:
+    """The sentences TaCL keeps from one article (empty if the document is dropped); `stops`: the stop rule
+    (tacl.data.headings.stop_rule)."""
     if splitter not in SPLITTERS:
         raise InputError(f"data.sentence_splitter: {splitter!r} is not one of {', '.join(SPLITTERS)}")
     sentences: list[str] = []
     for paragraph in text.split("\n"):
         paragraph = paragraph.strip()
-        stop = stops_here(paragraph, stops)
+        stop = stops.stops_at(paragraph)
         if stop and splitter != "regex":
             break
         if len(paragraph.split()) >= MIN_PARAGRAPH_WORDS:
@@ -163,7 +120,7 @@ def is_heldout(article_id: str, fraction: float) -> bool:
 
 
 def _clean_batch(batch: list[Article], splitter: str = "blingfire",
-                 stops: tuple[str, ...] = STOP_PREFIXES) -> list[list[str]]:
+                 stops: StopRule = TACL) -> list[list[str]]:
     return [clean_article(a.text, splitter, stops) for a in batch]
 
 
@@ -174,7 +131,7 @@ def _batches(articles: Iterable[Article], size: int) -> Iterator[list[Article]]:
 
 
 def _cleaned(articles: Iterable[Article], workers: int, splitter: str = "blingfire", batch: int = 256,
-             stops: tuple[str, ...] = STOP_PREFIXES) -> Iterator[tuple[Article, list[str]]]:
+             stops: StopRule = TACL) -> Iterator[tuple[Article, list[str]]]:
     """(article, its sentences), cleaned in parallel, in source order, reading the source only a bounded
     window ahead."""
     batches = _batches(articles, batch)
@@ -191,7 +148,7 @@ def _cleaned(articles: Iterable[Article], workers: int, splitter: str = "blingfi
 
 def capped_documents(articles: Iterable[Article], max_lines: int | None, heldout_fraction: float,
                      splitter: str = "blingfire", workers: int = 1,
-                     stops: tuple[str, ...] = STOP_PREFIXES) -> Iterator[tuple[Article, list[str], str]]:
+                     stops: StopRule = TACL) -> Iterator[tuple[Article, list[str], str]]:
     """(article, sentences, role) in source order; role is "train", "heldout", "dropped" (nothing kept) or
     "over": the first training document that would take the corpus past `max_lines` (lines = sentences plus
     the blank line after each document), the last one yielded. What the clean step writes, and what a capped
@@ -211,12 +168,12 @@ def capped_documents(articles: Iterable[Article], max_lines: int | None, heldout
 
 
 def clean_given(max_lines: int | None, heldout_fraction: float, splitter: str,
-                stops: tuple[str, ...] = STOP_PREFIXES) -> dict[str, Any]:
+                stops: StopRule = TACL) -> dict[str, Any]:
     """The settings a clean job ran with, as its record keeps them (tacl.experiment.reruns compares them); the
-    stop headings only where they are not English's (`headings_given`)."""
+    stop rule only where it is not TaCL's (`StopRule.given`)."""
     # (0 and None both mean no cap: the job is given `max_lines or None`)
     return {"max_lines": max_lines or None, "heldout_fraction": heldout_fraction, "sentence_splitter": splitter,
-            "version": RESULT_VERSIONS["data"], **headings_given(stops)}
+            "version": RESULT_VERSIONS["data"], **stops.given()}
 
 
 def clean_corpus(
@@ -230,7 +187,7 @@ def clean_corpus(
     workers: int = 1,
     progress: bool = True,
     splitter: str = "blingfire",
-    stops: tuple[str, ...] = STOP_PREFIXES,
+    stops: StopRule = TACL,
 ) -> dict[str, Any]:
     """Clean the corpus described by `raw_json` (written by the download step).
 

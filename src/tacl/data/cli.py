@@ -22,6 +22,8 @@ def register(stages: argparse._SubParsersAction) -> None:
                    help="as the clean step (for the cap)")
     c.add_argument("--stop-headings", type=json.loads, default=None,
                    help="as the clean step (for the cap)")
+    c.add_argument("--stop-joiners", type=json.loads, default=None,
+                   help="as the clean step (for the cap)")
     c.set_defaults(func=_download, online=True)
 
     c = cmds.add_parser("tokenizer", help="save the tokenizer into the results tree (login node)")
@@ -44,7 +46,23 @@ def register(stages: argparse._SubParsersAction) -> None:
                    help="regex: the reference's splitter and stop rule")
     c.add_argument("--stop-headings", type=json.loads, default=None,
                    help="the stop headings as a JSON list (data.language's or data.stop_headings; default: English's)")
+    c.add_argument("--stop-joiners", type=json.loads, default=None,
+                   help="the words that join two stop headings into one, as a JSON list (data.language's 'and')")
     c.set_defaults(func=_clean)
+
+    c = cmds.add_parser("headings", help="count the headings that close a corpus's articles (for data.stop_headings)")
+    where = c.add_mutually_exclusive_group(required=True)
+    where.add_argument("--raw", help="the corpus description the download step wrote (raw.json)")
+    where.add_argument("--source", type=json.loads,
+                       help="data.source as JSON, e.g. '{\"kind\": \"wikiextractor\", \"paths\": [\"wiki/*/wiki_*\"]}'")
+    c.add_argument("--cache-dir", help="the datasets cache of a Hugging Face source (--source)")
+    c.add_argument("--top", type=int, default=20, help="how many headings to print")
+    c.add_argument("--max-articles", type=int, help="read only the first N articles")
+    c.add_argument("--prose-words", type=int, default=30,
+                   help="a line of this many words or more is the article's body, not a reference line (default 30)")
+    c.add_argument("--min-share", type=float, default=0.75,
+                   help="list a heading that closes at least this share of the articles it appears in (default 0.75)")
+    c.set_defaults(func=_headings)
 
     c = cmds.add_parser("shard", help="tokenize + NSP instances for one shard")
     c.add_argument("--corpus", required=True)
@@ -82,17 +100,27 @@ def _tokenizer(a: argparse.Namespace) -> None:
 def _download(a: argparse.Namespace) -> None:
     from tacl.data.download import download_corpus
 
+    from tacl.data.headings import rule_given
+
     download_corpus(json.loads(a.source), a.cache_dir, a.out, a.max_lines, a.heldout_fraction, a.sentence_splitter,
-                    a.stop_headings)
+                    rule_given(a.stop_headings, a.stop_joiners))
 
 
 def _clean(a: argparse.Namespace) -> None:
-    from tacl.data.clean import STOP_PREFIXES, clean_corpus
+    from tacl.data.clean import clean_corpus
+    from tacl.data.headings import rule_given
 
-    stops = STOP_PREFIXES if a.stop_headings is None else tuple(a.stop_headings)
+    stops = rule_given(a.stop_headings, a.stop_joiners)
     stats = clean_corpus(a.raw, a.corpus, a.index, a.heldout, a.stats, a.max_lines or None,
                          a.heldout_fraction, a.workers, progress=True, splitter=a.sentence_splitter, stops=stops)
     print(json.dumps(stats))
+
+
+def _headings(a: argparse.Namespace) -> None:
+    from tacl.data.headings import corpus_headings, headings_table
+
+    found = corpus_headings(a.raw, a.source, a.cache_dir, a.prose_words, a.max_articles)
+    print(headings_table(found, a.top, a.min_share))
 
 
 def _shard(a: argparse.Namespace) -> None:

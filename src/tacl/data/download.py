@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from tacl.data.headings import TACL, StopRule
 from tacl.data.sources import expand_paths
 from tacl.runtime.hub import from_hub, load_tokenizer, resolve_pretrained, tokenizer_hash
 from tacl.runtime.io import InputError, atomic_path, sha256_file, stable_hash, write_json_atomic
@@ -16,12 +17,12 @@ from tacl.runtime.io import InputError, atomic_path, sha256_file, stable_hash, w
 
 def download_corpus(source: dict[str, Any], cache_dir: str, out_json: str, max_lines: int = 0,
                     heldout_fraction: float = 0.0, splitter: str = "blingfire",
-                    stops: tuple[str, ...] | None = None) -> dict[str, Any]:
+                    stops: StopRule | None = None) -> dict[str, Any]:
     """Make the corpus available offline and describe it in `out_json` (read by the clean step).
 
     A Hugging Face dataset with `max_lines` (data.max_lines) is streamed only as far as the clean step will
-    read it: each article is cleaned as the clean step will clean it (same splitter, stop headings, None
-    for English's, and held-out choice), and the stream stops at the article whose document crosses the cap,
+    read it: each article is cleaned as the clean step will clean it (same splitter, stop rule, None for
+    TaCL's, and held-out choice), and the stream stops at the article whose document crosses the cap,
     where the clean step stops too. The articles read are saved as JSON lines in the cache (`rows_file`), so
     that the clean job reads them offline. Without a cap, the whole dataset is downloaded (English Wikipedia:
     about 20 GB)."""
@@ -48,15 +49,15 @@ def download_corpus(source: dict[str, Any], cache_dir: str, out_json: str, max_l
 
 
 def download_capped(source: dict[str, Any], cache_dir: str, max_lines: int, heldout_fraction: float,
-                    splitter: str, stops: tuple[str, ...] | None = None) -> dict[str, Any]:
+                    splitter: str, stops: StopRule | None = None) -> dict[str, Any]:
     """Stream the articles the clean step will read under `max_lines` into a JSON-lines file in the cache."""
-    from tacl.data.clean import STOP_PREFIXES, capped_documents, headings_given
+    from tacl.data.clean import capped_documents
     from tacl.data.sources import hf_articles, load_hf
 
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{source['dataset']}-{source.get('config')}-{source.get('split')}")
-    stops = STOP_PREFIXES if stops is None else tuple(stops)
-    language = headings_given(stops)  # (English's headings name no file of their own: the name stays as it was)
-    headings = f"-stops{stable_hash(list(stops), 8)}" if language else ""
+    stops = TACL if stops is None else stops
+    language = stops.given()  # (TaCL's headings name no file of their own: the name stays as it was)
+    headings = f"-stops{stable_hash(language, 8)}" if language else ""
     path = Path(cache_dir) / f"{name}-{splitter}{headings}-heldout{heldout_fraction:g}-{max_lines}-lines.jsonl"
     rows = 0
     with (from_hub(source["dataset"], "dataset", "`data.source` (kind wikiextractor or text)", cache_dir),

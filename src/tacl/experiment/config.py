@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import yaml
 
-from tacl.data.clean import stop_headings
+from tacl.data.headings import stop_rule
 from tacl.objectives.registry import MODELS, family_error, group_error, objective_params, packing_error
 from tacl.pretrain.settings import CHUNK_OPERATIONAL_KEYS, OPERATIONAL_KEYS, ZERO3_COMPILE
 from tacl.runtime.io import InputError
@@ -202,7 +202,7 @@ def plan_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
     keep their own checks as a second line."""
     problems = finetune_errors(config, schema)
     try:
-        stop_headings(config["data"].get("language", "en"), config["data"].get("stop_headings"))
+        stop_rule(config["data"].get("language", "en"), config["data"].get("stop_headings"))
     except InputError as e:
         problems.append(str(e))
     gpus = config["plan"]["gpus"]

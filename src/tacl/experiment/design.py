@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from tacl.data.clean import headings_given, stop_headings
+from tacl.data.headings import StopRule, stop_rule
 from tacl.data.download import tokenizer_given as given_to_tokenizer
 from tacl.experiment.config import defaults_unlike
 from tacl.runtime.layout import Layout
@@ -40,23 +40,28 @@ def check(config: dict[str, Any]) -> None:
 # -- data --------------------------------------------------------------------------------------------------
 
 
-def clean_stops(config: dict[str, Any]) -> tuple[str, ...]:
-    """The clean step's stop headings: `data.stop_headings` where given, else `data.language`'s built-in list."""
+def clean_stops(config: dict[str, Any]) -> StopRule:
+    """The clean step's stop rule: `data.stop_headings` where given, else `data.language`'s built-in list, with
+    the language's conjunctions (tacl.data.headings.stop_rule)."""
     d = config["data"]
-    return stop_headings(d.get("language", "en"), d.get("stop_headings"))
+    return stop_rule(d.get("language", "en"), d.get("stop_headings"))
 
 
-def clean_language_given(config: dict[str, Any]) -> dict[str, list[str]]:
-    """The stop headings among the clean and download jobs' parameters, which decide their rerun: empty where
-    they are English's, so that the parameters of the jobs made before languages were recorded stay as they
-    were (no rerun)."""
-    return headings_given(clean_stops(config))
+def clean_language_given(config: dict[str, Any]) -> dict[str, Any]:
+    """The stop rule among the clean and download jobs' parameters, which decide their rerun: empty where it is
+    TaCL's (English's headings), so that the parameters of the jobs made before languages were recorded stay as
+    they were (no rerun)."""
+    return clean_stops(config).given()
 
 
 def clean_options(config: dict[str, Any]) -> str:
-    """The clean and download jobs' `--stop-headings` option: empty where the headings are English's."""
+    """The clean and download jobs' `--stop-headings` and `--stop-joiners` options: empty where the rule is
+    TaCL's."""
     given = clean_language_given(config)
-    return f" --stop-headings {shlex.quote(json.dumps(given['stop_headings'], ensure_ascii=False))}" if given else ""
+    if not given:
+        return ""
+    return "".join(f" --{key.replace('_', '-')} {shlex.quote(json.dumps(given[key], ensure_ascii=False))}"
+                   for key in ("stop_headings", "stop_joiners"))
 
 
 # -- pretraining -------------------------------------------------------------------------------------------
