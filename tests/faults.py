@@ -209,7 +209,7 @@ class Outcome:
     runs: int = 0
     documented: list[str] = dataclasses.field(default_factory=list)  # the documented recovery steps taken
     problems: list[str] = dataclasses.field(default_factory=list)
-    steps_lost: list[int] = dataclasses.field(default_factory=list)
+    logs: list[str] = dataclasses.field(default_factory=list)  # each run's Snakemake output
     seconds: float = 0.0
 
 
@@ -244,7 +244,7 @@ class Schedule:
                 reader.join()
                 self.outcome.runs += 1
                 text = "".join(out)
-                (self.root / f"snakemake-{attempt}.log").write_text(text)
+                self.outcome.logs.append(text)
                 if proc.returncode == 0 and not struck:
                     break
                 if proc.returncode == 0 and not pending:
@@ -493,6 +493,8 @@ def run_schedule(seed: int, faults: int, span_s: float, reference: dict[str, byt
         schedule = Schedule(root, fault_config(root), draw_schedule(seed, faults, span_s), profile_args, seed, mounted)
         schedule.run()
         problems = check(schedule, reference)
+        if problems and (root / "results" / "logs").is_dir():  # (the jobs' logs, kept beside the folder)
+            shutil.copytree(root / "results" / "logs", work / f"schedule-{seed}.logs", dirs_exist_ok=True)
         return schedule.outcome, problems
     finally:
         if mounted:
@@ -541,6 +543,8 @@ def main(argv: list[str] | None = None) -> int:
     for seed in range(a.seed, a.seed + a.schedules):
         outcome, problems = run_schedule(seed, a.faults, span, reference, work, profile_args)
         outcomes.append((outcome, problems))
+        for k, text in enumerate(outcome.logs):  # (beside the schedule's folder: a full disk cannot lose them)
+            (work / f"schedule-{seed}.snakemake-{k}.log").write_text(text)
         struck = ", ".join(f"{f.kind} on {f.job or 'nothing'} at {f.struck_at:.1f} s"
                            + (f" ({f.outcome})" if f.outcome else "") for f in outcome.faults)
         print(f"faults: schedule {seed}: {struck}; {outcome.runs} runs, {len(outcome.documented)} documented "

@@ -15,7 +15,8 @@ from conftest import REPO
 def test_a_damaged_output_is_found_and_removed_and_bookkeeping_is_not_damage(tmp_path):
     """tacl.runtime.outputs: a job's outputs recorded (a file, a folder, a folder of results beside them); an
     output cut short, a file deleted inside a folder output, a seed's result file cut short: each job found
-    damaged, once, and its outputs removed with one line naming what is wrong. The locks, their history, a
+    damaged, once, and its outputs removed with one line naming what is wrong (the seeds' folder stays: the job
+    run again keeps its intact seeds). The locks, their history, a
     job's record and checkpoints in a results folder are bookkeeping, not damage; a job whose outputs are not
     all there is left to Snakemake (it runs again and records anew)."""
     from tacl.runtime.outputs import damaged, record, remove_damaged
@@ -50,8 +51,9 @@ def test_a_damaged_output_is_found_and_removed_and_bookkeeping_is_not_damage(tmp
     said = []
     lines = remove_damaged(results, say=said.append)
     assert said == lines and len(lines) == 3 and lines[0].startswith("damaged since its job wrote it (")
-    assert "removed finetune/setting/seeds.json, finetune/setting, which this run makes again" in lines[0]
-    assert not (results / "models" / "m").exists() and not (results / "marker.json").exists() and not seeds.exists()
+    assert "removed finetune/setting/seeds.json, which this run makes again" in lines[0]
+    assert not (results / "models" / "m").exists() and not (results / "marker.json").exists()
+    assert not (seeds / "seeds.json").exists() and (seeds / "seed0").is_dir()  # (the job redoes the damaged seed)
     assert damaged(results) == []  # (outputs gone: Snakemake runs their jobs again, which record anew)
 
 

@@ -11,9 +11,10 @@ and Snakemake makes it again (and then what reads it, whose input is newer). A r
 not all there is passed by: Snakemake runs that job again anyway (a failed job's outputs are removed), and it
 records them anew. Sizes, not hashes: the check runs at every start, a stat per file.
 
-A job may name folders beside its outputs that hold its results too (a fine-tuning job's seeds: `--also`);
-their bookkeeping (locks and their history, a job's record, checkpoints, hidden files) is not recorded: it
-changes whenever a later job of the folder starts.
+A job may name folders beside its outputs that hold its results too (a fine-tuning job's seeds: `--also`):
+damage there removes the job's outputs alone, and the job run again redoes what is damaged in the folder (a
+fine-tuning job keeps its intact seeds). Their bookkeeping (locks and their history, a job's record,
+checkpoints, hidden files) is not recorded: it changes whenever a later job of the folder starts.
 
 `python -m tacl.runtime.outputs RESULTS OUTPUT... [--also FOLDER...]` records; standard library only (it runs
 after every job).
@@ -84,8 +85,9 @@ def _changed(path: Path, files: dict[str, int], bookkeeping: bool) -> str | None
 
 
 def damaged(results: str | os.PathLike) -> list[tuple[list[Path], str]]:
-    """Each recorded job whose outputs are all there but not as written: (what to remove: its outputs and
-    `also` folders, what is wrong)."""
+    """Each recorded job whose outputs, or `also` folders, are not as written, its outputs all there: (its
+    outputs, to remove; what is wrong). An `also` folder stays: the job run again checks its own results there
+    and redoes only what is damaged (a fine-tuning job keeps its intact seeds, tacl.finetune.seeds)."""
     root = Path(results) / RECORDS
     found = []
     for rec in sorted(root.rglob("*.json")) if root.is_dir() else []:
@@ -99,7 +101,7 @@ def damaged(results: str | os.PathLike) -> list[tuple[list[Path], str]]:
         why = next((w for o, files in outputs.items() if (w := _changed(Path(o), files, False))), None) or next(
             (w for a, files in also.items() if (w := _changed(Path(a), files, True)) and w != "missing"), None)
         if why:
-            found.append(([Path(o) for o in outputs] + [Path(a) for a in also], why))
+            found.append(([Path(o) for o in outputs], why))
     return found
 
 
