@@ -210,6 +210,7 @@ class Outcome:
     documented: list[str] = dataclasses.field(default_factory=list)  # the documented recovery steps taken
     problems: list[str] = dataclasses.field(default_factory=list)
     logs: list[str] = dataclasses.field(default_factory=list)  # each run's Snakemake output
+    lost: dict[str, int] = dataclasses.field(default_factory=dict)  # training done twice (`work_lost`)
     seconds: float = 0.0
 
 
@@ -452,6 +453,29 @@ def held_twice(results: Path, procs: Processes) -> list[str]:
     return problems
 
 
+def work_lost(results: Path) -> dict[str, int]:
+    """Training done twice, in steps: for each pretraining run, the steps its metric lines had reached before a
+    chunk resumed from an earlier step (a lower bound: lines come every pretrain.log_every steps); for each
+    fine-tuning seed, the times it began training again (its lock taken once more, `LOCK.log`) and the
+    checkpoints it resumed from (its metrics.json's `resumed_at`)."""
+    lost = {"pretrain_steps_redone": 0, "seed_trainings_begun_again": 0, "seed_resumes": 0}
+    for metrics in sorted(results.glob("pretrain/*/run/metrics.jsonl")):
+        reached = 0
+        for line in metrics.read_text().splitlines():
+            m = json.loads(line)
+            if m.get("event") == "chunk_start":
+                lost["pretrain_steps_redone"] += max(0, reached - m["step"])
+            else:
+                reached = max(reached, m.get("step", 0))
+    for history in sorted(results.glob("finetune/*/*/*/seed*/LOCK.log")):
+        acquired = sum(json.loads(line)["event"] == "acquired" for line in history.read_text().splitlines())
+        lost["seed_trainings_begun_again"] += max(0, acquired - 1)
+        seed_metrics = history.parent / "metrics.json"
+        if seed_metrics.is_file():
+            lost["seed_resumes"] += len(json.loads(seed_metrics.read_text())["train"].get("resumed_at", []))
+    return lost
+
+
 # -- the long run -------------------------------------------------------------------------------------------
 
 
@@ -493,6 +517,7 @@ def run_schedule(seed: int, faults: int, span_s: float, reference: dict[str, byt
         schedule = Schedule(root, fault_config(root), draw_schedule(seed, faults, span_s), profile_args, seed, mounted)
         schedule.run()
         problems = check(schedule, reference)
+        schedule.outcome.lost = work_lost(root / "results")
         if problems and (root / "results" / "logs").is_dir():  # (the jobs' logs, kept beside the folder)
             shutil.copytree(root / "results" / "logs", work / f"schedule-{seed}.logs", dirs_exist_ok=True)
         return schedule.outcome, problems
@@ -512,7 +537,11 @@ def summary(outcomes: list[tuple[Outcome, list[str]]]) -> dict:
                 by_job[f.job] = by_job.get(f.job, 0) + 1
     struck = sum(by_kind.values())
     failed = [o.seed for o, problems in outcomes if problems]
-    return {"schedules": len(outcomes), "faults": struck, "by_kind": by_kind, "by_job": by_job,
+    lost: dict[str, int] = {}
+    for outcome, _ in outcomes:
+        for key, n in outcome.lost.items():
+            lost[key] = lost.get(key, 0) + n
+    return {"schedules": len(outcomes), "faults": struck, "by_kind": by_kind, "by_job": by_job, "work_lost": lost,
             "schedules_with_problems": failed,
             "documented_steps": sum(len(o.documented) for o, _ in outcomes),
             "runs": sum(o.runs for o, _ in outcomes), "seconds": round(sum(o.seconds for o, _ in outcomes))}
@@ -548,8 +577,8 @@ def main(argv: list[str] | None = None) -> int:
         struck = ", ".join(f"{f.kind} on {f.job or 'nothing'} at {f.struck_at:.1f} s"
                            + (f" ({f.outcome})" if f.outcome else "") for f in outcome.faults)
         print(f"faults: schedule {seed}: {struck}; {outcome.runs} runs, {len(outcome.documented)} documented "
-              f"steps, {outcome.seconds:.0f} s: " + ("HELD" if not problems else "FAILED: " + "; ".join(problems)),
-              flush=True)
+              f"steps, work lost {json.dumps(outcome.lost)}, {outcome.seconds:.0f} s: "
+              + ("HELD" if not problems else "FAILED: " + "; ".join(problems)), flush=True)
         if not a.keep and not problems:
             shutil.rmtree(work / f"schedule-{seed}", ignore_errors=True)
     figures = summary(outcomes)
@@ -557,7 +586,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         a.json.write_text(json.dumps({"summary": figures, "schedules": [
             {"seed": o.seed, "faults": [dataclasses.asdict(f) for f in o.faults], "runs": o.runs,
-             "documented": o.documented, "problems": p, "seconds": round(o.seconds)} for o, p in outcomes]}, indent=1))
+             "documented": o.documented, "problems": p, "lost": o.lost, "seconds": round(o.seconds)}
+            for o, p in outcomes]}, indent=1))
     return 1 if figures["schedules_with_problems"] else 0
 
 

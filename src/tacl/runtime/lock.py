@@ -299,8 +299,8 @@ def create_exclusive(path: Path, data: bytes) -> bool:
     then hard-linked to `path` (no reader sees it half written); on a file system without hard links
     (NO_HARD_LINKS), created exclusively (O_EXCL) and written at once. False where `path` exists."""
     new = path.with_name(f".{path.name}.new-{socket.gethostname()}-{os.getpid()}")
-    new.write_bytes(data)
-    try:
+    try:  # (a write that fails, on a full disk say, leaves nothing behind)
+        new.write_bytes(data)
         os.link(new, path)
         return True
     except FileExistsError:
@@ -317,6 +317,9 @@ def create_exclusive(path: Path, data: bytes) -> bool:
     try:
         os.write(fd, data)
         os.fsync(fd)
+    except OSError:
+        path.unlink(missing_ok=True)  # (not left half written: it would read as an unreadable lock)
+        raise
     finally:
         os.close(fd)
     return True
