@@ -300,27 +300,35 @@ def test_a_seed_stopped_midway_resumes_to_the_uninterrupted_seeds_metrics(tmp_pa
 
 def test_a_seed_is_trained_by_one_process_at_a_time(tmp_path, demo_data, caplog, capsys, monkeypatch):
     """A seed holds its lock while it trains. Another process holding it (a job started again while the first
-    one runs): a second job is refused in one line naming the seed's folder and the holder, and trains
-    nothing. The command, where the holder is a live SLURM job on another node whose save is under way there
-    (its temporary in the seed's folder): one line, exit status 2, and the save left as it is. Once squeue
-    no longer lists that job, the next job takes the lock over, saying whose it was, removes what the gone
-    job left and trains the seed."""
+    one runs): a second job waits (here a second) for it to end, then is refused in one line naming the seed's
+    folder and the holder, and trains nothing; one that ends while it waits (a seed saving after its job's
+    process died) leaves the seed to it. The command, where the holder is a live SLURM job on another node
+    whose save is under way there (its temporary in the seed's folder): one line, exit status 2, and the save
+    left as it is. Once squeue no longer lists that job, the next job takes the lock over, saying whose it
+    was, removes what the gone job left and trains the seed."""
     import socket
     import subprocess
     import sys
 
     from tacl.cli import main
+    from tacl.finetune import seeds
     from tacl.finetune.seeds import CHECKPOINT, LOCK, run_seeds
 
     given = {"hparams": {"lr": 1e-4}, "model_sha256": "x"}
     seed0 = tmp_path / "seed0"
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom tacl.finetune.seeds import seed_lock\n"
-                               f"seed_lock(0, {str(seed0)!r}).acquire()\nprint('held', flush=True)\ntime.sleep(60)"],
-                              stdout=subprocess.PIPE, text=True)
-    trained = []
-    try:
+
+    def hold(seconds):
+        holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom tacl.finetune.seeds import "
+                                   f"seed_lock\nlock = seed_lock(0, {str(seed0)!r}).acquire()\nprint('held', "
+                                   f"flush=True)\ntime.sleep({seconds})\nlock.release()"], stdout=subprocess.PIPE,
+                                  text=True)
         assert holder.stdout.readline() == "held\n"
-        with pytest.raises(InputError) as refused:
+        return holder
+
+    monkeypatch.setattr(seeds, "SEED_LOCK_WAIT_S", 1.0)
+    holder, trained = hold(60), []
+    try:
+        with caplog.at_level("INFO", logger="tacl.finetune"), pytest.raises(InputError) as refused:
             run_seeds([0], lambda s: seed0, given, lambda s, o: trained.append(s))
     finally:
         holder.kill()
@@ -329,6 +337,16 @@ def test_a_seed_is_trained_by_one_process_at_a_time(tmp_path, demo_data, caplog,
     assert message.startswith(f"{seed0 / LOCK}: seed 0 is being trained by another process, process {holder.pid} "
                               f"on host {socket.gethostname()} (since "), message
     assert ", still running: `ps -p " in message and "\n" not in message and trained == []
+    assert "; waiting up to 1 s for it to end" in caplog.text
+    # a holder of this host that ends while the job waits (a seed saving after its job's process died): trained
+    (seed0 / LOCK).unlink(missing_ok=True)
+    monkeypatch.setattr(seeds, "SEED_LOCK_WAIT_S", 60.0)
+    holder = hold(1.5)
+    run_seeds([0], lambda s: seed0, given, lambda s, o: (trained.append(s), (o / "metrics.json").write_text("{}")))
+    holder.wait()
+    assert trained == [0]
+    for name in ("metrics.json", "given.json", "results.json"):
+        (seed0 / name).unlink(missing_ok=True)
 
     # the command, against a live SLURM job's lock and save on another node (squeue: job 4242 runs)
     bin_dir = tmp_path / "bin"

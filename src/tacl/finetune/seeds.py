@@ -48,6 +48,9 @@ from tacl.runtime.lock import HISTORY, LOCK, RunLock, holder, owner_record
 log = logging.getLogger("tacl.finetune")
 WEIGHTS = ("*.safetensors", "*.bin")
 METRICS = "metrics.json"
+# how long a job waits at a seed's lock for a holder on its own host to end (the seed of a job whose process
+# died saves and stops: seconds, a step and a checkpoint) before it refuses the seed
+SEED_LOCK_WAIT_S = 120.0
 # Beside a finished seed's metrics.json: its result files and their sha256, written once they read back.
 RESULT_FILES = "results.json"
 
@@ -157,9 +160,10 @@ def note_job(folder: Path) -> None:
 
 
 def seed_lock(seed: int, out: Path) -> RunLock:
-    """The lock of the seed in `out` (`RunLock`: refused while a live process holds it, taken over from a dead
-    one with a warning on the fine-tuning log)."""
-    return RunLock(out, busy=f"seed {seed} is being trained by another process", logger=log)
+    """The lock of the seed in `out` (`RunLock`: refused while a live process holds it, after waiting up to
+    SEED_LOCK_WAIT_S for one on this host to end; taken over from a dead one with a warning on the fine-tuning
+    log)."""
+    return RunLock(out, busy=f"seed {seed} is being trained by another process", logger=log, wait_s=SEED_LOCK_WAIT_S)
 
 
 def train_seed(seed: int, out: Path, given: dict[str, Any], train_one: Callable[[int, Path], dict[str, Any]]) -> None:

@@ -78,6 +78,15 @@ def process_start(pid: int) -> int | None:
         return None
 
 
+def process_state(pid: int) -> str | None:
+    """Process `pid`'s state letter on this host (R, S, D, Z for a zombie, ...), or None where /proc cannot
+    tell."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
 def boot_id() -> str | None:
     """This machine's boot (Linux's random boot id, new at every boot), or None where it cannot be read."""
     try:
@@ -195,7 +204,7 @@ def _process_alive(owner: dict) -> bool:
     """Whether the record's process (on this host, `place` 'here') still runs: its pid, started when the record
     says."""
     pid = int(owner["pid"])
-    if not pid_alive(pid):
+    if not pid_alive(pid) or process_state(pid) == "Z":  # (a zombie has ended; its parent has yet to reap it)
         return False
     started, now = owner.get("pid_start"), process_start(pid)
     return started is None or now is None or int(started) == now
@@ -374,9 +383,10 @@ class RunLock:
     takes the line of a lock taken over."""
 
     def __init__(self, run_dir: str | os.PathLike, busy: str = "run directory is locked by another trainer",
-                 logger: logging.Logger = log):
+                 logger: logging.Logger = log, wait_s: float = 0.0):
         self.path = Path(run_dir) / LOCK
         self.busy, self.log = busy, logger
+        self.wait_s = wait_s  # how long to wait for a live holder of this host to end before refusing
         self.held = False
         self.record: bytes | None = None  # what this process wrote into the lock
 
@@ -398,6 +408,8 @@ class RunLock:
             except (UnicodeDecodeError, json.JSONDecodeError):
                 owner = {}
             alive, who = holder(owner) if isinstance(owner, dict) and owner else (True, "an unreadable lock")
+            if alive and self._waited_for(owner, record, who):
+                continue  # (it ended, or let the lock go: see who holds it now)
             if alive:
                 raise InputError(f"{self.path}: {self.busy}, {who}; if that one is really gone, delete the "
                                  "file") from None
@@ -410,6 +422,25 @@ class RunLock:
         raise InputError(f"{self.path}: could not take the lock (it kept changing hands, or a takeover by another "
                          f"host's process stands in the way: {self.path.name}'s .taking-* files beside it name it; "
                          "delete them if that process is gone)")
+
+    def _waited_for(self, owner: dict, record: bytes, who: str) -> bool:
+        """Wait up to `wait_s` for a live holder of this host (`place` 'here') to end or let the lock go, saying
+        so once: a seed whose job's process died saves and stops within a step and a save, and the job run
+        again need not fail for it. True when it did in that time."""
+        if self.wait_s <= 0 or place(owner) != "here":
+            return False
+        self.log.info("%s: %s; waiting up to %.0f s for it to end", self.path, who, self.wait_s)
+        deadline = time.monotonic() + self.wait_s
+        while time.monotonic() < deadline:
+            try:
+                held = self.path.read_bytes()
+            except FileNotFoundError:
+                held = b""
+            if held != record or not _process_alive(owner):
+                return True
+            time.sleep(0.2)
+        self.wait_s = 0.0
+        return False
 
     def _read(self) -> bytes:
         """The lock's record; one that does not parse yet (being written, or written by a version that filled
