@@ -335,8 +335,13 @@ class Schedule:
             fd = os.open(folder / "LOCK", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
             return f"{folder}: held already (no stale lock planted)"
-        os.write(fd, json.dumps(owner).encode())
-        os.close(fd)
+        try:
+            os.write(fd, json.dumps(owner).encode())
+        except OSError as e:  # (the disk is full: this harness's own file, not a fault to leave)
+            (folder / "LOCK").unlink()
+            return f"not planted ({e.strerror})"
+        finally:
+            os.close(fd)
         return f"{folder.relative_to(self.results)}: {owner['host']}"
 
     def _damage(self, rng: random.Random) -> str:
@@ -526,22 +531,33 @@ def run_schedule(seed: int, faults: int, span_s: float, reference: dict[str, byt
             unmount(root)
 
 
+def effective(fault: Fault) -> bool:
+    """Whether a fault struck and did something: not drawn after the run had ended, not a damage with nothing
+    written yet, a lock planted where one was held, or a full disk where no small file system could be made."""
+    return bool(fault.job) and not fault.outcome.startswith(("nothing", "skipped", "not planted")) and \
+        "held already" not in fault.outcome
+
+
 def summary(outcomes: list[tuple[Outcome, list[str]]]) -> dict:
     """The figures of a long run: faults per kind and per job, survived, documented steps, problems."""
     by_kind: dict[str, int] = {}
     by_job: dict[str, int] = {}
+    missed = 0
     for outcome, _ in outcomes:
         for f in outcome.faults:
-            if f.job:
-                by_kind[f.kind] = by_kind.get(f.kind, 0) + 1
-                by_job[f.job] = by_job.get(f.job, 0) + 1
+            if not effective(f):
+                missed += 1
+                continue
+            by_kind[f.kind] = by_kind.get(f.kind, 0) + 1
+            by_job[f.job] = by_job.get(f.job, 0) + 1
     struck = sum(by_kind.values())
     failed = [o.seed for o, problems in outcomes if problems]
     lost: dict[str, int] = {}
     for outcome, _ in outcomes:
         for key, n in outcome.lost.items():
             lost[key] = lost.get(key, 0) + n
-    return {"schedules": len(outcomes), "faults": struck, "by_kind": by_kind, "by_job": by_job, "work_lost": lost,
+    return {"schedules": len(outcomes), "faults": struck, "missed": missed, "by_kind": by_kind, "by_job": by_job,
+            "work_lost": lost,
             "schedules_with_problems": failed,
             "documented_steps": sum(len(o.documented) for o, _ in outcomes),
             "runs": sum(o.runs for o, _ in outcomes), "seconds": round(sum(o.seconds for o, _ in outcomes))}
