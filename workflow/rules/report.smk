@@ -6,6 +6,7 @@
 
 localrules:
     report,
+    publish_model,
 
 
 rule report:
@@ -77,3 +78,31 @@ rule report:
         args=report_args,
     shell:
         "python -m tacl report {params.args} --record {output.record} > {log} 2>&1"
+
+
+# `snakemake --profile ... publish`: each pretrained model as the Hugging Face Hub takes it (tacl.report.publish),
+# after the report, whose numbers its model card holds. Not part of `all`: a finished run stays finished; the
+# upload itself is `tacl publish RESULTS_DIR --push REPO_ID`, from a login node (docs/results.md).
+rule publish:
+    input:
+        expand(f"{PUBLISH}/{{objective}}", objective=design.trained_objectives(config)),
+
+
+rule publish_model:
+    input:
+        model=f"{MODELS}/{{objective}}",
+        summary=f"{MODELS}/{{objective}}.json",
+        data=L.data_summary,
+        report=f"{REPORT}/{REPORT_RECORD}",
+    output:
+        directory(f"{PUBLISH}/{{objective}}"),
+    log:
+        f"{LOGS}/publish/{{objective}}.log",
+    wildcard_constraints:
+        objective=OBJECTIVE_PATTERN,
+    conda:
+        CONDA_ENV
+    params:
+        results=R,
+    shell:
+        "python -m tacl publish {params.results} --models {wildcards.objective} > {log} 2>&1"
