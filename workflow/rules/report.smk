@@ -103,6 +103,7 @@ rule publish_model:
     conda:
         CONDA_ENV
     params:
-        results=R,
+        # the results folder: RESULTS/publish/OBJECTIVE's grandparent
+        results=lambda w, output: os.path.dirname(os.path.dirname(output[0])),
     shell:
         "python -m tacl publish {params.results} --models {wildcards.objective} > {log} 2>&1"
