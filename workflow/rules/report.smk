@@ -80,14 +80,8 @@ rule report:
         "python -m tacl report {params.args} --record {output.record} > {log} 2>&1"
 
 
-# `snakemake --profile ... publish`: each pretrained model as the Hugging Face Hub takes it (tacl.report.publish),
-# after the report, whose numbers its model card holds. Not part of `all`: a finished run stays finished; the
-# upload itself is `tacl publish RESULTS_DIR --push REPO_ID`, from a login node (docs/results.md).
-rule publish:
-    input:
-        expand(f"{PUBLISH}/{{objective}}", objective=design.trained_objectives(config)),
-
-
+# `snakemake --profile ... publish` (the target rule `publish`, in the Snakefile): each pretrained model as the
+# Hugging Face Hub takes it (tacl.report.publish), after the report, whose numbers its model card holds.
 rule publish_model:
     input:
         model=f"{MODELS}/{{objective}}",

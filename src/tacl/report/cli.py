@@ -1,4 +1,5 @@
-"""`tacl report`: tables and plots from every finished run; `tacl status`: where a results directory stands."""
+"""`tacl report`: tables and plots from every finished run; `tacl status`: where a results directory stands;
+`tacl publish`: each pretrained model as the Hugging Face Hub takes it (tacl.report.publish)."""
 
 from __future__ import annotations
 
