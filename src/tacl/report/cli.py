@@ -66,8 +66,8 @@ def _publish(a: argparse.Namespace) -> None:
     from tacl.report.publish import hub_token, publish, push, push_refusal, repo_ids, to_publish
     from tacl.runtime.io import InputError
 
-    if a.push:  # (before anything is written: a compute node, no token or one repository for several models)
-        refusal = push_refusal(os.environ)
+    if a.push:  # (before anything is written: a compute node, no license, no token, one repository for several)
+        refusal = push_refusal(os.environ, a.license)
         if refusal:
             raise InputError(refusal)
         token = hub_token()

@@ -470,8 +470,9 @@ def publish(results_dir: str, models: list[str] | None = None, license: str | No
 # -- the upload -------------------------------------------------------------------------------------------------
 
 
-def push_refusal(environ: Mapping[str, str]) -> str | None:
-    """Why this machine cannot push (a scheduler's job: a compute node; HF_HUB_OFFLINE=1), or None."""
+def push_refusal(environ: Mapping[str, str], license: str | None) -> str | None:
+    """Why this push cannot go (a scheduler's job: a compute node; HF_HUB_OFFLINE=1; no license given, which
+    would publish a card whose license says `other`), or None."""
     job = next((v for v in JOB_VARIABLES if environ.get(v)), None)
     if job:
         return (f"--push: this is a compute node ({job} is set), which does not reach the Hugging Face Hub; run "
@@ -479,6 +480,10 @@ def push_refusal(environ: Mapping[str, str]) -> str | None:
     if environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
         return ("--push: HF_HUB_OFFLINE=1 keeps this machine off the Hugging Face Hub (as on a compute node); run "
                 "tacl publish --push from a login node, without HF_HUB_OFFLINE")
+    if not license:
+        return ("--push: give the model's license with --license ID (an id of the Hub's list, e.g. apache-2.0 for "
+                "a BERT start, mit for XLM-R, as the start model's and the text's licenses allow); without it the "
+                "card says `license: other`")
     return None
 
 
