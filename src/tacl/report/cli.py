@@ -49,8 +49,8 @@ def register(stages: argparse._SubParsersAction) -> None:
                           "only. With --push REPO_ID it then uploads (from a login node, logged in).")
     u.add_argument("results_dir", metavar="RESULTS_DIR")
     u.add_argument("--models", nargs="+", help="these models only (default: every exported one)")
-    u.add_argument("--license", help="the Hub's license id (e.g. apache-2.0, mit, cc-by-sa-4.0); default: "
-                   "`other`, which the card says is not stated")
+    u.add_argument("--license", help="the Hub's license id (e.g. apache-2.0, mit, cc-by-sa-4.0), needed with --push; "
+                   "default: `other`, which the card says is not stated")
     u.add_argument("--language", help="ISO 639 code of the training text (default: the config's data.language, "
                    "as the workflow recorded it)")
     u.add_argument("--push", metavar="REPO_ID", help="upload to this Hub model repository (created if missing); "
