@@ -99,6 +99,7 @@ START = L.start
 PRETRAIN = L.pretrain
 FINETUNE = L.finetune
 REPORT = L.report
+PUBLISH = L.publish
 DATASETS_CACHE = f"{config['resources_dir']}/datasets"
 
 # the config's impossible requests (torchrun across nodes, contrastive fine-tunes of a regression task), first

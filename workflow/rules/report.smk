@@ -6,6 +6,7 @@
 
 localrules:
     report,
+    publish_model,
 
 
 rule report:
@@ -77,3 +78,26 @@ rule report:
         args=report_args,
     shell:
         "python -m tacl report {params.args} --record {output.record} > {log} 2>&1" + RECORD_OUTPUTS
+
+
+# `snakemake --profile ... publish` (the target rule `publish`, in the Snakefile): each pretrained model as the
+# Hugging Face Hub takes it (tacl.report.publish), after the report, whose numbers its model card holds.
+rule publish_model:
+    input:
+        model=f"{MODELS}/{{objective}}",
+        summary=f"{MODELS}/{{objective}}.json",
+        data=L.data_summary,
+        report=f"{REPORT}/{REPORT_RECORD}",
+    output:
+        directory(f"{PUBLISH}/{{objective}}"),
+    log:
+        f"{LOGS}/publish/{{objective}}.log",
+    wildcard_constraints:
+        objective=OBJECTIVE_PATTERN,
+    conda:
+        CONDA_ENV
+    params:
+        # the results folder: RESULTS/publish/OBJECTIVE's grandparent
+        results=lambda w, output: os.path.dirname(os.path.dirname(output[0])),
+    shell:
+        "python -m tacl publish {params.results} --models {wildcards.objective} > {log} 2>&1" + RECORD_OUTPUTS

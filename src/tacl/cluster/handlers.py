@@ -54,6 +54,7 @@ def expected_of(config: dict[str, Any], layout: Layout) -> dict[str, Any]:
         "tasks": config["finetune"]["tasks"],
         "expected": expected_runs(config),
         "embeddings_enabled": embeddings_enabled(config),
+        "language": config["data"]["language"],  # (the training text's, for the model cards: tacl publish)
     }
 
 

@@ -179,7 +179,7 @@ LOCAL_RULES = frozenset({
     "init_model", "export_start", "extra_model",  # pretrain.smk
     "prepare_task", "select_setting", "submissions",  # finetune.smk
     "similarity_plot", "embeddings_data",  # analysis.smk
-    "report",  # report.smk
+    "report", "publish_model",  # report.smk
 })
 
 

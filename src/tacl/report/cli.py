@@ -1,4 +1,5 @@
-"""`tacl report`: tables and plots from every finished run; `tacl status`: where a results directory stands."""
+"""`tacl report`: tables and plots from every finished run; `tacl status`: where a results directory stands;
+`tacl publish`: each pretrained model as the Hugging Face Hub takes it (tacl.report.publish)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,47 @@ def register(stages: argparse._SubParsersAction) -> None:
                    help="default: results_dir of ./config.yaml")
     s.add_argument("--json", action="store_true", help="the same as JSON, for scripts")
     s.set_defaults(func=_status)
+
+
+    u = stages.add_parser("publish", help="each pretrained model as the Hugging Face Hub takes it: model card, "
+                          "records, curve; --push uploads one",
+                          description="`tacl publish RESULTS_DIR`: for each exported model (not the start model, "
+                          "objective none) a folder RESULTS_DIR/publish/MODEL with the export's files (hard links), "
+                          "a model card (README.md: the Hub's metadata and a model-index of the report's numbers), "
+                          "tacl_config.json (what made it), data_summary.json and the training curve. Reads files "
+                          "only. With --push REPO_ID it then uploads (from a login node, logged in).")
+    u.add_argument("results_dir", metavar="RESULTS_DIR")
+    u.add_argument("--models", nargs="+", help="these models only (default: every exported one)")
+    u.add_argument("--license", help="the Hub's license id (e.g. apache-2.0, mit, cc-by-sa-4.0), needed with --push; "
+                   "default: `other`, which the card says is not stated")
+    u.add_argument("--language", help="ISO 639 code of the training text (default: the config's data.language, "
+                   "as the workflow recorded it)")
+    u.add_argument("--push", metavar="REPO_ID", help="upload to this Hub model repository (created if missing); "
+                   "{model} in it names one repository per model")
+    u.add_argument("--private", action="store_true", help="a repository --push creates is private")
+    # (--push reaches the Hub: the command leaves HF_HUB_OFFLINE as the machine has it)
+    u.set_defaults(func=_publish, online=True)
+
+
+def _publish(a: argparse.Namespace) -> None:
+    import os
+
+    from tacl.report.publish import hub_token, publish, push, push_refusal, repo_ids, to_publish
+    from tacl.runtime.io import InputError
+
+    if a.push:  # (before anything is written: a compute node, no license, no token, one repository for several)
+        refusal = push_refusal(os.environ, a.license)
+        if refusal:
+            raise InputError(refusal)
+        token = hub_token()
+        repos = repo_ids(a.push, to_publish(a.results_dir, a.models)[0])
+    for m in publish(a.results_dir, a.models, a.license, a.language):
+        print(f"{m['model']}: " + (f"not published: {m['skipped']}" if "skipped" in m else
+                                   f"{m['folder']} (model card with {m['results']} results; the export's files "
+                                   f"{m['files']})"), file=sys.stderr)
+        if a.push and "folder" in m:
+            url = push(m["folder"], repos[m["model"]], token, a.private)
+            print(f"{m['model']}: pushed to {repos[m['model']]} ({url})", file=sys.stderr)
 
 
 def _report(a: argparse.Namespace) -> None:

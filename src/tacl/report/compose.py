@@ -16,11 +16,9 @@ from tacl.report.curves import Run, pretraining_runs, write_curves
 from tacl.report.document import Document, markdown, save_png, table_text
 from tacl.runtime.io import write_text_atomic
 from tacl.report.tables import (CONTROLS, GLUE_AVERAGE_LABELS, GLUE_COLUMNS, HEADLINE, PUBLISHED_FAMILY, cls_table,
-                                collect, declared_headline_rows, declared_headlines, declared_table,
-                                differences_table, embeddings_table, f1_classes, glue_reference_table, glue_table,
-                                ner_table, prepared, published_numbers, read_result, selected,
-                                selections, similarity_table, squad_table, start_family, status_table, summarise,
-                                summary_row, sweep_table)
+                                declared_headline_rows, declared_headlines, declared_table,
+                                differences_table, embeddings_table, f1_classes, finished, glue_reference_table,
+                                glue_table, ner_table, published_numbers, read_result, similarity_table, squad_table, start_family, status_table, summary_row, sweep_table)
 
 EMBEDDINGS_OFF = ("Not run: `analysis.embeddings.enabled: false` in the config. Set it to true to evaluate "
                   "sentence embeddings (STS-B dev and `analysis.embeddings.cluster_task` dev from "
@@ -94,11 +92,7 @@ def compute(results_dir: str, models: list[str], tasks: list[str], expected: lis
             similarity: list[str], embeddings: list[str] | None) -> Results:
     """Every table of the report, from the result files (the damaged ones left out and named)."""
     damaged: list[str] = []
-    every = collect(results_dir, damaged)
-    tasks_prepared = prepared(results_dir, tasks, damaged)
-    chosen = selections(every, declared_headlines(tasks_prepared))
-    long = selected(every, chosen)  # the headline tables and the differences: the selected settings
-    summary = summarise(long)
+    every, tasks_prepared, chosen, long, summary = finished(results_dir, tasks, damaged)
     family = start_family(results_dir)
     refs = published_numbers(family)
     chance = {t: r["baseline"] for t, r in tasks_prepared.items() if r.get("baseline")}

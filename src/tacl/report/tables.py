@@ -168,6 +168,20 @@ def selections(long: pd.DataFrame, declared: dict[str, tuple[str, str]] | None =
     return out
 
 
+def finished(results_dir: str | Path, tasks: list[str], damaged: list[str]
+             ) -> tuple[pd.DataFrame, dict[str, dict[str, Any]], dict[tuple[str, str], dict[str, Any]], pd.DataFrame,
+                        pd.DataFrame]:
+    """The finished fine-tunes as the report's tables count them: every run found, each task's preparation
+    record, the setting selected on dev per (model, task), that setting's runs, and their summary over seeds
+    (mean, sample std, n). The report (tacl.report.compose) and the model cards (tacl.report.publish) both
+    take their numbers from here, so that a card's numbers are the report's."""
+    every = collect(results_dir, damaged)
+    tasks_prepared = prepared(results_dir, tasks, damaged)
+    chosen = selections(every, declared_headlines(tasks_prepared))
+    long = selected(every, chosen)  # the headline tables and the differences: the selected settings
+    return every, tasks_prepared, chosen, long, summarise(long)
+
+
 def declared_headlines(records: dict[str, dict[str, Any]]) -> dict[str, tuple[str, str]]:
     """task -> (split, metric) of each declared task's headline, from its preparation record (`prepared`)."""
     return {t: (r["headline"][0], r["headline"][1]) for t, r in records.items()
@@ -208,7 +222,7 @@ def declared_table(summary: pd.DataFrame, long: pd.DataFrame, models: list[str],
                 r["declared"]["metric"], r["family"])
                for t, r in records.items() if r.get("declared") for split in ("dev", "test") if split in r["splits"]]
     rows = [{"model": model, "source": OURS, "preset": presets(long, model, {c[1] for c in columns}),
-             **{label: _cell(summary, model, task, split, [metric]) for label, task, split, metric, _ in columns}}
+             **{label: cell_text(summary, model, task, split, [metric]) for label, task, split, metric, _ in columns}}
             for model in models]
     if any(c[1] in chance for c in columns):
         row = {"model": "chance", "source": "chance (train and evaluated files)", "preset": "-"}
@@ -274,7 +288,9 @@ def summary_row(summary: pd.DataFrame, model: str, task: str, split: str, metric
     return None if hit.empty else hit.iloc[0]
 
 
-def _cell(summary: pd.DataFrame, model: str, task: str, split: str, metrics: list[str]) -> str:
+def cell_text(summary: pd.DataFrame, model: str, task: str, split: str, metrics: list[str]) -> str:
+    """A table's cell: each metric's mean over seeds, with ± its sample std where several seeds ran, to one
+    decimal, '/' between metrics, '-' for a metric with no finished run."""
     parts = []
     for metric in metrics:
         r = summary_row(summary, model, task, split, metric)
@@ -323,7 +339,7 @@ def glue_table(summary: pd.DataFrame, long: pd.DataFrame, models: list[str], tas
     for model in models:
         row = {"model": model, "source": OURS, "preset": presets(long, model, {c[1] for c in columns})}
         for label, task, split, metrics in columns:
-            row[label] = _cell(summary, model, task, split, metrics) + _started(long, model, task)
+            row[label] = cell_text(summary, model, task, split, metrics) + _started(long, model, task)
         means = headline_means(summary, model)
         avg = glue_average(means)
         have = sum(label in means for label in GLUE_AVERAGE_LABELS)
@@ -372,7 +388,7 @@ def squad_table(summary: pd.DataFrame, long: pd.DataFrame, models: list[str], re
     for model in models:
         rows.append({"model": model, "source": OURS, "split": "dev",
                      "preset": presets(long, model, {c[1] for c in columns}),
-                     **{label: _cell(summary, model, task, "dev", [metric]) for label, task, metric in columns}})
+                     **{label: cell_text(summary, model, task, "dev", [metric]) for label, task, metric in columns}})
     if chance and "squad_v2" in chance:
         scores = chance["squad_v2"]["dev"]["dev"]
         rows.append({"model": "no answer to any question", "source": "chance (dev file)", "split": "dev",
@@ -453,8 +469,8 @@ def differences_table(long: pd.DataFrame, models: list[str],
 
 def ner_table(summary: pd.DataFrame, long: pd.DataFrame, models: list[str]) -> pd.DataFrame:
     return pd.DataFrame([{"model": m, "source": OURS, "preset": presets(long, m, {"conll2003"}),
-                          "CoNLL-2003 F1 (dev)": _cell(summary, m, "conll2003", "dev", ["f1"]),
-                          "CoNLL-2003 F1 (test)": _cell(summary, m, "conll2003", "test", ["f1"])} for m in models])
+                          "CoNLL-2003 F1 (dev)": cell_text(summary, m, "conll2003", "dev", ["f1"]),
+                          "CoNLL-2003 F1 (test)": cell_text(summary, m, "conll2003", "test", ["f1"])} for m in models])
 
 
 def status_table(long: pd.DataFrame, expected: list[dict[str, Any]],

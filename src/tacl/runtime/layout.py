@@ -75,6 +75,16 @@ class Layout:
     def model_summary(self, name: str) -> str:
         return f"{self.models}/{name}.json"
 
+    @property
+    def publish(self) -> str:
+        """The Hub-ready folders of the exported models (`tacl publish`), beside `models`."""
+        return f"{self.results}/publish"
+
+    def hub_folder(self, name: str) -> str:
+        """An exported model as the Hugging Face Hub takes it: its files (hard links to the export's), a model
+        card (README.md) and the records of what made it."""
+        return f"{self.publish}/{name}"
+
     def pretrain_run(self, objective: str) -> str:
         """A pretraining run's folder (checkpoints, metrics, lock): a param of the chunks, never an output."""
         return f"{self.pretrain}/{objective}/run"
