@@ -388,6 +388,7 @@ class TrackedRun:
         self.live: list[Tracker] = [TRACKER_CLASSES[name](spec, info, state.setdefault(name, {}), writable)
                                     for name in spec["trackers"] if name in TRACKER_CLASSES]
         self.failed: list[str] = []
+        self.cpu_s = 0.0  # CPU seconds of this run's thread in the trackers' calls, their start apart
         self.started = threading.Event()
         self.queue: queue.Queue = queue.Queue()
         self.queue.put(("start", list(backfill)))
@@ -425,6 +426,7 @@ class TrackedRun:
     def _work(self) -> None:
         while (item := self.queue.get()) is not None:
             what, arg = item
+            cpu = time.thread_time()
             for tracker in list(self.live):
                 try:
                     getattr(self, f"_{what}")(tracker, arg)
@@ -433,6 +435,8 @@ class TrackedRun:
             if what == "start":
                 self._save_state()
                 self.started.set()
+            else:  # (what the trackers cost after their start: benchmarks/tracking.py)
+                self.cpu_s += time.thread_time() - cpu
 
     def _drop(self, tracker: Tracker, what: str, error: Exception) -> None:
         self.live.remove(tracker)
