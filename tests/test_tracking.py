@@ -119,6 +119,9 @@ class Recorder(tracking.Tracker):
         self.state["high"] = step
         Recorder.sent.append(("log", step))
 
+    def summary(self, values) -> None:
+        Recorder.sent.append(("summary", sorted(values)))
+
     def finish(self, status) -> None:
         Recorder.sent.append(("finish", status))
 
@@ -154,6 +157,36 @@ def test_a_tracked_run_sends_each_step_once_and_a_failing_tracker_is_dropped_wit
     Recorder.sent, Recorder.RAISE_AT = [], None
     TrackedRun(spec, state, RunInfo("pretrain", "p", "p", "id2")).close(tracking.FINISHED)
     assert Recorder.sent[0] == ("start", -1)
+
+
+def test_a_fine_tuning_seed_is_a_run_of_its_model_and_task_that_ends_as_the_seed_does(tmp_path, monkeypatch):
+    from tacl.finetune import Stopped
+    from tacl.finetune.tracked import seed_info, tracked_seed
+
+    monkeypatch.setitem(tracking.TRACKER_CLASSES, "mlflow", Recorder)
+    monkeypatch.setattr(Recorder, "sent", [])
+    spec = job_spec({"trackers": ["mlflow"]}, str(tmp_path / "results"), model="tacl+scl", setting="lr2e-5",
+                    cost={"gpus": 1})
+    out = tmp_path / "results" / "finetune" / "tacl+scl" / "rte" / "lr2e-5" / "seed3"
+    info = seed_info(spec, "rte", 3, out, {"hparams": {"lr": 2e-5}})
+    assert (info.name, info.group) == ("tacl+scl/rte/lr2e-5/seed3", "tacl+scl/rte")
+    assert {k: info.tags[k] for k in ("objective", "contrastive", "family", "seed", "plan.gpus")} == {
+        "objective": "tacl", "contrastive": "scl", "family": "glue", "seed": "3", "plan.gpus": "1"}
+    assert info.params["hparams.lr"] == 2e-5 and info.identity != seed_info(spec, "mrpc", 3, out, {}).identity
+    result = {"dev": {"dev": {"accuracy": 0.7}}, "train": {"steps": 5}, "wall_s": 1.0, "bf16": False}
+    assert tracked_seed(spec, "rte", 3, out, {}, lambda: result) is result
+    assert Recorder.sent[-2:] == [("summary", ["dev.accuracy", "train.steps", "wall_s"]), ("finish", "FINISHED")]
+
+    def stopped():
+        raise Stopped("stopped by SIGUSR1 at step 3/5")
+
+    with pytest.raises(Stopped):
+        tracked_seed(spec, "rte", 3, out, {}, stopped)
+    assert Recorder.sent[-1] == ("finish", "SCHEDULED")  # (the next job goes on in this run)
+    with pytest.raises(ZeroDivisionError):
+        tracked_seed(spec, "rte", 3, out, {}, lambda: 1 / 0)
+    assert Recorder.sent[-1] == ("finish", "FAILED")
+    assert tracked_seed(None, "rte", 3, out, {}, lambda: result) is result  # (no tracker: no thread either)
 
 
 STAND_IN_WANDB = """#!/bin/sh

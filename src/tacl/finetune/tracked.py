@@ -1,9 +1,10 @@
 """A fine-tuning seed's tracked run (config `tracking`: W&B, MLflow; tacl.runtime.tracking): one per (model,
 task, setting, seed), grouped by model and task, tagged with the model's objective and contrastive form and
-the task's family, its hyperparameters as the run's params, its dev (and labelled test) scores, training record,
-device and precision as the run's final values. Its ids are kept in the seed's folder (SEED_STATE, hidden, so
-not among the seed's result files): a seed stopped by its job's time limit goes on in the same tracked run in
-the next job. Seeds side by side are processes of their own, each with its own run."""
+the task's family, its hyperparameters as the run's params, its scores (`<split>.<metric>`: dev, and a
+declared task's labelled test), training record, device and precision as the run's final values. Its ids
+are kept in the seed's folder (SEED_STATE, hidden, so not among the seed's result files): a seed stopped by
+its job's time limit goes on in the same tracked run in the next job. Seeds side by side are processes of
+their own, each with its own run."""
 
 from __future__ import annotations
 
@@ -26,9 +27,10 @@ def seed_info(spec: dict[str, Any], task: str, seed: int, out: Path, given: dict
     family = TASKS.get(task) or (given.get("source") or {}).get("kind", "declared")
     tags = {"objective": objective, "family": family, "model": model, "task": task, "setting": setting,
             "seed": str(seed), **({"contrastive": form} if form else {})}
-    tags.update(flat(spec.get("cost") or {}, "plan."))
+    tags.update((k, str(v)) for k, v in flat(spec.get("cost") or {}, "plan.").items())
     return RunInfo(kind="finetune", name=f"{model}/{task}/{setting}/seed{seed}", group=f"{model}/{task}",
-                   identity=stable_hash({**given, "seed": seed}, 12), tags=tags,
+                   identity=stable_hash({**given, "seed": seed, "model": model, "task": task, "setting": setting}, 12),
+                   tags=tags,
                    params=flat({"seed": seed, "model": model, "task": task, "setting": setting, **given}),
                    config={"given": given, "seed": seed, "cost": spec.get("cost")})
 
@@ -49,7 +51,7 @@ def tracked_seed(spec: dict[str, Any] | None, task: str, seed: int, out: Path, g
     except BaseException:
         run.close(FAILED)
         raise
-    scores = {k: result[k] for k in ("dev", "test") if isinstance(result.get(k), dict)}
+    scores = {split: values for k in ("dev", "test") for split, values in (result.get(k) or {}).items()}
     run.summary(flat({**scores, "train": result.get("train") or {}, "wall_s": result.get("wall_s")}))
     run.tags(flat({"device": result.get("device") or {}, "precision": "bf16" if result.get("bf16") else "fp32"}))
     run.close(FINISHED)

@@ -80,7 +80,7 @@ def tracked_run(run_dir: str | os.PathLike, tracking: dict[str, Any]) -> Tracked
                    params=flat({**record["result"], "data": identity["data"], "start_model": identity["start_model"]}),
                    config={"settings": record["settings"], "identity": identity, "cost": tracking.get("cost")})
     if tracking.get("cost"):
-        info.tags.update(flat(tracking["cost"], "plan."))
+        info.tags.update((k, str(v)) for k, v in flat(tracking["cost"], "plan.").items())
     return TrackedRun(tracking, Path(run_dir) / STATE, info, backfill=read_metrics(run_dir))
 
 

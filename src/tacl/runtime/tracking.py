@@ -441,8 +441,8 @@ class TrackedRun:
     def _drop(self, tracker: Tracker, what: str, error: Exception) -> None:
         self.live.remove(tracker)
         self.failed.append(tracker.name)
-        if what not in ("start", "finish"):
-            with contextlib.suppress(Exception):  # (what it holds open: W&B's run in this process)
+        if what != "finish":
+            with contextlib.suppress(Exception):  # (what it holds open, if anything: W&B's run in this process)
                 tracker.finish(FAILED)
         first = (str(error).strip().splitlines() or [""])[0][:300]
         log.warning("tracking: %s failed (%s: %s: %s); training goes on without it (every metric stays in "
