@@ -136,8 +136,8 @@ class Sizing:
         else:
             minutes = self.finetune_expected(model, task, setting) / max(1, len(task_seeds(self.config, task)))
             gpus = gpus_per_node(self.config, "finetune")
-        return {"gpu": self.gpu.name, "gpus": gpus, "expected_minutes": round(minutes, 2),
-                "expected_gpu_hours": round(gpus * minutes / 60, 4)}
+        return {"gpu": self.gpu.name, "gpus": gpus, "expected_minutes": float(f"{minutes:.3g}"),
+                "expected_gpu_hours": float(f"{gpus * minutes / 60:.3g}")}
 
     def similarity_expected(self) -> float:
         return estimates.similarity_minutes(self.config["analysis"], self.shape, self.gpu)
