@@ -231,9 +231,10 @@ def test_track_sync_uploads_the_offline_runs_once(tmp_path, monkeypatch, capsys)
 
 # the trainer: in this process (milliseconds per step), and in chunk processes killed with SIGKILL
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def env():
-    """One gloo process group of one rank for the module (as tests/test_step.py's)."""
+    """One gloo process group of one rank for the test (as tests/test_step.py's), the environment restored after
+    it (a chunk process started later would otherwise take its RANK and MASTER_PORT)."""
     import torch.distributed as dist
 
     from tacl.pretrain.distributed import free_port, init_distributed
@@ -304,7 +305,7 @@ def test_one_tracked_run_across_chunks_and_a_kill_with_each_step_once(demo_data,
     in no checkpoint; in W&B's file as far as W&B wrote it); the chunk again trains from the start to step 12.
     One MLflow run, one W&B run id in both fragments, each step 1..12 once, every value metrics.jsonl's
     (elapsed time and tokens/s apart, which the repeated steps measure again). An API key and a token in the
-    environment are in no file written. 60 to 105 s on 2 busy cores (two chunk processes)."""
+    environment are in no file written. 50 to 105 s on 2 busy cores (two chunk processes)."""
     from test_pretrain import settings
 
     from tacl.pretrain.metrics import read_metrics
