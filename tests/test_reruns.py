@@ -110,7 +110,9 @@ def test_operational_settings_and_key_order_rerun_nothing(finished):
         p["chunk"].update(runtime_minutes=20, margin_minutes=0.5, max_steps=None, max_chunks=5)
         changed["finetune"].update(runtime_minutes={"default": 10}, shapes="buckets", seeds_per_gpu=2)
         changed["data"]["clean_workers"] = 2
-        changed.update(device="cpu", resources_dir=str(root / "elsewhere"))
+        changed.update(device="cpu", resources_dir=str(root / "elsewhere"),
+                       tracking={"trackers": ["mlflow", "wandb"], "wandb": {"project": "p", "mode": "offline"},
+                                 "mlflow": {"experiment": "e"}})
         counts, text = planned(root, reordered(changed))
         assert counts == {}, text[-3000:]
         assert "Finished work that this run does again" not in text

@@ -32,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     importlib.import_module("tacl.planning.cli").register(stages)  # `tacl plan`
     importlib.import_module("tacl.experiment.config").register(stages)  # `tacl config reference`
     importlib.import_module("tacl.planning.figures").register(stages)  # `tacl figures`
+    importlib.import_module("tacl.runtime.tracking").register(stages)  # `tacl track sync`
     return parser
 
 

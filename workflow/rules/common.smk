@@ -144,6 +144,23 @@ def operational(value):
     return lambda wildcards, resources: value
 
 
+def chunk_arguments(wildcards, resources):
+    """A chunk's operational arguments (design.chunk_operational) and its run's trackers beyond TensorBoard
+    (design.tracking_option, with the plan's cost of the run): a function of the job's resources, as
+    `operational`'s, so that neither decides a rerun."""
+    o = wildcards.objective
+    tracking = design.tracking_option(config, L, lambda: SIZING.run_cost(o))
+    return f"{chunk_operational()} {tracking}".strip()
+
+
+def finetune_tracking(wildcards, resources):
+    """A fine-tuning job's `--tracking` (design.tracking_option: each seed's run, with the plan's cost of a
+    seed); operational as chunk_arguments."""
+    w = wildcards
+    cost = lambda: SIZING.run_cost(model=w.model, task=w.task, setting=w.setting)
+    return design.tracking_option(config, L, cost, model=w.model, task=w.task, setting=w.setting)
+
+
 tokenizer_name = partial(design.tokenizer_name, config)
 start_family_given = partial(design.start_family_given, config)
 tokenizer_options = partial(design.tokenizer_options, config)
@@ -412,3 +429,4 @@ def print_summary():
     line = data_summary(L.data_summary, L.manifest, R)
     if line:
         print(f"\n{line}")
+    handlers.track_report(config, L)  # (the report's tables to the trackers, once per report)

@@ -58,6 +58,7 @@ rule finetune:
         shapes=operational(config["finetune"]["shapes"]),
         checkpoint=operational(config["finetune"]["checkpoint_minutes"]),
         side_by_side=operational(config["finetune"]["seeds_per_gpu"]),
+        tracking=finetune_tracking,
         family=lambda w: task_family(w.task),
         seeds=lambda w: " ".join(str(s) for s in task_seeds(w.task)),
         source=lambda w: stamp(task_source(w.task)),
@@ -74,7 +75,7 @@ rule finetune:
         " --seeds {params.seeds} --source {params.source:q} --cache-dir {params.cache}"
         " --hparams {params.hparams:q} --precision {params.precision} --device {params.device}"
         " --compile {params.compile} --shapes {params.shapes} --checkpoint-minutes {params.checkpoint}"
-        " --seeds-per-gpu {params.side_by_side}"
+        " --seeds-per-gpu {params.side_by_side} {params.tracking}"
         " --preset {params.preset} {params.contrastive}"
         " {params.keep} --out {params.out} --marker {output} > {log} 2>&1" + RECORD_OUTPUTS + " --also {params.out}"
 

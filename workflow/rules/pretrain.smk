@@ -50,7 +50,7 @@ checkpoint pretrain_chunk:
         run_dir=lambda w: f"{PRETRAIN}/{w.objective}/run",
         settings=lambda w: train_settings(w.objective),
         launch=operational(chunk_launch()[0]),
-        operational=operational(chunk_operational()),
+        operational=chunk_arguments,
         runtime=chunk_minutes,
     shell:
         "{params.launch} python -m tacl pretrain train --run-dir {params.run_dir} --start-model {input.start}"

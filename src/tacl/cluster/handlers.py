@@ -10,6 +10,7 @@ import os
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 from tacl.experiment.design import embeddings_enabled, expected_runs, finetune_models, tabled_models
@@ -70,3 +71,31 @@ def partial_report(config: dict[str, Any], layout: Layout, src: str) -> None:
         print(f"\nsome jobs failed; tables from the finished runs: {layout.report}/report.md")
     else:
         print(f"\nsome jobs failed, and the partial report failed too:\n{proc.stderr[-2000:]}")
+
+
+def track_report(config: dict[str, Any], layout: Layout) -> None:
+    """onsuccess: the report's tables (CSV as tracker tables, and report.md) and the resolved config, to the
+    config's trackers beyond TensorBoard (tacl.runtime.tracking), in one tracked run of kind `report`; sent
+    again only when the report's record changed since they were last sent (its hash kept with the run's ids
+    in RESULTS_DIR/tracking/report.json). A tracker that fails says so in one line; the workflow has
+    succeeded all the same."""
+    from tacl.report.expected import RECORD
+    from tacl.runtime.io import sha256_file, write_json_atomic
+    from tacl.runtime.tracking import FINISHED, RunInfo, TrackedRun, job_spec
+
+    spec = job_spec(config.get("tracking") or {}, layout.results)
+    record = Path(layout.report) / RECORD
+    if spec is None or not record.is_file():
+        return
+    state = Path(layout.tracking) / "report.json"
+    digest = sha256_file(record)[:16]
+    if state.is_file() and json.loads(state.read_text()).get("sent") == digest:
+        return
+    report = Path(layout.report)
+    run = TrackedRun(spec, state, RunInfo(kind="report", name="report", group="report", identity="report",
+                                          config=config))
+    run.files(sorted(report.glob("*.csv")) + sorted(report.glob("report.md")), "report")
+    run.close(FINISHED)
+    if not run.failed:
+        write_json_atomic(state, {**run.state, "sent": digest})
+        print(f"report's tables sent to {', '.join(spec['trackers'])} (docs/tracking.md)")

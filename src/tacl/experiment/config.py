@@ -18,6 +18,7 @@ from tacl.data.headings import stop_rule
 from tacl.objectives.registry import MODELS, family_error, group_error, objective_params, packing_error
 from tacl.pretrain.settings import CHUNK_OPERATIONAL_KEYS, OPERATIONAL_KEYS, ZERO3_COMPILE
 from tacl.runtime.io import InputError
+from tacl.runtime.tracking import config_errors as tracking_errors
 
 # The config keys that decide no result, only where and how a job runs (the schema marks each key with its
 # `x-role`, result or operational; tests/test_reruns.py keeps the two equal). Changing one reruns nothing:
@@ -28,7 +29,8 @@ OPERATIONAL_CONFIG_KEYS = tuple(sorted(
      "finetune.runtime_minutes", "finetune.compile", "finetune.shapes",
      "finetune.checkpoint_minutes", "finetune.seeds_per_gpu",
      "pretrain.remove_checkpoints", "plan.gpu", "plan.gpus", "plan.safety", "plan.startup_minutes",
-     "plan.min_runtime_minutes"}
+     "plan.min_runtime_minutes", "tracking.trackers", "tracking.wandb.project", "tracking.wandb.entity",
+     "tracking.wandb.mode", "tracking.mlflow.uri", "tracking.mlflow.experiment"}
     | {f"pretrain.{k}" for k in OPERATIONAL_KEYS if k != "device"}
     | {f"pretrain.{k}" for k in CHUNK_OPERATIONAL_KEYS if k != "chunk"}
     | {f"pretrain.chunk.{k}" for k in ("runtime_minutes", "margin_minutes", "max_chunks", "max_steps")}))
@@ -200,7 +202,7 @@ def plan_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
     """What is wrong in a schema-valid config (defaults filled in) that needs no data to find: one line per
     problem, naming the key. The Snakefile raises these before anything runs (dry runs included); the jobs
     keep their own checks as a second line."""
-    problems = finetune_errors(config, schema)
+    problems = finetune_errors(config, schema) + tracking_errors(config.get("tracking") or {})
     try:
         stop_rule(config["data"].get("language", "en"), config["data"].get("stop_headings"))
     except InputError as e:
@@ -370,10 +372,18 @@ def typed_overrides(config: dict[str, Any], given: Any, schema: dict[str, Any]) 
     walk(dict(given), [])
 
 
+def expand_shorthands(config: dict[str, Any]) -> None:
+    """The config's short forms in their full form, before anything reads it: `tracking: [mlflow, ...]` is
+    `tracking: {trackers: [mlflow, ...]}`."""
+    if isinstance(config.get("tracking"), list):
+        config["tracking"] = {"trackers": config["tracking"]}
+
+
 def checked_config(config: dict[str, Any], schema: dict[str, Any], fill_defaults: Callable[[dict], Any]
                    ) -> list[str]:
     """Every problem of a config, for the Snakefile: the schema's (`config_errors`), else, with the defaults
     filled in by `fill_defaults` (Snakemake's `validate`), what the keys say together (`plan_errors`)."""
+    expand_shorthands(config)
     problems = config_errors(config, schema)
     if problems:
         return problems

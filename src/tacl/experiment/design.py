@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
@@ -23,6 +23,7 @@ from tacl.finetune import GLUE_CLASSIFICATION, TASKS, declared
 from tacl.finetune.sweep import parse_setting, task_settings
 from tacl.pretrain.settings import TrainSettings
 from tacl.runtime.io import InputError
+from tacl.runtime.tracking import PACKAGES, job_spec
 
 
 def stamp(value: Any) -> str:
@@ -157,7 +158,25 @@ def chunk_operational(config: dict[str, Any], layout: Layout) -> str:
     ]
     if chunk["max_steps"]:
         args.append(f"--max-steps {chunk['max_steps']}")
+    if "tensorboard" not in trackers(config):
+        args.append("--no-tensorboard")
     return " ".join(args + [chunk_launch(config, layout)[1]]).strip()
+
+
+def trackers(config: dict[str, Any]) -> list[str]:
+    """tracking.trackers (TensorBoard alone where the config says nothing)."""
+    return (config.get("tracking") or {}).get("trackers", ["tensorboard"])
+
+
+def tracking_option(config: dict[str, Any], layout: Layout, cost: Callable[[], dict[str, Any]], **labels: Any
+                    ) -> str:
+    """`--tracking JSON` for a job whose run the config's trackers beyond TensorBoard follow (W&B, MLflow:
+    tacl.runtime.tracking.job_spec, with the run's `labels` and the plan's cost of the run, `cost()`, asked
+    only then); "" where there are none. Operational: the rules pass it where it decides no rerun."""
+    if not any(name in PACKAGES for name in trackers(config)):
+        return ""
+    spec = job_spec(config["tracking"], layout.results, **labels, cost=cost())
+    return f"--tracking {shlex.quote(stamp(spec))}"
 
 
 def gpus_per_node(config: dict[str, Any], name: str) -> int:

@@ -90,6 +90,8 @@ def register(stages: argparse._SubParsersAction) -> None:
                             "of the CPU cores (finetune.seeds_per_gpu; auto: one on a CPU, as many as the GPU's "
                             "compute mode, memory and the cores allow on a GPU); with --seed: this many seeds of "
                             "the job share the GPU and save at once before the job's end")
+        c.add_argument("--tracking", help="the trackers beside the seed's files (W&B, MLflow) as JSON, with the "
+                                          "run's labels (tacl.runtime.tracking.job_spec; config `tracking`)")
         c.set_defaults(func=_finetune)
 
 
@@ -134,7 +136,10 @@ def _finetune(a: argparse.Namespace) -> int:
         given = {**tune.given(), "model_sha256": weights_fingerprint(model_dir)}
 
     def train_one(seed: int, out: Path) -> dict:
-        result = _train(tune, seed, out)
+        from tacl.finetune.tracked import tracked_seed
+
+        spec = json.loads(a.tracking) if a.tracking else None
+        result = tracked_seed(spec, a.task, seed, out, given, lambda: _train(tune, seed, out))
         print(json.dumps({k: result[k] for k in ("task", "seed", "dev", "wall_s")}))
         return result
 
@@ -208,6 +213,8 @@ def seed_command(a: argparse.Namespace, seed: int, at_once: int) -> list[str]:
         command += ["--contrastive", a.contrastive]
     if getattr(a, "save_model", False):
         command.append("--save-model")
+    if a.tracking:
+        command += ["--tracking", a.tracking]
     return command
 
 

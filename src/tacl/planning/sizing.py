@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tacl.experiment.config import start_model_shape
-from tacl.experiment.design import model_tasks, setting_hparams, settings_of, task_seeds
+from tacl.experiment.design import gpus_per_node, model_tasks, setting_hparams, settings_of, task_seeds
 from tacl.runtime.layout import Layout
 from tacl.finetune import finetune_checkpoint_bytes, save_margin_s
 from tacl.planning import estimates
@@ -124,6 +124,20 @@ class Sizing:
 
         return most_at_once(str(self.config["finetune"]["seeds_per_gpu"]), len(task_seeds(self.config, task)),
                             self.config["device"] == "cpu")
+
+    def run_cost(self, objective: str | None = None, model: str = "", task: str = "", setting: str = ""
+                 ) -> dict[str, Any]:
+        """The plan's cost of one tracked run (tacl.runtime.tracking): a pretraining run's, all its chunks
+        (`objective`), or one fine-tuning seed's (a share of its job's): expected minutes of work, the GPUs it
+        uses and their GPU-hours, on the plan's GPU."""
+        if objective is not None:
+            minutes = self.pretrain_minutes(objective)
+            gpus = gpus_per_node(self.config, "pretrain_chunk") * self.config["pretrain"]["nodes"]
+        else:
+            minutes = self.finetune_expected(model, task, setting) / max(1, len(task_seeds(self.config, task)))
+            gpus = gpus_per_node(self.config, "finetune")
+        return {"gpu": self.gpu.name, "gpus": gpus, "expected_minutes": float(f"{minutes:.3g}"),
+                "expected_gpu_hours": float(f"{gpus * minutes / 60:.3g}")}
 
     def similarity_expected(self) -> float:
         return estimates.similarity_minutes(self.config["analysis"], self.shape, self.gpu)

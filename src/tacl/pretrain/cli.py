@@ -35,6 +35,8 @@ def register(stages: argparse._SubParsersAction) -> None:
     c.add_argument("--max-steps", type=int, help="train at most this many steps in this chunk")
     c.add_argument("--nproc", type=int, default=1, help="ranks on this node (re-launches under torchrun)")
     c.add_argument("--no-tensorboard", action="store_true")
+    c.add_argument("--tracking", help="the trackers beside TensorBoard (W&B, MLflow) as JSON "
+                                      "(tacl.runtime.tracking.job_spec; config `tracking`)")
     c.set_defaults(func=_train)
 
     c = cmds.add_parser("export", help="save_pretrained the trained student (or the start model)")
@@ -75,7 +77,7 @@ def _train(a: argparse.Namespace) -> int:
         settings = TrainSettings.from_dict({k: v for k, v in given.items() if k not in markers})
     marker = train_chunk(ChunkArgs(a.run_dir, a.start_model, a.manifest, settings, a.marker, a.chunk, a.deadline,
                                    a.runtime_minutes, a.margin_minutes, a.max_steps,
-                                   not a.no_tensorboard))
+                                   not a.no_tensorboard, json.loads(a.tracking) if a.tracking else None))
     print(json.dumps(marker))
     return 0
 

@@ -81,6 +81,7 @@ class ChunkArgs:
     margin_minutes: float = 10.0
     max_steps: int | None = None  # at most this many optimizer steps in this chunk
     tensorboard: bool = True
+    tracking: dict[str, Any] | None = None  # W&B, MLflow (tacl.runtime.tracking.job_spec; rank 0 tracks)
 
 
 def derive_seed(*parts: int) -> int:
@@ -715,7 +716,7 @@ def _run_chunk(chunk: Chunk, signals: StopSignals, started: float) -> dict[str, 
     pretrain.checkpoint_minutes and at the end; the chunk's marker (written by rank 0 where asked)."""
     args, s, env = chunk.args, chunk.settings, chunk.env
     device = device_info(env.device)
-    metrics_log = MetricsLog(Path(args.run_dir), chunk.step, args.tensorboard) if env.is_main else None
+    metrics_log = MetricsLog(Path(args.run_dir), chunk.step, args.tensorboard, args.tracking) if env.is_main else None
     if metrics_log is not None:
         metrics_log.event({"step": chunk.step, "event": "chunk_start", "chunk": args.chunk,
                            "world_size": env.world_size, "device": device})
@@ -740,10 +741,10 @@ def _run_chunk(chunk: Chunk, signals: StopSignals, started: float) -> dict[str, 
     del batches  # stops the loader's worker processes
     if loop.progress is not None:
         loop.progress.close()
-    if metrics_log is not None:
-        metrics_log.close()
 
     marker = _marker(chunk, loop, reason, device)
+    if metrics_log is not None:
+        metrics_log.close(marker)
     barrier()
     if env.is_main and args.marker:
         write_json_atomic(args.marker, marker)

@@ -18,7 +18,8 @@ from tacl.runtime.io import write_text_atomic
 from tacl.report.tables import (CONTROLS, GLUE_AVERAGE_LABELS, GLUE_COLUMNS, HEADLINE, PUBLISHED_FAMILY, cls_table,
                                 declared_headline_rows, declared_headlines, declared_table,
                                 differences_table, embeddings_table, f1_classes, finished, glue_reference_table,
-                                glue_table, ner_table, published_numbers, read_result, similarity_table, squad_table, start_family, status_table, summary_row, sweep_table)
+                                glue_table, ner_table, published_numbers, read_result, similarity_table, squad_table,
+                                start_family, status_table, summary_row, sweep_table)
 
 EMBEDDINGS_OFF = ("Not run: `analysis.embeddings.enabled: false` in the config. Set it to true to evaluate "
                   "sentence embeddings (STS-B dev and `analysis.embeddings.cluster_task` dev from "

@@ -59,6 +59,11 @@ class Layout:
         return f"{self.results}/analysis"
 
     @property
+    def tracking(self) -> str:
+        """The experiment trackers' own files (tacl.runtime.tracking): MLflow's file store, W&B's offline runs."""
+        return f"{self.results}/tracking"
+
+    @property
     def manifest(self) -> str:
         """The shards' manifest, what pretraining reads."""
         return f"{self.data}/shards/manifest.json"
