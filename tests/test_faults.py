@@ -18,7 +18,8 @@ def test_a_damaged_output_is_found_and_removed_and_bookkeeping_is_not_damage(tmp
     damaged, once, and its outputs removed with one line naming what is wrong (the seeds' folder stays: the job
     run again keeps its intact seeds). The locks, their history, a
     job's record and checkpoints in a results folder are bookkeeping, not damage; a job whose outputs are not
-    all there is left to Snakemake (it runs again and records anew)."""
+    all gone is left to Snakemake (it runs again and records anew); one of a job's several outputs gone makes the
+    job damaged; what was made from a damaged job's outputs, directly or not, is made again too."""
     from tacl.runtime.outputs import damaged, record, remove_damaged
 
     results = tmp_path / "results"
@@ -32,7 +33,9 @@ def test_a_damaged_output_is_found_and_removed_and_bookkeeping_is_not_damage(tmp
     (seeds / "seeds.json").write_text("{}")
     record(results, [str(results / "models" / "m")])
     record(results, [str(results / "marker.json")])
-    record(results, [str(seeds / "seeds.json")], [str(seeds)])
+    record(results, [str(seeds / "seeds.json")], [str(seeds)], inputs=[str(results / "models" / "m")])
+    (results / "report.csv").write_text("a,b\n")  # (made from the seeds' marker)
+    record(results, [str(results / "report.csv")], inputs=[str(seeds / "seeds.json"), str(results / "x.json")])
     record(results, [str(tmp_path / "elsewhere.json")])  # (outside the results: not recorded)
     assert damaged(results) == []
     for name in ("LOCK", "LOCK.log", "job.json", "checkpoint.pt"):
@@ -47,14 +50,29 @@ def test_a_damaged_output_is_found_and_removed_and_bookkeeping_is_not_damage(tmp
     found = {str(paths[0].relative_to(results)): why for paths, why in damaged(results)}
     assert found == {"models/m": f"{results}/models/m/config.json is missing",
                      "marker.json": f"{results}/marker.json has 3 bytes, 14 when its job wrote it",
-                     "finetune/setting/seeds.json": f"{seeds}/seed0/metrics.json has 4 bytes, 10 when its job wrote it"}
+                     "finetune/setting/seeds.json": f"{seeds}/seed0/metrics.json has 4 bytes, 10 when its job wrote it",
+                     "report.csv": f"made from {seeds}/seeds.json, which is made again"}
     said = []
     lines = remove_damaged(results, say=said.append)
-    assert said == lines and len(lines) == 3 and lines[0].startswith("damaged since its job wrote it (")
-    assert "removed finetune/setting/seeds.json, which this run makes again" in lines[0]
+    assert said == lines and len(lines) == 4 and lines[0].startswith("damaged since its job wrote it (")
+    assert "removed finetune/setting/seeds.json, which this run makes again" in "".join(lines)
+    assert lines[-1] == (f"to be made again (made from {seeds}/seeds.json, which is made again): removed report.csv, "
+                         "which this run makes again")
     assert not (results / "models" / "m").exists() and not (results / "marker.json").exists()
     assert not (seeds / "seeds.json").exists() and (seeds / "seed0").is_dir()  # (the job redoes the damaged seed)
+    assert not (results / "report.csv").exists()
     assert damaged(results) == []  # (outputs gone: Snakemake runs their jobs again, which record anew)
+    # a job of several outputs, one of them deleted (Snakemake would take it for a temporary file): damaged, and
+    # what was made from the others is made again
+    for name in ("shard.bin", "shard.json"):
+        (results / name).write_text("s" * 8)
+    (results / "manifest.json").write_text("{}")
+    record(results, [str(results / "shard.bin"), str(results / "shard.json")])
+    record(results, [str(results / "manifest.json")], inputs=[str(results / "shard.json")])
+    (results / "shard.bin").unlink()
+    assert [(sorted(p.name for p in paths), why) for paths, why in damaged(results)] == [
+        (["shard.bin", "shard.json"], f"{results}/shard.bin is missing"),
+        (["manifest.json"], f"made from {results}/shard.json, which is made again")]
 
 
 def test_a_schedule_draws_its_moments_and_kinds_from_its_seed():

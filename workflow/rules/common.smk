@@ -89,7 +89,7 @@ L = Layout.of(config)
 R = L.results
 # The last step of every rule's command: its outputs recorded (tacl.runtime.outputs), so that a later run
 # finds one damaged since its job wrote it (`damaged_outputs`) and makes it again.
-RECORD_OUTPUTS = f" && python -m tacl.runtime.outputs {shlex.quote(R)} {{output:q}}"
+RECORD_OUTPUTS = f" && python -m tacl.runtime.outputs {shlex.quote(R)} {{output:q}} --inputs {{input:q}}"
 DATA = L.data
 LOGS = L.logs
 BENCH = L.benchmarks

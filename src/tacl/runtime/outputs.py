@@ -16,8 +16,9 @@ damage there removes the job's outputs alone, and the job run again redoes what 
 fine-tuning job keeps its intact seeds). Their bookkeeping (locks and their history, a job's record,
 checkpoints, hidden files) is not recorded: it changes whenever a later job of the folder starts.
 
-`python -m tacl.runtime.outputs RESULTS OUTPUT... [--also FOLDER...]` records; standard library only (it runs
-after every job).
+`python -m tacl.runtime.outputs RESULTS OUTPUT... --inputs INPUT... [--also FOLDER...]` records; standard
+library only (it runs after every job). The inputs are recorded so that what was made from a damaged output is
+made again too (`damaged`).
 """
 
 from __future__ import annotations
@@ -53,27 +54,32 @@ def record_file(results: str | os.PathLike, output: str) -> Path:
     return Path(results) / RECORDS / (os.path.relpath(output, results).replace("..", "_") + ".json")
 
 
-def record(results: str | os.PathLike, outputs: list[str], also: list[str] = ()) -> Path | None:
+def record(results: str | os.PathLike, outputs: list[str], also: list[str] = (), inputs: list[str] = ()
+           ) -> Path | None:
     """Record a finished job's `outputs` (and the `also` folders that hold its results) under RESULTS (outputs
-    outside it are not recorded); the record's path, or None where nothing was recorded."""
+    outside it are not recorded), with the `inputs` it read; the record's path, or None where nothing was
+    recorded."""
     results = Path(results)
     inside = [o for o in outputs if not os.path.relpath(o, results).startswith("..")]
     if not inside:
         return None
     entry = {"outputs": {o: _files(Path(o), False) for o in inside},
-             "also": {a: _files(Path(a), True) for a in also if Path(a).is_dir()}}
+             "also": {a: _files(Path(a), True) for a in also if Path(a).is_dir()}, "inputs": list(inputs)}
     path = record_file(results, inside[0])
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(entry, sort_keys=True))
-    os.replace(tmp, path)
+    try:  # (a record that cannot be written, on a full disk, leaves nothing; the job fails, and runs again)
+        tmp.write_text(json.dumps(entry, sort_keys=True))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 
 def _changed(path: Path, files: dict[str, int], bookkeeping: bool) -> str | None:
     """What differs between an output and its record: its first missing file or file of another size."""
     if not path.exists():
-        return "missing"
+        return f"{path} is missing"
     now = _files(path, bookkeeping)
     for name, size in sorted(files.items()):
         shown = path if name == "." else path / name
@@ -84,30 +90,60 @@ def _changed(path: Path, files: dict[str, int], bookkeeping: bool) -> str | None
     return None
 
 
-def damaged(results: str | os.PathLike) -> list[tuple[list[Path], str]]:
-    """Each recorded job whose outputs, or `also` folders, are not as written, its outputs all there: (its
-    outputs, to remove; what is wrong). An `also` folder stays: the job run again checks its own results there
-    and redoes only what is damaged (a fine-tuning job keeps its intact seeds, tacl.finetune.seeds)."""
+def _records(results: str | os.PathLike) -> list[dict]:
     root = Path(results) / RECORDS
     found = []
     for rec in sorted(root.rglob("*.json")) if root.is_dir() else []:
         try:
             entry = json.loads(rec.read_text())
-            outputs, also = entry["outputs"], entry.get("also", {})
-        except (OSError, ValueError, KeyError, TypeError):
+            found.append({"outputs": dict(entry["outputs"]), "also": dict(entry.get("also", {})),
+                          "inputs": list(entry.get("inputs", []))})
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
-        if not all(Path(o).exists() for o in outputs):
-            continue  # (the job runs again anyway, and records anew)
+    return found
+
+
+def _reads(inputs: list[str], outputs: list[str]) -> bool:
+    """Whether a job that read `inputs` read one of `outputs` (or a file inside one)."""
+    return any(i == o or i.startswith(o.rstrip("/") + "/") for i in inputs for o in outputs)
+
+
+def damaged(results: str | os.PathLike) -> list[tuple[list[Path], str]]:
+    """Each recorded job whose outputs, or `also` folders, are not as written, where some of its outputs are
+    still there: (its outputs, to remove; what is wrong); then each job made from a removed output, directly or
+    not, with the output it was made from (Snakemake runs no job again for an input gone missing while its own
+    outputs stand: it takes the input for a temporary one). A job whose outputs are all gone is left to
+    Snakemake: a failed job's are removed, and it runs again. An `also` folder stays: the job run again checks
+    its own results there and redoes only what is damaged (a fine-tuning job keeps its intact seeds,
+    tacl.finetune.seeds)."""
+    records, found, removed = _records(results), [], []
+    for entry in records:
+        outputs, also = entry["outputs"], entry["also"]
+        if not any(Path(o).exists() for o in outputs):
+            continue
         why = next((w for o, files in outputs.items() if (w := _changed(Path(o), files, False))), None) or next(
-            (w for a, files in also.items() if (w := _changed(Path(a), files, True)) and w != "missing"), None)
+            (w for a, files in also.items() if Path(a).is_dir() and (w := _changed(Path(a), files, True))), None)
         if why:
             found.append(([Path(o) for o in outputs], why))
+            removed += list(outputs)
+    todo = list(removed)
+    while todo:  # (what was made from a removed output, and so on down)
+        gone, todo = todo, []
+        for entry in records:
+            outputs = list(entry["outputs"])
+            if any(o in removed for o in outputs) or not any(Path(o).exists() for o in outputs):
+                continue
+            source = next((i for i in entry["inputs"] if _reads([i], gone)), None)
+            if source is not None:
+                found.append(([Path(o) for o in outputs], f"made from {source}, which is made again"))
+                removed += outputs
+                todo += outputs
     return found
 
 
 def remove_damaged(results: str | os.PathLike, say=print) -> list[str]:
-    """Remove every damaged job's outputs (`damaged`) so that Snakemake makes them again; one line each, said
-    (`say`) and returned."""
+    """Remove every damaged job's outputs, and those of the jobs made from them (`damaged`), so that Snakemake
+    makes them again; one line each, said (`say`) and returned."""
     lines = []
     for paths, why in damaged(results):
         for path in paths:
@@ -116,17 +152,27 @@ def remove_damaged(results: str | os.PathLike, say=print) -> list[str]:
             elif path.exists():
                 path.unlink()
         named = ", ".join(os.path.relpath(p, results) for p in paths)
-        lines.append(f"damaged since its job wrote it ({why}): removed {named}, which this run makes again")
+        head = "damaged since its job wrote it" if not why.startswith("made from ") else "to be made again"
+        lines.append(f"{head} ({why}): removed {named}, which this run makes again")
         say(lines[-1])
     return lines
 
 
 def main(argv: list[str]) -> int:
-    also = argv.index("--also") if "--also" in argv else len(argv)
-    if also < 2:
-        print("usage: python -m tacl.runtime.outputs RESULTS OUTPUT... [--also FOLDER...]", file=sys.stderr)
+    """RESULTS OUTPUT... [--inputs INPUT...] [--also FOLDER...]"""
+    parts: dict[str, list[str]] = {"": []}
+    at = ""
+    for arg in argv:
+        if arg in ("--inputs", "--also"):
+            at = arg
+            parts.setdefault(at, [])
+        else:
+            parts[at].append(arg)
+    if len(parts[""]) < 2:
+        print("usage: python -m tacl.runtime.outputs RESULTS OUTPUT... [--inputs INPUT...] [--also FOLDER...]",
+              file=sys.stderr)
         return 2
-    record(argv[0], argv[1:also], argv[also + 1:])
+    record(parts[""][0], parts[""][1:], parts.get("--also", []), parts.get("--inputs", []))
     return 0
 
 
