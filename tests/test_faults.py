@@ -111,3 +111,42 @@ def test_faults_at_drawn_moments_leave_the_same_tables_and_nothing_behind(small_
             unmount(root)
     struck = json.dumps([(f.kind, f.job, round(f.struck_at, 1), f.outcome) for f in outcome.faults])
     assert problems == [], f"fault schedule {seed} (TACL_FAULT_SEED={seed} runs it again): {struck}: {problems}"
+
+
+def test_a_full_disk_is_one_line_from_the_job_and_no_traceback_from_its_threads(capsys, monkeypatch):
+    """A job that cannot write (ENOSPC, EDQUOT; torch.save says only "file write failed", whatever wraps it) ends
+    with one line that says to free space and run again, exit status 2; a background thread that meets the full
+    disk first (a TensorBoard writer) prints no traceback before it. Any other error is Python's own."""
+    import errno
+    import threading
+    import types
+
+    from tacl import cli
+
+    full = OSError(errno.ENOSPC, "No space left on device", "/results/x.pt")
+    wrapped = RuntimeError("[enforce fail at inline_container.cc:664] . PytorchStreamWriter failed writing file "
+                           "data/0: file write failed")
+    wrapped.__cause__ = None
+    try:
+        raise RuntimeError("saving the checkpoint") from full
+    except RuntimeError as e:
+        chained = e
+    for error in (full, wrapped, chained, OSError(errno.EDQUOT, "Disk quota exceeded")):
+        assert cli.no_space(error).startswith("no space left on the file system")
+    assert "(/results/x.pt)" in cli.no_space(full)
+    assert cli.no_space(ValueError("bad")) is None and cli.no_space(OSError(errno.EACCES, "denied")) is None
+
+    def writes(args):
+        thread = threading.Thread(target=lambda: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space")))
+        thread.start()
+        thread.join()
+        raise full
+
+    parsed = types.SimpleNamespace(func=writes, online=False)
+    monkeypatch.setattr(cli, "build_parser", lambda: types.SimpleNamespace(parse_args=lambda argv: parsed))
+    monkeypatch.setattr(cli, "claim_for_job", lambda args: None)
+    monkeypatch.setattr(threading, "excepthook", threading.excepthook)  # (main() sets it: put back after)
+    capsys.readouterr()
+    assert cli.main(["data", "clean"]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [f"tacl: error: {cli.no_space(full)}"] and "Traceback" not in err

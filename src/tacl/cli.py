@@ -14,6 +14,7 @@ import importlib
 import logging
 import os
 import sys
+import threading
 import traceback
 
 from tacl.cluster.workstation import claim_for_job
@@ -56,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # no load reports and advisory warnings in logs
     os.environ.setdefault("HF_HUB_VERBOSITY", "error")  # (a Hub out of reach: no line per retry; one error at the end)
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # (also silences transformers' loading bars)
+    threading.excepthook = _thread_error
     try:
         # one machine with several GPUs (profiles/workstation): this job's own GPUs, before CUDA starts
         claim_for_job(args)
@@ -74,6 +76,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tacl: error: {full}", file=sys.stderr)
         return 2
     return int(result or 0)
+
+
+def _thread_error(hook: threading.ExceptHookArgs) -> None:
+    """A background thread's error (a TensorBoard event writer's, say): a full disk is left to the one line the
+    job's own error gets (`no_space`) when the job next writes, not printed as a traceback first; any other is
+    printed as Python prints it."""
+    if hook.exc_value is not None and no_space(hook.exc_value) is not None:
+        logging.getLogger("tacl").debug("a background thread stopped: %s", hook.exc_value)
+        return
+    threading.__excepthook__(hook)
 
 
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
