@@ -38,7 +38,8 @@ rule similarity:
     shell:
         "python -m tacl analysis similarity --model {input.model} --name {wildcards.model}"
         " --heldout {input.heldout} --sentences {params.n} --seed {params.seed} --max-len {params.max_len}"
-        " --device {params.device} --out {output.similarity} {params.embeddings} > {log} 2>&1" + RECORD_OUTPUTS
+        " --device {params.device} --out {output.similarity} {params.embeddings} > {log} 2>&1"
+        f"{RECORD_OUTPUTS}"
 
 
 rule similarity_plot:
@@ -61,7 +62,7 @@ rule similarity_plot:
         CONDA_ENV
     shell:
         "python -m tacl analysis plot --inputs {input} --out {output.similarity} --cls-out {output.cls} > {log} 2>&1"
-        + RECORD_OUTPUTS
+        f"{RECORD_OUTPUTS}"
 
 
 rule embeddings_data:
@@ -80,4 +81,5 @@ rule embeddings_data:
     shell:
         "python -m tacl analysis embeddings-data --source {params.source:q} --cache-dir {params.cache}"
         " --cluster-task {params.task}"
-        " --max-pairs {params.pairs} --max-sentences {params.sentences} --out {output} > {log} 2>&1" + RECORD_OUTPUTS
+        " --max-pairs {params.pairs} --max-sentences {params.sentences} --out {output} > {log} 2>&1"
+        f"{RECORD_OUTPUTS}"

@@ -27,7 +27,8 @@ rule download_corpus:
         ),
     shell:
         "python -m tacl data download --source {params.source:q} --cache-dir {params.cache} {params.cap}"
-        " --out {output} > {log} 2>&1" + RECORD_OUTPUTS
+        " --out {output} > {log} 2>&1"
+        f"{RECORD_OUTPUTS}"
 
 
 rule fetch_tokenizer:
@@ -44,7 +45,7 @@ rule fetch_tokenizer:
         name=tokenizer_name(),
     shell:
         f"python -m tacl data tokenizer --name {{params.name:q}} {tokenizer_options()} --out {{output}} > {{log}} 2>&1"
-        + RECORD_OUTPUTS
+        f"{RECORD_OUTPUTS}"
 
 
 rule clean:
@@ -77,7 +78,8 @@ rule clean:
         "python -m tacl data clean --raw {input} --corpus {output.corpus} --index {output.index}"
         " --heldout {output.heldout} --stats {output.stats} --max-lines {params.max_lines}"
         " --heldout-fraction {params.heldout} --sentence-splitter {params.splitter} --workers {threads}"
-        f"{clean_options()} > {{log}} 2>&1" + RECORD_OUTPUTS
+        f"{clean_options()} > {{log}} 2>&1"
+        f"{RECORD_OUTPUTS}"
 
 
 rule shard:
@@ -112,7 +114,8 @@ rule shard:
         "RAYON_NUM_THREADS={threads} python -m tacl data shard --corpus {input.corpus} --index {input.index}"
         " --tokenizer {input.tokenizer} --shard {wildcards.shard} --num-shards {params.n}"
         " --max-len {params.max_len} --short-seq-prob {params.short} --seed {params.seed}"
-        " --dupe-factor {params.dupe} --out {output.shard} --entry {output.entry} > {log} 2>&1" + RECORD_OUTPUTS
+        " --dupe-factor {params.dupe} --out {output.shard} --entry {output.entry} > {log} 2>&1"
+        f"{RECORD_OUTPUTS}"
 
 
 rule gather_shards:
@@ -129,4 +132,5 @@ rule gather_shards:
         CONDA_ENV
     shell:
         "python -m tacl data gather --entries {input.entries} --clean-stats {input.stats}"
-        " --out {output.manifest} --summary {output.summary} > {log} 2>&1" + RECORD_OUTPUTS
+        " --out {output.manifest} --summary {output.summary} > {log} 2>&1"
+        f"{RECORD_OUTPUTS}"

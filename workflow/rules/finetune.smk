@@ -25,7 +25,8 @@ rule prepare_task:
         source=lambda w: stamp(task_source(w.task)),
     shell:
         "python -m tacl finetune prepare --task {wildcards.task} --source {params.source:q}"
-        " --cache-dir {params.cache} --out {output} > {log} 2>&1" + RECORD_OUTPUTS
+        " --cache-dir {params.cache} --out {output} > {log} 2>&1"
+        f"{RECORD_OUTPUTS}"
 
 
 rule finetune:
@@ -77,7 +78,8 @@ rule finetune:
         " --compile {params.compile} --shapes {params.shapes} --checkpoint-minutes {params.checkpoint}"
         " --seeds-per-gpu {params.side_by_side} {params.tracking}"
         " --preset {params.preset} {params.contrastive}"
-        " {params.keep} --out {params.out} --marker {output} > {log} 2>&1" + RECORD_OUTPUTS + " --also {params.out}"
+        " {params.keep} --out {params.out} --marker {output} > {log} 2>&1"
+        f"{RECORD_OUTPUTS} --also {{params.out}}"
 
 
 rule select_setting:
@@ -95,7 +97,7 @@ rule select_setting:
         CONDA_ENV
     shell:
         "python -m tacl finetune select --task {wildcards.task} --runs {input} --out {output} > {log} 2>&1"
-        + RECORD_OUTPUTS
+        f"{RECORD_OUTPUTS}"
 
 
 rule submissions:
@@ -109,4 +111,4 @@ rule submissions:
     conda:
         CONDA_ENV
     shell:
-        "python -m tacl finetune submissions --selections {input} --out {output} > {log} 2>&1" + RECORD_OUTPUTS
+        "python -m tacl finetune submissions --selections {input} --out {output} > {log} 2>&1" f"{RECORD_OUTPUTS}"

@@ -24,7 +24,8 @@ rule init_model:
         init=stamp(design.start_model_init(config)),
     shell:
         "python -m tacl pretrain init-model --model {params.model:q} --init {params.init:q}"
-        " --tokenizer {input.tokenizer} --out {output} > {log} 2>&1" + RECORD_OUTPUTS
+        " --tokenizer {input.tokenizer} --out {output} > {log} 2>&1"
+        f"{RECORD_OUTPUTS}"
 
 
 checkpoint pretrain_chunk:
@@ -55,7 +56,8 @@ checkpoint pretrain_chunk:
     shell:
         "{params.launch} python -m tacl pretrain train --run-dir {params.run_dir} --start-model {input.start}"
         " --manifest {input.manifest} --settings {params.settings:q} --chunk {wildcards.chunk}"
-        " --marker {output} --runtime-minutes {params.runtime} {params.operational} > {log} 2>&1" + RECORD_OUTPUTS
+        " --marker {output} --runtime-minutes {params.runtime} {params.operational} > {log} 2>&1"
+        f"{RECORD_OUTPUTS}"
 
 
 rule export_model:
@@ -83,7 +85,7 @@ rule export_model:
     shell:
         "python -m tacl pretrain export --start-model {input.start} --run-dir {params.run_dir}"
         " --marker {input.final} --out {output.model} --summary {output.summary} {params.cleanup} > {log} 2>&1"
-        + RECORD_OUTPUTS
+        f"{RECORD_OUTPUTS}"
 
 
 rule export_start:
@@ -98,7 +100,8 @@ rule export_start:
         CONDA_ENV
     shell:
         "python -m tacl pretrain export --start-model {input.start} --out {output.model}"
-        " --summary {output.summary} > {log} 2>&1" + RECORD_OUTPUTS
+        " --summary {output.summary} > {log} 2>&1"
+        f"{RECORD_OUTPUTS}"
 
 
 rule extra_model:
@@ -115,4 +118,5 @@ rule extra_model:
         source=lambda w: config["finetune"]["extra_models"][w.model],
     shell:
         "python -m tacl pretrain init-model --model {params.source:q} --tokenizer {params.source:q}"
-        " --out {output} > {log} 2>&1" + RECORD_OUTPUTS
+        " --out {output} > {log} 2>&1"
+        f"{RECORD_OUTPUTS}"

@@ -77,7 +77,7 @@ rule report:
     params:
         args=report_args,
     shell:
-        "python -m tacl report {params.args} --record {output.record} > {log} 2>&1" + RECORD_OUTPUTS
+        "python -m tacl report {params.args} --record {output.record} > {log} 2>&1" f"{RECORD_OUTPUTS}"
 
 
 # `snakemake --profile ... publish` (the target rule `publish`, in the Snakefile): each pretrained model as the
@@ -100,4 +100,4 @@ rule publish_model:
         # the results folder: RESULTS/publish/OBJECTIVE's grandparent
         results=lambda w, output: os.path.dirname(os.path.dirname(output[0])),
     shell:
-        "python -m tacl publish {params.results} --models {wildcards.objective} > {log} 2>&1" + RECORD_OUTPUTS
+        "python -m tacl publish {params.results} --models {wildcards.objective} > {log} 2>&1" f"{RECORD_OUTPUTS}"
