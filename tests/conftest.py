@@ -137,7 +137,7 @@ _BPE_TOKENIZER: list = []  # (trained once: every run of the small DAG reads the
 
 
 def small_dag_config(root) -> dict:
-    """Data, a pretraining run in two chunks, fine-tunes with two seeds side by side (one model also contrastive),
+    """Data, a pretraining run in two chunks, fine-tunes with two seeds (one model also contrastive),
     similarity, sentence embeddings, report: the smallest DAG with every kind of job. Its start model is of
     another family than BERT's: a random RoBERTa with a byte-level BPE tokenizer trained on the demo's text
     (sequences of whole sentences, no NSP, no token types, exported and fine-tuned as a RoBERTa)."""
@@ -151,8 +151,7 @@ def small_dag_config(root) -> dict:
     cfg["data"]["max_lines"] = 3000
     cfg["pretrain"].update(objectives=["none", "coco_lm"], steps=12, log_every=4)
     cfg["pretrain"]["chunk"].update(runtime_minutes=30, max_steps=6)
-    cfg["finetune"].update(tasks=["qnli"], seeds_small=2, contrastive={"forms": ["scl"], "models": ["coco_lm"]},
-                           seeds_per_gpu=2)  # (the two seeds side by side, each in its own process)
+    cfg["finetune"].update(tasks=["qnli"], seeds_small=2, contrastive={"forms": ["scl"], "models": ["coco_lm"]})
     cfg["finetune"]["hparams"]["glue"].update(max_train_examples=64, max_eval_examples=64, epochs=1)
     cfg["analysis"]["similarity_sentences"] = 20
     cfg["analysis"]["embeddings"] = {"enabled": True, "cluster_task": "sst2", "source": {
@@ -163,14 +162,18 @@ def small_dag_config(root) -> dict:
 @pytest.fixture(scope="session")
 def small_dag_again(tmp_path_factory):
     """The small DAG (`small_dag_config`) run to the end from scratch, as a user runs it (the local profile), in
-    a directory of its own, once per pytest worker process: test_workflow.py compares its report's CSVs, kept
-    here as this run wrote them, with its own run's byte for byte; tests/test_reruns.py asks what changes to
-    it run again, and then changes it (both files run in one pytest-xdist group: SHARED_GROUPS, below)."""
+    a directory of its own, once per pytest worker process, and shared by the files of one pytest-xdist group
+    (SHARED_GROUPS, below), in this order: test_workflow.py reads it, and its tests that change it put it back;
+    tests/test_faults.py runs the same config again under faults and compares its report with this run's, kept
+    here as this run wrote it ("report": every CSV, PNG and LaTeX table); tests/test_reruns.py asks what
+    changes to it run again, and then changes it."""
     root = tmp_path_factory.mktemp("small_dag_again")
     cfg = small_dag_config(root)
     run_snakemake(root, cfg, "--profile", str(REPO / "profiles" / "local"), "--cores", "2")
-    return {"dir": root, "cfg": cfg,
-            "tables": {p.name: p.read_bytes() for p in (root / "results" / "report").glob("*.csv")}}
+    report = root / "results" / "report"
+    return {"dir": root, "cfg": cfg, "results": root / "results",
+            "report": {p.name: p.read_bytes() for pattern in ("*.csv", "*.png", "*.tex")
+                       for p in sorted(report.glob(pattern))}}
 
 
 def fresh_clone(where: Path) -> Path:
@@ -374,8 +377,9 @@ WALL_CLOCK_CHAINS = {"test_slurm.py::test_demo_through_sbatch_and_one_minute_chu
 
 # the other test files whose tests take minutes in all (a `make test` run's durations), longest first
 LONG_GROUPS = ("test_step", "test_workflow", "test_slurm_nodes", "test_plan")
-# test files that run in another's group: they share its worker's session fixtures (`small_dag_again`)
-SHARED_GROUPS = {"test_reruns": "test_workflow", "test_faults": "test_workflow"}
+# test files that run in another's group, after its own file's tests and in this order: they share its
+# worker's session fixtures (`small_dag_again`)
+SHARED_GROUPS = {"test_faults": "test_workflow", "test_reruns": "test_workflow"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
@@ -395,4 +399,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         item.add_marker(pytest.mark.xdist_group(group(item)))
     first = ("wall_clock_chains", "test_pretrain", "test_slurm", *LONG_GROUPS)
-    items.sort(key=lambda item: first.index(group(item)) if group(item) in first else len(first))
+    guests = list(SHARED_GROUPS)
+    items.sort(key=lambda item: (first.index(group(item)) if group(item) in first else len(first),
+                                 guests.index(item.path.stem) + 1 if item.path.stem in guests else 0))

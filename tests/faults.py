@@ -498,10 +498,14 @@ def unmount(root: Path) -> None:
 
 
 def fault_config(root: Path) -> dict:
-    """The small DAG's config (tests/conftest.small_dag_config) with its paths under `root`."""
+    """The small DAG's config (tests/conftest.small_dag_config) with its paths under `root`, and its two seeds
+    side by side, each in its own process (`finetune.seeds_per_gpu`, an operational setting: the tables are
+    those of the seeds one after the other)."""
     from conftest import small_dag_config
 
-    return small_dag_config(root)
+    cfg = small_dag_config(root)
+    cfg["finetune"]["seeds_per_gpu"] = 2
+    return cfg
 
 
 def reference_run(where: Path, profile_args: list[str]) -> tuple[dict[str, bytes], float]:
@@ -597,13 +601,15 @@ def main(argv: list[str] | None = None) -> int:
               + ("HELD" if not problems else "FAILED: " + "; ".join(problems)), flush=True)
         if not a.keep and not problems:
             shutil.rmtree(work / f"schedule-{seed}", ignore_errors=True)
-    figures = summary(outcomes)
+        figures = summary(outcomes)
+        if a.json:  # (after every schedule: a long run stopped early keeps what it measured)
+            temporary = a.json.with_name(f".{a.json.name}.tmp")
+            temporary.write_text(json.dumps({"summary": figures, "schedules": [
+                {"seed": o.seed, "faults": [dataclasses.asdict(f) for f in o.faults], "runs": o.runs,
+                 "documented": o.documented, "problems": p, "lost": o.lost, "seconds": round(o.seconds)}
+                for o, p in outcomes]}, indent=1))
+            temporary.replace(a.json)
     print("faults: " + json.dumps(figures), flush=True)
-    if a.json:
-        a.json.write_text(json.dumps({"summary": figures, "schedules": [
-            {"seed": o.seed, "faults": [dataclasses.asdict(f) for f in o.faults], "runs": o.runs,
-             "documented": o.documented, "problems": p, "lost": o.lost, "seconds": round(o.seconds)}
-            for o, p in outcomes]}, indent=1))
     return 1 if figures["schedules_with_problems"] else 0
 
 
