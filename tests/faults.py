@@ -321,10 +321,16 @@ class Schedule:
     def _plant_lock(self, rng: random.Random) -> str:
         """A stale LOCK in a trainer's folder that no live process holds: a dead process of this host (taken over
         by the next trainer), or a process of another host (which no process can judge: the trainer refuses it,
-        naming the file to delete)."""
-        folders = [self.results / "pretrain" / "coco_lm" / "run"]
+        naming the file to delete). Only where a killed holder can have left one: in a trainer's folder whose job
+        has not finished (a job writes its marker once every lock of its is released, and a job run again takes
+        each of its locks, a finished seed's too)."""
+        folders = [self.results / "pretrain" / "coco_lm" / "run"] * \
+            (not (self.results / "models" / "coco_lm.json").exists())
         folders += [self.results / "finetune" / m / "qnli" / "lr1e-4_b16_e1" / f"seed{s}"
-                    for m in ("none", "coco_lm", "coco_lm+scl") for s in (0, 1)]
+                    for m in ("none", "coco_lm", "coco_lm+scl") for s in (0, 1)
+                    if not (self.results / "finetune" / m / "qnli" / "lr1e-4_b16_e1" / "seeds.json").exists()]
+        if not folders:
+            return "nothing to plant (every trainer's job has finished)"
         folder = rng.choice(folders)
         folder.mkdir(parents=True, exist_ok=True)
         gone = subprocess.Popen([sys.executable, "-c", "pass"])
