@@ -169,11 +169,10 @@ def small_dag_again(tmp_path_factory):
     changes to it run again, and then changes it."""
     root = tmp_path_factory.mktemp("small_dag_again")
     cfg = small_dag_config(root)
+    from faults import report_files
+
     run_snakemake(root, cfg, "--profile", str(REPO / "profiles" / "local"), "--cores", "2")
-    report = root / "results" / "report"
-    return {"dir": root, "cfg": cfg, "results": root / "results",
-            "report": {p.name: p.read_bytes() for pattern in ("*.csv", "*.png", "*.tex")
-                       for p in sorted(report.glob(pattern))}}
+    return {"dir": root, "cfg": cfg, "results": root / "results", "report": report_files(root / "results")}
 
 
 def fresh_clone(where: Path) -> Path:

@@ -326,9 +326,10 @@ class Schedule:
         each of its locks, a finished seed's too)."""
         folders = [self.results / "pretrain" / "coco_lm" / "run"] * \
             (not (self.results / "models" / "coco_lm.json").exists())
-        folders += [self.results / "finetune" / m / "qnli" / "lr1e-4_b16_e1" / f"seed{s}"
-                    for m in ("none", "coco_lm", "coco_lm+scl") for s in (0, 1)
-                    if not (self.results / "finetune" / m / "qnli" / "lr1e-4_b16_e1" / "seeds.json").exists()]
+        settings = [self.results / "finetune" / m / "qnli" / "lr1e-4_b16_e1"
+                    for m in ("none", "coco_lm", "coco_lm+scl")]
+        folders += [setting / f"seed{s}" for setting in settings if not (setting / "seeds.json").exists()
+                    for s in (0, 1)]
         if not folders:
             return "nothing to plant (every trainer's job has finished)"
         folder = rng.choice(folders)
@@ -609,12 +610,12 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work / f"schedule-{seed}", ignore_errors=True)
         figures = summary(outcomes)
         if a.json:  # (after every schedule: a long run stopped early keeps what it measured)
-            temporary = a.json.with_name(f".{a.json.name}.tmp")
-            temporary.write_text(json.dumps({"summary": figures, "schedules": [
+            from tacl.runtime.io import write_text_atomic
+
+            write_text_atomic(a.json, json.dumps({"summary": figures, "schedules": [
                 {"seed": o.seed, "faults": [dataclasses.asdict(f) for f in o.faults], "runs": o.runs,
                  "documented": o.documented, "problems": p, "lost": o.lost, "seconds": round(o.seconds)}
                 for o, p in outcomes]}, indent=1))
-            temporary.replace(a.json)
     print("faults: " + json.dumps(figures), flush=True)
     return 1 if figures["schedules_with_problems"] else 0
 
