@@ -231,6 +231,16 @@ def test_track_sync_uploads_the_offline_runs_once(tmp_path, monkeypatch, capsys)
 
 # the trainer: in this process (milliseconds per step), and in chunk processes killed with SIGKILL
 
+def test_deepspeed_imports_without_mlflow_and_a_tracked_run_still_has_it():
+    """DeepSpeed's autotuner imports MLflow when it is installed (2.5 s of every rank's start, for a feature no chunk
+    uses): the trainer imports DeepSpeed with MLflow hidden, and MLflow imports as usual afterwards."""
+    code = ("import sys; from tacl.pretrain.distributed import import_deepspeed; import_deepspeed(); "
+            "from deepspeed.autotuning import autotuner; print('mlflow' in sys.modules, autotuner.has_mlflow); "
+            "import mlflow; print(mlflow.MlflowClient.__name__)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert proc.stdout.splitlines()[-2:] == ["False False", "MlflowClient"], proc.stdout + proc.stderr[-2000:]
+
+
 @pytest.fixture
 def env():
     """One gloo process group of one rank for the test (as tests/test_step.py's), the environment restored after

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tacl.pretrain.distributed import DistEnv, barrier
+from tacl.pretrain.distributed import DistEnv, barrier, import_deepspeed
 from tacl.pretrain.rundir import CHECKPOINTS, DAMAGED, INCOMING, UNIVERSAL, checkpoint_dir  # noqa: F401 (CHECKPOINTS)
 from tacl.runtime.device import rank_gpu
 from tacl.runtime.io import InputError, changed_files, read_file_record, write_file_record, write_text_atomic
@@ -217,6 +217,7 @@ def make_universal(run_dir: str | os.PathLike, tag: str, env: DistEnv) -> Path:
     if env.is_main and not out.is_dir():
         import argparse
 
+        import_deepspeed()
         from deepspeed.checkpoint.ds_to_universal import main as to_universal
 
         incoming = out.with_name(tag + INCOMING)

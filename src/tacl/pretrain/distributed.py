@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +14,26 @@ import torch.distributed as dist
 
 from tacl.runtime.device import resolve_device
 from tacl.runtime.io import InputError
+
+
+# imported by DeepSpeed at its own import for a feature no chunk uses (its autotuner's MLflow runs): 2.5 s of
+# every rank's start
+_UNUSED_BY_DEEPSPEED = ("mlflow",)
+
+
+def import_deepspeed() -> Any:
+    """DeepSpeed, imported without the packages of _UNUSED_BY_DEEPSPEED (hidden while it imports, so its optional
+    imports fail and it goes without them). A package already imported stays as it is, and one hidden here
+    imports as usual afterwards (a run tracked with MLflow: tacl.runtime.tracking)."""
+    hidden = [name for name in _UNUSED_BY_DEEPSPEED if name not in sys.modules]
+    sys.modules.update(dict.fromkeys(hidden))  # a None entry: `import name` raises ImportError
+    try:
+        import deepspeed
+    finally:
+        for name in hidden:
+            if name in sys.modules and sys.modules[name] is None:
+                del sys.modules[name]
+    return deepspeed
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from tacl.pretrain.distributed import import_deepspeed
 from tacl.runtime.family import START_META, Family, family, model_type_of
 from tacl.runtime.hub import from_hub, load_tokenizer, resolve_pretrained
 from tacl.runtime.io import InputError, atomic_path, read_json, sha256_file, write_json_atomic
@@ -227,6 +228,7 @@ def checkpoint_state_dict(checkpoint_root: str | os.PathLike, tag: str) -> dict[
     root = Path(checkpoint_root)
     files = os.listdir(root / tag)
     if any(f.endswith("optim_states.pt") for f in files):
+        import_deepspeed()
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
         try:

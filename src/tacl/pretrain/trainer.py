@@ -56,7 +56,8 @@ from tacl.objectives.registry import family_error, group_error, packing_error
 from tacl.pretrain import checkpoint
 from tacl.pretrain.deadline import Deadline, describe, end_times
 from tacl.pretrain.form import form_error, masking_spec
-from tacl.pretrain.distributed import DistEnv, all_max, all_sum, barrier, broadcast_object, init_distributed, shutdown
+from tacl.pretrain.distributed import (DistEnv, all_max, all_sum, barrier, broadcast_object, import_deepspeed,
+                                      init_distributed, shutdown)
 from tacl.pretrain.identity import adopt_run_dir, check_not_removed, check_zero_stage, manifests_after, run_identity
 from tacl.runtime.lock import RunLock
 from tacl.runtime.signals import StopSignals, catching
@@ -299,12 +300,11 @@ class Chunk:
 def _setup(args: ChunkArgs, env: DistEnv, lock: RunLock) -> Chunk:
     """Check the inputs (before the model is built), take the run directory, build data, model and engine,
     resume."""
-    # (here, not at the top: DeepSpeed's import takes seconds, and a job that asked for a GPU and has none stops
-    # in init_distributed, before this; the import logs DeepSpeed's accelerator, before anything of the chunk's)
-    import deepspeed  # noqa: F401 (`_engine` builds with it)
-
     s = args.settings
     objective, accumulation = _check_inputs(args, env)
+    # (here, not at the top: DeepSpeed's import takes seconds, and a job that asked for a GPU and has none stops
+    # in init_distributed, before this, as do settings that cannot train, in _check_inputs)
+    import_deepspeed()  # (`_engine` builds with it)
     tokenizer = load_tokenizer(args.start_model)
     bf16 = computes_bf16(s.precision, env.device.type)
     shards, tag = _take_run_dir(args, env, lock, tokenizer, bf16, objective)
@@ -441,8 +441,7 @@ def _engine(args: ChunkArgs, env: DistEnv, trainable: Pretrainer, accumulation: 
     """(DeepSpeed's engine, the learning rate's schedule, the universal checkpoint that another number of
     ranks under ZeRO 1-2 resumes from: None where it needs none): AdamW and the schedule, DeepSpeed's process
     group, the engine."""
-    import deepspeed
-
+    deepspeed = import_deepspeed()
     s, run_dir, cpu = args.settings, Path(args.run_dir), env.device.type == "cpu"
     decay = [p for n, p in trainable.named_parameters() if not no_weight_decay(n, p)]
     no_decay = [p for n, p in trainable.named_parameters() if no_weight_decay(n, p)]
