@@ -229,8 +229,6 @@ def test_track_sync_uploads_the_offline_runs_once(tmp_path, monkeypatch, capsys)
     assert calls.read_text().splitlines()[-1].split() == ["sync", str(new.parent)]
 
 
-# the trainer: in this process (milliseconds per step), and in chunk processes killed with SIGKILL
-
 def test_deepspeed_imports_without_mlflow_and_a_tracked_run_still_has_it():
     """DeepSpeed's autotuner imports MLflow when it is installed (2.5 s of every rank's start, for a feature no chunk
     uses): the trainer imports DeepSpeed with MLflow hidden, and MLflow imports as usual afterwards."""
@@ -240,6 +238,8 @@ def test_deepspeed_imports_without_mlflow_and_a_tracked_run_still_has_it():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
     assert proc.stdout.splitlines()[-2:] == ["False False", "MlflowClient"], proc.stdout + proc.stderr[-2000:]
 
+
+# the trainer: in this process (milliseconds per step), and in chunk processes killed with SIGKILL
 
 @pytest.fixture
 def env():

@@ -24,14 +24,17 @@ _UNUSED_BY_DEEPSPEED = ("mlflow",)
 def import_deepspeed() -> Any:
     """DeepSpeed, imported without the packages of _UNUSED_BY_DEEPSPEED (hidden while it imports, so its optional
     imports fail and it goes without them). A package already imported stays as it is, and one hidden here
-    imports as usual afterwards (a run tracked with MLflow: tacl.runtime.tracking)."""
+    imports as usual afterwards (a run tracked with MLflow: tacl.runtime.tracking). Once DeepSpeed is imported,
+    nothing is hidden again (another thread may be importing MLflow then)."""
+    if "deepspeed" in sys.modules:
+        return sys.modules["deepspeed"]
     hidden = [name for name in _UNUSED_BY_DEEPSPEED if name not in sys.modules]
     sys.modules.update(dict.fromkeys(hidden))  # a None entry: `import name` raises ImportError
     try:
         import deepspeed
     finally:
         for name in hidden:
-            if name in sys.modules and sys.modules[name] is None:
+            if sys.modules.get(name, False) is None:
                 del sys.modules[name]
     return deepspeed
 
